@@ -1,0 +1,81 @@
+package ipam
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+var (
+	// ErrExhausted is returned by Allocator.Allocate when every allocatable
+	// address of the pool is in use.
+	ErrExhausted = errors.New("ipam: pool exhausted: no free IP")
+
+	// ErrOutsidePool is wrapped by the *AddrError returned when an address is
+	// not in any of the pool's ipRanges, is zero, carries a zone, or belongs
+	// to the other IP family.
+	ErrOutsidePool = errors.New("not in the pool")
+
+	// ErrReservedAddress is wrapped by the *AddrError returned when an address
+	// lies in one of the pool's ipRanges but is never allocated: the pool's
+	// gateway, the network or broadcast address of an IPv4 CIDR or subnet, or
+	// the Subnet-Router anycast address of an IPv6 CIDR or subnet (see the
+	// package documentation).
+	ErrReservedAddress = errors.New("reserved address")
+)
+
+// AddrError explains why an address cannot be allocated from a pool. Err is
+// ErrOutsidePool or ErrReservedAddress, so callers can use errors.Is.
+type AddrError struct {
+	Addr   netip.Addr // the address as given
+	Reason string     // human-readable, e.g. "is the gateway (subnetInfo.gateway)"
+	Err    error      // ErrOutsidePool or ErrReservedAddress
+}
+
+func (e *AddrError) Error() string {
+	return fmt.Sprintf("IP %s %s: %v", e.Addr, e.Reason, e.Err)
+}
+
+func (e *AddrError) Unwrap() error { return e.Err }
+
+// FieldError is one problem in a pool specification. Field is the path of
+// the offending field relative to the ExternalIPPool spec in its JSON
+// spelling, e.g. "ipRanges[2].start" or "subnetInfo.gateway", so that a
+// webhook can map it onto a field path. Value is the offending value as
+// written (may be empty when the problem is a missing field).
+type FieldError struct {
+	Field  string
+	Value  string
+	Reason string
+}
+
+func (e *FieldError) Error() string {
+	if e.Value != "" {
+		return fmt.Sprintf("%s: %q: %s", e.Field, e.Value, e.Reason)
+	}
+	return fmt.Sprintf("%s: %s", e.Field, e.Reason)
+}
+
+// FieldErrors is every problem found in a pool specification: problems of
+// single entries in entry order, then problems between entries. ParseRanges
+// and NewPool return it as their error; it unwraps to its elements, so
+// errors.As finds the first *FieldError.
+type FieldErrors []*FieldError
+
+func (l FieldErrors) Error() string {
+	s := make([]string, len(l))
+	for i, e := range l {
+		s[i] = e.Error()
+	}
+	return strings.Join(s, "; ")
+}
+
+// Unwrap returns the elements as errors.
+func (l FieldErrors) Unwrap() []error {
+	out := make([]error, len(l))
+	for i, e := range l {
+		out[i] = e
+	}
+	return out
+}

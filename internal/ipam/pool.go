@@ -1,0 +1,282 @@
+package ipam
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+)
+
+// SubnetInfo is an ExternalIPPool's optional spec.subnetInfo: the layer-2
+// subnet the pool's IPs live in.
+type SubnetInfo struct {
+	// Gateway is the subnet's router, e.g. "192.0.2.1"; it is never
+	// allocated. Empty means not set.
+	Gateway string
+	// PrefixLength is the subnet's prefix length in bits: 1..32 for IPv4,
+	// 1..128 for IPv6. 0 means not set.
+	PrefixLength int
+	// VLAN is the IEEE 802.1Q VLAN ID, 0..4094; 0 means untagged.
+	VLAN int
+}
+
+// reservedAddr is an address inside a pool's ranges that is never allocated,
+// with the reason shown to users.
+type reservedAddr struct {
+	at     u128
+	reason string
+}
+
+// Pool is a validated ExternalIPPool specification: its ranges, the subnet
+// they live in, and the resulting set of allocatable addresses. A Pool is
+// immutable and safe for concurrent use.
+type Pool struct {
+	ranges   []IPRange // input order
+	is6      bool
+	gateway  netip.Addr   // zero if not set
+	subnet   netip.Prefix // zero if prefixLength not set
+	vlan     int
+	raw      []span         // the ranges as written, sorted, disjoint
+	segs     []span         // allocatable addresses: sorted, disjoint, non-adjacent
+	reserved []reservedAddr // sorted by address, unique, each inside raw
+	total    uint64
+}
+
+// NewPool validates an ExternalIPPool spec (ipRanges and the optional
+// subnetInfo, nil when absent) and returns the pool. On invalid input it
+// returns a FieldErrors listing every problem: those of ParseRanges, and
+//   - subnetInfo.gateway: not an IP address, or of the other family;
+//   - subnetInfo.prefixLength: outside 1..32 (IPv4) or 1..128 (IPv6);
+//   - subnetInfo.vlan: outside 0..4094 (IEEE 802.1Q reserves 4095);
+//   - ipRanges[i]: not inside the subnet given by prefixLength (the subnet
+//     is the gateway's, or ipRanges[0]'s when no gateway is set).
+//
+// Which addresses of the ranges are allocatable is described in the package
+// documentation.
+func NewPool(ranges []Range, subnet *SubnetInfo) (*Pool, error) {
+	var errs FieldErrors
+	parsed, err := ParseRanges(ranges)
+	if err != nil {
+		errs = append(errs, err.(FieldErrors)...)
+	}
+	p := &Pool{ranges: parsed}
+	if parsed != nil {
+		p.is6 = parsed[0].First.Is6()
+	}
+	if subnet != nil {
+		errs = append(errs, p.setSubnet(subnet)...)
+	}
+	if errs != nil {
+		return nil, errs
+	}
+	p.build()
+	return p, nil
+}
+
+func (p *Pool) setSubnet(s *SubnetInfo) FieldErrors {
+	var errs FieldErrors
+	rangesOK := p.ranges != nil
+	if s.Gateway != "" {
+		gw, fe := parseIP("subnetInfo.gateway", s.Gateway)
+		switch {
+		case fe != nil:
+			errs = append(errs, fe)
+		case rangesOK && gw.Is6() != p.is6:
+			errs = append(errs, &FieldError{Field: "subnetInfo.gateway", Value: s.Gateway,
+				Reason: fmt.Sprintf("is %s but the pool's ipRanges are %s", familyName(gw), familyName(p.ranges[0].First))})
+		default:
+			p.gateway = gw
+		}
+	}
+	if s.VLAN < 0 || s.VLAN > 4094 {
+		errs = append(errs, &FieldError{Field: "subnetInfo.vlan", Value: strconv.Itoa(s.VLAN),
+			Reason: "must be between 0 and 4094 (IEEE 802.1Q; 0 means untagged)"})
+	}
+	p.vlan = s.VLAN
+	if s.PrefixLength == 0 || !rangesOK {
+		return errs
+	}
+	bitLen := p.ranges[0].First.BitLen()
+	if s.PrefixLength < 1 || s.PrefixLength > bitLen {
+		return append(errs, &FieldError{Field: "subnetInfo.prefixLength", Value: strconv.Itoa(s.PrefixLength),
+			Reason: fmt.Sprintf("must be between 1 and %d for an %s pool", bitLen, familyName(p.ranges[0].First))})
+	}
+	anchor := p.ranges[0].First
+	if p.gateway.IsValid() {
+		anchor = p.gateway
+	}
+	p.subnet = netip.PrefixFrom(anchor, s.PrefixLength).Masked()
+	for i, r := range p.ranges {
+		if !p.subnet.Contains(r.First) || !p.subnet.Contains(r.Last) {
+			errs = append(errs, &FieldError{Field: fmt.Sprintf("ipRanges[%d]", i), Value: r.String(),
+				Reason: fmt.Sprintf("is not inside the subnet %s given by subnetInfo", p.subnet)})
+		}
+	}
+	return errs
+}
+
+// build computes raw, reserved, segs and total from the validated fields.
+func (p *Pool) build() {
+	var res []reservedAddr
+	if p.gateway.IsValid() {
+		res = append(res, reservedAddr{fromAddr(p.gateway), "is the gateway (subnetInfo.gateway)"})
+	}
+	res = append(res, networkReserved(p.subnet, "of the subnet "+p.subnet.String()+" (subnetInfo)")...)
+	for i, r := range p.ranges {
+		p.raw = append(p.raw, r.span())
+		res = append(res, networkReserved(r.Prefix, fmt.Sprintf("of ipRanges[%d] (%s)", i, r.Prefix))...)
+	}
+	slices.SortFunc(p.raw, func(a, b span) int { return a.first.cmp(b.first) })
+
+	// Keep the reserved addresses that lie in a range; on duplicates keep the
+	// first reason given (the gateway's, then the subnet's).
+	slices.SortStableFunc(res, func(a, b reservedAddr) int { return a.at.cmp(b.at) })
+	res = slices.CompactFunc(res, func(a, b reservedAddr) bool { return a.at == b.at })
+	for _, r := range res {
+		if p.rawIndex(r.at) >= 0 {
+			p.reserved = append(p.reserved, r)
+		}
+	}
+
+	// segs = raw minus reserved, with touching pieces merged.
+	k := 0
+	add := func(s span) {
+		if n := len(p.segs); n > 0 && p.segs[n-1].touches(s) {
+			p.segs[n-1].last = s.last
+			return
+		}
+		p.segs = append(p.segs, s)
+	}
+	for _, s := range p.raw {
+		for k < len(p.reserved) && p.reserved[k].at.less(s.first) {
+			k++
+		}
+		cur := s.first
+		open := true
+		for ; k < len(p.reserved) && !s.last.less(p.reserved[k].at); k++ {
+			at := p.reserved[k].at
+			if cur.less(at) {
+				add(span{cur, at.sub1()})
+			}
+			if at == s.last {
+				open = false
+				break
+			}
+			cur = at.add1()
+		}
+		if open {
+			add(span{cur, s.last})
+		}
+	}
+	for _, s := range p.segs {
+		p.total = satAdd(p.total, s.size())
+	}
+}
+
+// networkReserved returns the addresses of prefix that are never allocated:
+// for IPv4 shorter than /31 the network and broadcast addresses (a /31 and
+// a /32 have neither, RFC 3021); for IPv6 shorter than /127 the
+// Subnet-Router anycast address (RFC 4291 section 2.6.1; a /127 has none,
+// RFC 6164). The zero Prefix gives none.
+func networkReserved(prefix netip.Prefix, of string) []reservedAddr {
+	if !prefix.IsValid() {
+		return nil
+	}
+	first := fromAddr(prefix.Masked().Addr())
+	last := first.or(hostMask(prefix.Addr().BitLen(), prefix.Bits()))
+	switch {
+	case prefix.Addr().Is4() && prefix.Bits() < 31:
+		return []reservedAddr{
+			{first, "is the network address " + of},
+			{last, "is the broadcast address " + of},
+		}
+	case prefix.Addr().Is6() && prefix.Bits() < 127:
+		return []reservedAddr{{first, "is the Subnet-Router anycast address (RFC 4291 2.6.1) " + of}}
+	}
+	return nil
+}
+
+// rawIndex returns the index in p.raw of the range holding u, or -1.
+func (p *Pool) rawIndex(u u128) int { return spanIndex(p.raw, u) }
+
+// spanIndex returns the index of the span of sorted, disjoint spans that
+// holds u, or -1.
+func spanIndex(spans []span, u u128) int {
+	// i is the first span starting after u; the candidate is the one before.
+	i, _ := slices.BinarySearchFunc(spans, u, func(s span, u u128) int {
+		if u.less(s.first) {
+			return 1
+		}
+		return -1
+	})
+	if i > 0 && !spans[i-1].last.less(u) {
+		return i - 1
+	}
+	return -1
+}
+
+// Is6 reports whether the pool holds IPv6 addresses (else IPv4).
+func (p *Pool) Is6() bool { return p.is6 }
+
+// Ranges returns the pool's ranges as parsed, in spec order.
+func (p *Pool) Ranges() []IPRange { return slices.Clone(p.ranges) }
+
+// Gateway returns subnetInfo.gateway, or the zero Addr when not set.
+func (p *Pool) Gateway() netip.Addr { return p.gateway }
+
+// Subnet returns the subnet given by subnetInfo.prefixLength (masked), or
+// the zero Prefix when prefixLength is not set.
+func (p *Pool) Subnet() netip.Prefix { return p.subnet }
+
+// VLAN returns subnetInfo.vlan (0: untagged).
+func (p *Pool) VLAN() int { return p.vlan }
+
+// Total returns the number of allocatable addresses, saturated at
+// math.MaxUint64 (an IPv6 /63 or larger reports math.MaxUint64).
+func (p *Pool) Total() uint64 { return p.total }
+
+// Contains reports whether ip is one of the pool's allocatable addresses:
+// of the pool's family, without a zone, in one of its ranges and not
+// reserved. Check says why not.
+func (p *Pool) Contains(ip netip.Addr) bool { return p.Check(ip) == nil }
+
+// Check returns nil if ip is one of the pool's allocatable addresses, else
+// an *AddrError wrapping ErrOutsidePool (invalid, zoned, other family, or
+// in no range) or ErrReservedAddress (gateway, network, broadcast or
+// Subnet-Router anycast address).
+func (p *Pool) Check(ip netip.Addr) error {
+	switch {
+	case !ip.IsValid():
+		return &AddrError{Addr: ip, Reason: "is not a valid IP address", Err: ErrOutsidePool}
+	case ip.Zone() != "":
+		return &AddrError{Addr: ip, Reason: "has an IPv6 zone", Err: ErrOutsidePool}
+	case ip.Is4In6() && !p.is6:
+		return &AddrError{Addr: ip, Reason: fmt.Sprintf("is IPv4-mapped IPv6; write %s", ip.Unmap()), Err: ErrOutsidePool}
+	case ip.Is6() != p.is6:
+		return &AddrError{Addr: ip, Reason: fmt.Sprintf("is %s but the pool is %s", familyName(ip), familyName(p.ranges[0].First)), Err: ErrOutsidePool}
+	}
+	u := fromAddr(ip)
+	if spanIndex(p.segs, u) >= 0 {
+		return nil
+	}
+	if i, ok := slices.BinarySearchFunc(p.reserved, u, func(r reservedAddr, u u128) int { return r.at.cmp(u) }); ok {
+		return &AddrError{Addr: ip, Reason: p.reserved[i].reason, Err: ErrReservedAddress}
+	}
+	return &AddrError{Addr: ip, Reason: "is in none of the pool's ipRanges", Err: ErrOutsidePool}
+}
+
+// Uncovered returns, sorted and without duplicates, the addresses of
+// allocated that the pool cannot hold (Contains is false). A webhook passes
+// the updated pool and the IPs in the statuses of the pool's Egresses: a
+// non-empty result means the update would remove or shrink a range, or
+// reserve an address (e.g. a new gateway), that holds an allocated IP.
+func (p *Pool) Uncovered(allocated []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, ip := range allocated {
+		if !p.Contains(ip) {
+			out = append(out, ip)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
