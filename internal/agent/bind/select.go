@@ -1,0 +1,203 @@
+package bind
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sort"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoInterface is wrapped by interface selection when no interface fits.
+var ErrNoInterface = errors.New("no interface: none configured, no connected subnet holds the address and no default route for its family")
+
+// Hint carries what is known about where an egress IP belongs, typically from
+// the agent's configuration and the pool's subnetInfo. The zero Hint means
+// "work it out from the kernel's addresses and routes".
+type Hint struct {
+	// Interface, when set, is used as is (it must exist).
+	Interface string
+	// Subnet is the pool's L2 subnet (subnetInfo gateway + prefixLength).
+	// When valid, the interface that has an address inside it is chosen,
+	// which also works for pool IPs outside every connected prefix.
+	Subnet netip.Prefix
+	// VLAN is subnetInfo.vlan: when non-zero the address goes on the VLAN
+	// sub-interface with this ID of the interface chosen above (or on the
+	// chosen interface itself if it already is that VLAN).
+	VLAN int
+}
+
+// LinkSource is the read-only slice of netlink that interface selection needs.
+// *netlink.Handle satisfies it; tests may provide a double (for instance to
+// exercise VLAN sub-interfaces on a kernel without the 8021q module).
+type LinkSource interface {
+	LinkList() ([]netlink.Link, error)
+	// AddrList with a nil link lists the addresses of every link.
+	AddrList(link netlink.Link, family int) ([]netlink.Addr, error)
+	RouteListFiltered(family int, filter *netlink.Route, filterMask uint64) ([]netlink.Route, error)
+}
+
+// SelectInterface chooses the link that should carry ip, in this order:
+//
+//  1. hint.Interface, when set;
+//  2. the up, non-loopback link with a connected subnet (an address with a
+//     prefix route, i.e. without noprefixroute) holding ip - or holding an
+//     address inside hint.Subnet when that is set; the longest prefix wins,
+//     then the lowest link index;
+//  3. the link of the main table's default route for ip's family (lowest
+//     metric, then lowest link index; first hop of a multipath route).
+//
+// hint.VLAN is then applied. Errors wrap ErrNoInterface or the netlink error
+// and read "find interface for <ip>: ...".
+func SelectInterface(src LinkSource, ip netip.Addr, hint Hint) (netlink.Link, error) {
+	ip = ip.Unmap()
+	links, err := src.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("find interface for %s: list links: %w", ip, err)
+	}
+	byIndex := make(map[int]netlink.Link, len(links))
+	for _, l := range links {
+		byIndex[l.Attrs().Index] = l
+	}
+
+	var base netlink.Link
+	var how string
+	switch {
+	case hint.Interface != "":
+		for _, l := range links {
+			if l.Attrs().Name == hint.Interface {
+				base = l
+			}
+		}
+		if base == nil {
+			return nil, fmt.Errorf("find interface for %s: configured interface %q: %w", ip, hint.Interface, ErrNoInterface)
+		}
+		how = "configured"
+	default:
+		base, err = connectedLink(src, byIndex, ip, hint.Subnet)
+		if err != nil {
+			return nil, fmt.Errorf("find interface for %s: %w", ip, err)
+		}
+		how = "connected subnet"
+		if base == nil {
+			base, err = defaultRouteLink(src, byIndex, ip)
+			if err != nil {
+				return nil, fmt.Errorf("find interface for %s: %w", ip, err)
+			}
+			how = "default route"
+		}
+		if base == nil {
+			return nil, fmt.Errorf("find interface for %s: %w", ip, ErrNoInterface)
+		}
+	}
+
+	if hint.VLAN == 0 {
+		return base, nil
+	}
+	if v, ok := base.(*netlink.Vlan); ok && v.VlanId == hint.VLAN {
+		return base, nil
+	}
+	var found netlink.Link
+	for _, l := range links {
+		v, ok := l.(*netlink.Vlan)
+		if !ok || v.VlanId != hint.VLAN || v.Attrs().ParentIndex != base.Attrs().Index {
+			continue
+		}
+		if found == nil || l.Attrs().Index < found.Attrs().Index {
+			found = l
+		}
+	}
+	if found == nil {
+		return nil, fmt.Errorf("find interface for %s: no VLAN %d sub-interface of %s (%s): %w",
+			ip, hint.VLAN, base.Attrs().Name, how, ErrNoInterface)
+	}
+	return found, nil
+}
+
+func usable(l netlink.Link) bool {
+	a := l.Attrs()
+	return a.Flags&net.FlagUp != 0 && a.Flags&net.FlagLoopback == 0
+}
+
+func connectedLink(src LinkSource, byIndex map[int]netlink.Link, ip netip.Addr, subnet netip.Prefix) (netlink.Link, error) {
+	addrs, err := src.AddrList(nil, familyOf(ip))
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	type cand struct {
+		link netlink.Link
+		bits int
+	}
+	var cands []cand
+	for _, a := range addrs {
+		if a.IPNet == nil || a.Flags&unix.IFA_F_NOPREFIXROUTE != 0 {
+			continue // no prefix route: not a connected subnet (our own /32s among them)
+		}
+		l, ok := byIndex[a.LinkIndex]
+		if !ok || !usable(l) {
+			continue
+		}
+		addr, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		addr = addr.Unmap()
+		ones, bits := a.Mask.Size()
+		if ones == bits || addr.IsLinkLocalUnicast() {
+			continue // host addresses and link-local prefixes hold nothing else
+		}
+		pfx := netip.PrefixFrom(addr, ones).Masked()
+		var match bool
+		if subnet.IsValid() {
+			match = subnet.Contains(addr)
+		} else {
+			match = pfx.Contains(ip)
+		}
+		if match {
+			cands = append(cands, cand{l, ones})
+		}
+	}
+	if len(cands) == 0 {
+		return nil, nil
+	}
+	sort.Slice(cands, func(i, j int) bool {
+		if cands[i].bits != cands[j].bits {
+			return cands[i].bits > cands[j].bits
+		}
+		return cands[i].link.Attrs().Index < cands[j].link.Attrs().Index
+	})
+	return cands[0].link, nil
+}
+
+func defaultRouteLink(src LinkSource, byIndex map[int]netlink.Link, ip netip.Addr) (netlink.Link, error) {
+	routes, err := src.RouteListFiltered(familyOf(ip), &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("list routes: %w", err)
+	}
+	var best *netlink.Route
+	var bestLink netlink.Link
+	for i := range routes {
+		r := &routes[i]
+		if r.Dst != nil {
+			if ones, _ := r.Dst.Mask.Size(); ones != 0 {
+				continue
+			}
+		}
+		idx := r.LinkIndex
+		if idx == 0 && len(r.MultiPath) > 0 {
+			idx = r.MultiPath[0].LinkIndex
+		}
+		l, ok := byIndex[idx]
+		if !ok {
+			continue
+		}
+		if best == nil || r.Priority < best.Priority ||
+			(r.Priority == best.Priority && idx < bestLink.Attrs().Index) {
+			best, bestLink = r, l
+		}
+	}
+	return bestLink, nil
+}
