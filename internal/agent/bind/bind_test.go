@@ -221,7 +221,11 @@ func TestSyncTouchesOnlyOwnedAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Sync: %v", err)
 	}
-	sortAddrs := func(s []netip.Addr) []netip.Addr { s = slices.Clone(s); slices.SortFunc(s, netip.Addr.Compare); return s }
+	sortAddrs := func(s []netip.Addr) []netip.Addr {
+		s = slices.Clone(s)
+		slices.SortFunc(s, netip.Addr.Compare)
+		return s
+	}
 	if !slices.Equal(added, sortAddrs(fresh)) {
 		t.Errorf("added = %v; want %v", added, sortAddrs(fresh))
 	}
