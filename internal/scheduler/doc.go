@@ -1,0 +1,58 @@
+// Package scheduler decides which Node holds each egress IP.
+//
+// It is pure Go over plain values: no Kubernetes types, no clock, no
+// randomness, no I/O. The controller gathers the pools, the Nodes (with their
+// eligibility and capacity) and the Egresses (with the Node each one is on
+// now) from its cache, calls [Schedule] once per pass, and writes the
+// [Result] into the Egress statuses. [ParseCapacity] validates the
+// egressip.io/max-egress-ips Node annotation that feeds [Node.Capacity].
+//
+// # The pass
+//
+// Egresses that name the same IP in the same pool are one unit: they go to
+// the same Node and count once against its capacity. A unit's priority is
+// that of its oldest member: earlier creation time first, then smaller name.
+// A pass has two phases over the units, each in priority order:
+//
+//  1. Keep. A unit stays on its current Node (the current Node of its
+//     oldest member that names a Node still fit for the unit's pool) while
+//     that Node has room. Room is counted in priority order, so when a
+//     Node's capacity drops, its newest units are the ones that leave.
+//     Keeping never evicts anyone, so a Node that becomes eligible again
+//     takes nothing back, and adding a Node moves nothing.
+//  2. Place. Every other unit goes to a Node by consistent hashing with
+//     bounded loads (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing
+//     with Bounded Loads", SODA 2018, arXiv:1608.01350). Each pool has a
+//     ring of hash points, a few per eligible Node; a unit's hash picks a
+//     point and the unit takes the first Node clockwise from there whose
+//     load in the pool is below ceil(c·k/n), where n is the number of
+//     eligible Nodes of the pool, k is the number of the pool's units
+//     placed so far in this pass counting this one (kept units included),
+//     and c is [Input.BalanceFactor]. This is the paper's bound with m = k,
+//     so a unit's placement never depends on newer units. Only when every
+//     Node with room is at the bound does the unit take the first Node
+//     clockwise that has room at all, so no unit is left out while an
+//     eligible Node has room.
+//
+// A Node never holds more units than its [Node.Capacity], counted across all
+// pools. A unit whose pool has no eligible Node with room is reported
+// unplaced; that check is a counter per pool, so a full pool costs O(1) per
+// unit, not a walk around the ring.
+//
+// # Determinism
+//
+// The result depends only on the input values, never on the order of any
+// input slice, on map iteration order, or on the process: hashes are FNV-1a
+// with a fixed offset followed by a fixed 64-bit finalizer, and every sort
+// has a total order (ties in hash values are broken by Node name). Equal
+// inputs give equal results, byte for byte.
+//
+// # Cost
+//
+// For E Egresses, N Nodes and P pools, a pass costs O(E log E) for sorting
+// the Egresses, O(N·P) at most for the pools' Node sets, and O(log N) per
+// placed unit (a binary search on the ring and a segment-tree search for
+// the first Node clockwise under the bound). A pass whose units all keep
+// their Node builds no ring. Allocations are a fixed number of slices and
+// maps per pass, independent of E apart from map growth.
+package scheduler

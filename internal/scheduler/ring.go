@@ -1,0 +1,192 @@
+package scheduler
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"strings"
+)
+
+// pointsPerNode is how many points each eligible Node has on a pool's ring.
+// More points even out the arcs (and so the share of new units each Node
+// is offered first, and how a leaving Node's units spread) at the cost of
+// a bigger ring; the load bound, not the points, is what caps the load.
+const pointsPerNode = 4
+
+// FNV-1a (64-bit) parameters: fixed, so hashes are the same in every process.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// hashString is FNV-1a over s. It is the identity of a name on the ring; it
+// is always passed through mix64 before use, because FNV-1a alone spreads
+// short names that differ in their last byte poorly across the high bits.
+func hashString(s string) uint64 {
+	h := uint64(fnvOffset)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= fnvPrime
+	}
+	return h
+}
+
+// mix64 is a bijective 64-bit finalizer (xor-shift and multiply by odd
+// constants, as in MurmurHash3's fmix64): every input bit affects every
+// output bit.
+func mix64(x uint64) uint64 {
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
+}
+
+// golden is 2^64 divided by the golden ratio, used to spread small integers.
+const golden = 0x9e3779b97f4a7c15
+
+// pointHash is the ring position of point v of a Node (nodeHash =
+// hashString(name)) in the pool with the given salt. Salting by pool gives
+// each pool independent arcs, so a Node that is lucky in one pool is not
+// lucky in all of them.
+func pointHash(nodeHash, salt uint64, v int) uint64 {
+	return mix64(nodeHash ^ salt ^ uint64(v+1)*golden)
+}
+
+// unitHash is the ring position of a unit: its IP (as 16 bytes, big
+// endian, hi and lo halves) in the pool with the given salt.
+func unitHash(salt, hi, lo uint64) uint64 {
+	return mix64(mix64(lo^salt) ^ hi)
+}
+
+// full is the leaf value of a point whose Node has no room.
+const full = math.MaxInt32
+
+// ring is one pool's consistent-hashing ring with a min segment tree over
+// its points. The value of a point is the pool load of its Node (units of
+// this pool on it), or full when the Node has no room at all; searching the
+// tree for the first value below a threshold finds the first Node clockwise
+// that is under the load bound, or that has room, in O(log points).
+type ring struct {
+	hash []uint64 // point positions, ascending
+	slot []int32  // global pool slot (see state.slotNode) of each point
+	// pos[j*pointsPerNode+v] is the index in hash of point v of the pool's
+	// j-th member.
+	pos  []int32
+	size int     // leaves in tree: a power of two >= len(hash)
+	tree []int32 // tree[1] is the root, tree[size+i] is point i
+}
+
+type point struct {
+	h    uint64
+	slot int32
+	v    int32
+}
+
+// buildRing builds the ring of pool p from the current loads.
+func (s *state) buildRing(p int32) *ring {
+	pl := &s.pools[p]
+	m := int(pl.end - pl.off)
+	n := m * pointsPerNode
+	pts := make([]point, n)
+	for j := 0; j < m; j++ {
+		sl := pl.off + int32(j)
+		nh := s.nodes[s.slotNode[sl]].hash
+		for v := 0; v < pointsPerNode; v++ {
+			pts[j*pointsPerNode+v] = point{h: pointHash(nh, pl.salt, v), slot: sl, v: int32(v)}
+		}
+	}
+	slices.SortFunc(pts, func(a, b point) int {
+		if a.h != b.h {
+			return cmp.Compare(a.h, b.h)
+		}
+		// Equal positions: order by Node name, then point, so the ring
+		// does not depend on input order.
+		if c := strings.Compare(s.nodes[s.slotNode[a.slot]].name, s.nodes[s.slotNode[b.slot]].name); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.v, b.v)
+	})
+	size := 1
+	for size < n {
+		size <<= 1
+	}
+	r := &ring{
+		hash: make([]uint64, n),
+		slot: make([]int32, n),
+		pos:  make([]int32, n),
+		size: size,
+		tree: make([]int32, 2*size),
+	}
+	for i, pt := range pts {
+		r.hash[i] = pt.h
+		r.slot[i] = pt.slot
+		r.pos[int(pt.slot-pl.off)*pointsPerNode+int(pt.v)] = int32(i)
+		r.tree[size+i] = s.leafValue(pt.slot)
+	}
+	for i := size + n; i < 2*size; i++ {
+		r.tree[i] = full
+	}
+	for i := size - 1; i >= 1; i-- {
+		r.tree[i] = min(r.tree[2*i], r.tree[2*i+1])
+	}
+	return r
+}
+
+// set gives every point of local member j the value val.
+func (r *ring) set(j int32, val int32) {
+	for _, i := range r.pos[int(j)*pointsPerNode : int(j+1)*pointsPerNode] {
+		k := r.size + int(i)
+		r.tree[k] = val
+		for k > 1 {
+			k >>= 1
+			r.tree[k] = min(r.tree[2*k], r.tree[2*k+1])
+		}
+	}
+}
+
+// firstBelow returns the index of the first point at or after from whose
+// value is below thr, or -1 if there is none up to the end of the ring.
+func (r *ring) firstBelow(from int, thr int32) int {
+	if from >= len(r.hash) {
+		return -1
+	}
+	k := r.size + from
+	for {
+		if r.tree[k] < thr {
+			for k < r.size {
+				k <<= 1
+				if r.tree[k] >= thr {
+					k++
+				}
+			}
+			return k - r.size
+		}
+		// Climb out of right children; past the root, nothing is left.
+		for k&1 == 1 {
+			k >>= 1
+		}
+		if k == 0 {
+			return -1
+		}
+		k++
+	}
+}
+
+// pick returns the global slot of the Node that receives a unit hashing to
+// h: the first Node clockwise whose value is below bound if there is one,
+// else the first Node clockwise with room. The caller guarantees that some
+// Node of the ring has room.
+func (r *ring) pick(h uint64, bound int32) int32 {
+	start, _ := slices.BinarySearch(r.hash, h)
+	thr := bound
+	if r.tree[1] >= thr {
+		thr = full
+	}
+	i := r.firstBelow(start, thr)
+	if i < 0 {
+		i = r.firstBelow(0, thr)
+	}
+	return r.slot[i]
+}

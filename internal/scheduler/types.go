@@ -1,0 +1,183 @@
+package scheduler
+
+import (
+	"net/netip"
+	"strconv"
+	"time"
+)
+
+// Family is the IP family of a pool: IPv4 or IPv6. A pool holds one family;
+// a workload that needs both gets two Egresses.
+type Family int
+
+// The IP families. Any other Family value makes a pool invalid
+// ([ReasonPoolInvalid]).
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+// String returns "IPv4", "IPv6" or "Family(n)".
+func (f Family) String() string {
+	switch f {
+	case IPv4:
+		return "IPv4"
+	case IPv6:
+		return "IPv6"
+	}
+	return "Family(" + strconv.Itoa(int(f)) + ")"
+}
+
+// Pool is one ExternalIPPool as the scheduler sees it.
+type Pool struct {
+	// Name is the pool's name; Egress.Pool refers to it. Names must be
+	// unique: a name given twice makes that pool invalid.
+	Name string
+	// Family is the IP family of every address in the pool.
+	Family Family
+	// EligibleNodes are the names of the Nodes that match the pool's
+	// nodeSelector. Order and repeats do not matter; names that are not in
+	// Input.Nodes are ignored. A Node listed here still needs
+	// Node.Eligible and Node.Capacity > 0 to hold IPs.
+	EligibleNodes []string
+}
+
+// Node is one Kubernetes Node as the scheduler sees it.
+type Node struct {
+	// Name is the Node's name. A name given twice is merged: the Node is
+	// eligible only if every entry is, with the smallest capacity given.
+	Name string
+	// Eligible is true when the Node may hold egress IPs at all: Ready, not
+	// NetworkUnavailable, not cordoned or being deleted, agent alive, Linux.
+	Eligible bool
+	// Reason says why the Node is not eligible, in one CamelCase word
+	// (NotReady, NetworkUnavailable, Cordoned, AgentDead, ...). It is copied
+	// into the Reason of the Moves off this Node; it is ignored when
+	// Eligible is true.
+	Reason string
+	// Capacity is the most egress IPs the Node may hold, across all pools:
+	// the Node's egressip.io/max-egress-ips annotation if valid (see
+	// ParseCapacity), else the controller's --max-egress-ips-per-node.
+	// 0 or less means the Node takes no IPs.
+	Capacity int
+}
+
+// Egress is one Egress object as the scheduler sees it.
+type Egress struct {
+	// Name is the Egress's name (Egresses are cluster-scoped, so names are
+	// unique). A name given twice is reported as ReasonDuplicateEgress and
+	// none of its entries is scheduled.
+	Name string
+	// Created is the creation timestamp; older Egresses have priority when
+	// capacity is short, ties broken by Name. The zero time sorts first.
+	Created time.Time
+	// Pool is the name of the Egress's ExternalIPPool.
+	Pool string
+	// IP is the Egress's allocated IP; the zero Addr means not allocated
+	// yet. It must be of the pool's family and carry no IPv6 zone.
+	// Egresses with the same Pool and IP are one unit: one Node, counted
+	// once against its capacity.
+	IP netip.Addr
+	// CurrentNode is the Node that holds the IP now (status.egressNode),
+	// or "" when none does.
+	CurrentNode string
+}
+
+// DefaultBalanceFactor is the balance factor c used when
+// Input.BalanceFactor is unset or invalid.
+const DefaultBalanceFactor = 1.25
+
+// Input is everything one scheduling pass looks at.
+type Input struct {
+	Pools    []Pool
+	Nodes    []Node
+	Egresses []Egress
+	// BalanceFactor is c in the bound ceil(c·k/n) of consistent hashing
+	// with bounded loads: the most units of a pool a Node receives, as a
+	// multiple of the pool's average. It must be at least 1; +Inf turns the
+	// bound off (plain consistent hashing, capacity only). 0, NaN and
+	// values below 1 mean DefaultBalanceFactor.
+	BalanceFactor float64
+}
+
+// Placement is the scheduling decision for one Egress.
+type Placement struct {
+	// Egress is the Egress's name.
+	Egress string
+	// Node is the Node that holds the Egress's IP after this pass, or ""
+	// when the Egress is not placed.
+	Node string
+	// Reason is "" when Node is set; otherwise one of the Reason*
+	// constants, saying why the Egress has no Node.
+	Reason string
+	// Message is a sentence for humans that goes with Reason (for the
+	// Assigned condition and the Event); "" when Node is set.
+	Message string
+}
+
+// Why an Egress has no Node (Placement.Reason).
+const (
+	// ReasonDuplicateEgress: the Egress's name appears more than once in
+	// Input.Egresses.
+	ReasonDuplicateEgress = "DuplicateEgress"
+	// ReasonPoolNotFound: Input.Pools has no pool of the Egress's Pool name.
+	ReasonPoolNotFound = "PoolNotFound"
+	// ReasonPoolInvalid: the Egress's pool is listed twice or has an
+	// unknown Family.
+	ReasonPoolInvalid = "PoolInvalid"
+	// ReasonIPNotAllocated: the Egress has no IP yet.
+	ReasonIPNotAllocated = "IPNotAllocated"
+	// ReasonIPInvalid: the Egress's IP is not of its pool's family, or has
+	// an IPv6 zone.
+	ReasonIPInvalid = "IPInvalid"
+	// ReasonNoEligibleNode: no Node of the pool is eligible with a
+	// capacity above 0.
+	ReasonNoEligibleNode = "NoEligibleNode"
+	// ReasonCapacityExhausted: the pool has eligible Nodes but all of them
+	// are full (with older Egresses, or ones that keep their Node).
+	ReasonCapacityExhausted = "CapacityExhausted"
+)
+
+// Move records that an Egress leaves the Node it is on now.
+type Move struct {
+	// Egress is the Egress's name.
+	Egress string
+	// From is the Egress's CurrentNode.
+	From string
+	// To is the Egress's new Node, or "" when it is left without one (the
+	// Egress's Placement says why).
+	To string
+	// Reason is why the Egress left From: one of the Move* constants, or
+	// MoveNodeIneligible + "/" + Node.Reason, or, when the Egress cannot
+	// be scheduled at all, its Placement.Reason.
+	Reason string
+}
+
+// Why an Egress leaves its current Node (Move.Reason).
+const (
+	// MoveNodeRemoved: From is not in Input.Nodes.
+	MoveNodeRemoved = "NodeRemoved"
+	// MoveNodeIneligible: From is not eligible; the Reason is
+	// "NodeIneligible/" followed by the Node's Reason, or just
+	// "NodeIneligible" when the Node gives none.
+	MoveNodeIneligible = "NodeIneligible"
+	// MoveNodeNotInPool: From no longer matches the pool's nodeSelector.
+	MoveNodeNotInPool = "NodeNotInPool"
+	// MoveCapacityReduced: From's capacity, filled in priority order, has
+	// no room left for this Egress (the capacity was lowered, possibly to
+	// 0, or older Egresses claim the room).
+	MoveCapacityReduced = "CapacityReduced"
+	// MoveSharedIP: the Egress follows the other Egresses that share its IP
+	// to their Node.
+	MoveSharedIP = "SharedIP"
+)
+
+// Result is the outcome of one pass.
+type Result struct {
+	// Placements has one entry per distinct Egress name, sorted by name.
+	Placements []Placement
+	// Moves has one entry per Egress whose CurrentNode is set and differs
+	// from its new Node (including no Node), sorted by Egress name; nil
+	// when nothing moves. Egresses with a duplicated name get no Move.
+	Moves []Move
+}
