@@ -263,7 +263,9 @@ func sendGARP(ifi *net.Interface, ip netip.Addr) error {
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	// Closing an AF_PACKET socket waits for an RCU grace period
+	// (synchronize_net), often 5-15 ms; do not make the caller wait for it.
+	defer func() { go c.Close() }()
 	_, err = c.WriteTo(frame, &packet.Addr{HardwareAddr: ethernet.Broadcast})
 	return err
 }
