@@ -8,13 +8,13 @@
 // The packet is an ARP Announcement as defined by RFC 5227 section 2.3: an
 // ARP *request* broadcast to ff:ff:ff:ff:ff:ff with sender IP = target IP =
 // the egress IP, sender hardware address = the interface MAC and target
-// hardware address zero. RFC 5944 section 4.6 allows a request or a reply;
-// the request is used because RFC 5227 section 3 explains that broadcast
-// requests are the form every implementation processes (RFC 826's merge
-// step updates any cache entry for the sender, for requests and replies
-// alike, but some stacks ignore unsolicited replies), and Linux with the
-// default arp_accept=0 updates existing entries from it. Only IPv4 egress
-// IPs get ARP.
+// hardware address zero. RFC 5944 section 4.6 allows a request or a reply
+// for a gratuitous ARP; the request is used because RFC 5227 section 3
+// chooses it for announcements: RFC 826's receive path updates an existing
+// cache entry for the sender from either, but a request is broadcast by
+// definition while a broadcast reply is unusual and not handled alike by
+// every stack. Linux with the default arp_accept=0 updates existing entries
+// from it (the tests check this). Only IPv4 egress IPs get ARP.
 //
 // # IPv6: unsolicited Neighbor Advertisement
 //

@@ -17,8 +17,8 @@
 // # Ownership
 //
 // Ownership lives in the kernel, on the address itself: egressip sets the
-// address protocol attribute IFA_PROTO (Linux 6.3+, shown by iproute2 6.3+
-// as "proto 101" in `ip -d address`) to DefaultProto. It therefore survives
+// address protocol attribute IFA_PROTO (Linux 6.3+; iproute2 6.3+ shows and
+// sets it as `proto`) to DefaultProto. It therefore survives
 // a crash or restart of the agent and needs no state file or hostPath, and
 // an address the agent did not add (the Node's own IPs, even inside a pool
 // range, addresses added by hand or by another daemon) never carries it.
@@ -52,8 +52,9 @@ import (
 // IFAPROTO_KERNEL_RA (2) and IFAPROTO_KERNEL_LL (3), which is also all that
 // iproute2's rt_addrprotos names. Daemons that mark addresses tend to reuse
 // their route protocol number (keepalived: RTPROT_KEEPALIVED, 18), so the
-// value also avoids every RTPROT_* in linux/rtnetlink.h (0-18, 42, 99,
-// 186-192) and 255. 101 is ASCII 'e'.
+// value also avoids every RTPROT_* in linux/rtnetlink.h (0-4, 8-18, 42, 84,
+// 99, 186-189, 192) and 255. 101 is ASCII 'e'. Config.Proto overrides it
+// should a site already use 101.
 const DefaultProto uint8 = 101
 
 var (
@@ -157,11 +158,11 @@ func (b *Binder) hint(ip netip.Addr) Hint {
 
 // Interface reports the interface Bind would choose for ip now.
 func (b *Binder) Interface(ip netip.Addr) (string, error) {
-	ip, err := normalize(ip)
+	n, err := normalize(ip)
 	if err != nil {
 		return "", fmt.Errorf("find interface for %s: %w", ip, err)
 	}
-	l, err := SelectInterface(b.links, ip, b.hint(ip))
+	l, err := SelectInterface(b.links, n, b.hint(n))
 	if err != nil {
 		return "", err
 	}
