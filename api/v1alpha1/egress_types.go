@@ -1,5 +1,5 @@
 /*
-Copyright 2026.
+Copyright 2026 The egressip Authors.
 
 Licensed under the Apache License, Version 2.0 (the "License");
 you may not use this file except in compliance with the License.
@@ -21,49 +21,110 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
-// EDIT THIS FILE!  THIS IS SCAFFOLDING FOR YOU TO OWN!
-// NOTE: json tags are required.  Any new fields you add must have json tags for the fields to be serialized.
+// Condition types of an Egress, in the order they turn True.
+const (
+	// ConditionIPAllocated is True when the Egress has an address from its
+	// pool (allocated, or the user-named egressIP accepted).
+	ConditionIPAllocated = "IPAllocated"
+	// ConditionAssigned is True when the scheduling pass has placed the
+	// Egress's address on an egress Node (status.egressNode).
+	ConditionAssigned = "Assigned"
+	// ConditionReady is True when the agent of the egress Node reports the
+	// address bound and announced. On an ExternalIPPool, Ready is True when
+	// the pool is valid and usable.
+	ConditionReady = "Ready"
+)
 
-// EgressSpec defines the desired state of Egress
-type EgressSpec struct {
-	// INSERT ADDITIONAL SPEC FIELDS - desired state of cluster
-	// Important: Run "make" to regenerate code after modifying this file
-	// The following markers will use OpenAPI v3 schema to validate the value
-	// More info: https://book.kubebuilder.io/reference/markers/crd-validation.html
+// EgressNodeField is the field path of the egress Node, selectable in list
+// and watch requests (a field selector such as status.egressNode=worker-3),
+// so an agent can watch only the Egresses assigned to its own Node.
+const EgressNodeField = "status.egressNode"
 
-	// foo is an example field of Egress. Edit egress_types.go to remove/update
+// AppliedTo selects the Pods whose outbound traffic uses an Egress. At least
+// one selector must be given; an empty selector ({}) matches everything.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.namespaceSelector) || has(self.podSelector)",message="appliedTo needs a namespaceSelector, a podSelector, or both"
+type AppliedTo struct {
+	// NamespaceSelector selects namespaces; absent means all namespaces.
+	// At most 64 matchLabels and 32 matchExpressions.
 	// +optional
-	Foo *string `json:"foo,omitempty"`
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) <= 64",message="namespaceSelector.matchLabels may have at most 64 entries"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) <= 32",message="namespaceSelector.matchExpressions may have at most 32 entries"
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+
+	// PodSelector selects Pods within the selected namespaces; absent means
+	// all Pods. At most 64 matchLabels and 32 matchExpressions.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) <= 64",message="podSelector.matchLabels may have at most 64 entries"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) <= 32",message="podSelector.matchExpressions may have at most 32 entries"
+	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
 }
 
-// EgressStatus defines the observed state of Egress.
+// EgressSpec is what the user asks for: which Pods, which pool, and
+// optionally which address.
+type EgressSpec struct {
+	// AppliedTo selects the Pods whose outbound traffic uses this egress IP.
+	// +required
+	AppliedTo AppliedTo `json:"appliedTo"`
+
+	// ExternalIPPool is the name of the ExternalIPPool the address comes
+	// from (an RFC 1123 subdomain, at most 253 characters).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="!format.dns1123Subdomain().validate(self).hasValue()",message="externalIPPool must be the name of an ExternalIPPool: lower case letters, digits, '-' and '.', at most 253 characters"
+	ExternalIPPool string `json:"externalIPPool"`
+
+	// EgressIP is the address to use, in canonical form (such as 192.0.2.5
+	// or 2001:db8::5). When empty the controller allocates the lowest free
+	// address of the pool. Egresses naming the same address share it: one
+	// Node holds it for all of them.
+	// +optional
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="egressIP must be an IPv4 or IPv6 address such as 192.0.2.5 (no zone, no IPv4-mapped IPv6, no leading zeros)"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="egressIP must be written in canonical form (lower case, shortest IPv6 form, for example 2001:db8::5)"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip(self).isGlobalUnicast()",message="egressIP must be a unicast address (not loopback, link-local, multicast or unspecified)"
+	EgressIP string `json:"egressIP,omitempty"`
+}
+
+// EgressStatus is the observed state of an Egress, written by the
+// controller.
 type EgressStatus struct {
-	// INSERT ADDITIONAL STATUS FIELD - define observed state of cluster
-	// Important: Run "make" to regenerate code after modifying this file
+	// EgressIP is the address allocated to this Egress.
+	// +optional
+	// +kubebuilder:validation:MaxLength=39
+	EgressIP string `json:"egressIP,omitempty"`
 
-	// For Kubernetes API conventions, see:
-	// https://github.com/kubernetes/community/blob/master/contributors/devel/sig-architecture/api-conventions.md#typical-status-properties
+	// EgressNode is the name of the Node that holds EgressIP; empty while
+	// the Egress is not assigned. Selectable as status.egressNode.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	EgressNode string `json:"egressNode,omitempty"`
 
-	// conditions represent the current state of the Egress resource.
-	// Each condition has a unique type and reflects the status of a specific aspect of the resource.
-	//
-	// Standard condition types include:
-	// - "Available": the resource is fully functional
-	// - "Progressing": the resource is being created or updated
-	// - "Degraded": the resource failed to reach or maintain its desired state
-	//
-	// The status of each condition is one of True, False, or Unknown.
+	// Conditions are IPAllocated, Assigned and Ready, each with a reason and
+	// a message that says what to do when it is False.
+	// +optional
 	// +listType=map
 	// +listMapKey=type
-	// +optional
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
 
+// Egress gives the selected Pods a stable source address, allocated from an
+// ExternalIPPool and held by one egress Node at a time.
+//
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Cluster
-
-// Egress is the Schema for the egresses API
+// +kubebuilder:resource:scope=Cluster,shortName=eg
+// +kubebuilder:selectablefield:JSONPath=`.status.egressNode`
+// +kubebuilder:printcolumn:name="Egress-IP",type=string,JSONPath=`.status.egressIP`,description="Allocated egress IP"
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.egressNode`,description="Node holding the egress IP"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Bound and announced on the Node"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.externalIPPool`,priority=1,description="ExternalIPPool"
 type Egress struct {
 	metav1.TypeMeta `json:",inline"`
 
@@ -71,18 +132,18 @@ type Egress struct {
 	// +optional
 	metav1.ObjectMeta `json:"metadata,omitzero"`
 
-	// spec defines the desired state of Egress
+	// spec is the requested selection, pool and address.
 	// +required
 	Spec EgressSpec `json:"spec"`
 
-	// status defines the observed state of Egress
+	// status is the allocated address, its Node and the conditions.
 	// +optional
 	Status EgressStatus `json:"status,omitzero"`
 }
 
 // +kubebuilder:object:root=true
 
-// EgressList contains a list of Egress
+// EgressList contains a list of Egress.
 type EgressList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitzero"`

@@ -1,5 +1,5 @@
 /*
-Copyright 2026.
+Copyright 2026 The egressip Authors.
 
 Licensed under the Apache License, Version 2.0 (the "License");
 you may not use this file except in compliance with the License.
@@ -21,49 +21,156 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
-// EDIT THIS FILE!  THIS IS SCAFFOLDING FOR YOU TO OWN!
-// NOTE: json tags are required.  Any new fields you add must have json tags for the fields to be serialized.
+// Validation notes for the CEL rules below.
+//
+// The API server's CEL IP library (Kubernetes 1.31+) parses and classifies
+// addresses but cannot order them, so "start <= end" is checked bit by bit:
+// start > end exactly when, for some k, both addresses share their first k
+// bits and bit k+1 is set in start but clear in end. A bit is set when
+// masking to k+1 bits gives a different address than masking to k bits.
+// Prefix suffixes come from literal string lists ('/0'..'/128'), because the
+// rule-cost estimator cannot bound the length of string(int); and IPs are
+// compared with !(a == b) because it cannot bound a != b on IP values.
+// A range's family is 4 or 6, or 0 while the range is itself invalid (that
+// range's own rule reports it, so the pool-wide rules skip it instead of
+// failing twice). CRD rules cannot use cel.bind, so "[x].all(v, ...)" binds
+// a value to v.
 
-// ExternalIPPoolSpec defines the desired state of ExternalIPPool
-type ExternalIPPoolSpec struct {
-	// INSERT ADDITIONAL SPEC FIELDS - desired state of cluster
-	// Important: Run "make" to regenerate code after modifying this file
-	// The following markers will use OpenAPI v3 schema to validate the value
-	// More info: https://book.kubebuilder.io/reference/markers/crd-validation.html
-
-	// foo is an example field of ExternalIPPool. Edit externalippool_types.go to remove/update
+// IPRange is one block of addresses of an ExternalIPPool: either a CIDR or an
+// inclusive start-end pair, never both.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.cidr) ? !has(self.start) && !has(self.end) : has(self.start) && has(self.end)",message="each ipRanges entry needs either cidr, or both start and end, but not both forms"
+// +kubebuilder:validation:XValidation:rule="!has(self.start) || !has(self.end) || !isIP(self.start) || !isIP(self.end) || ip(self.start).family() == ip(self.end).family()",message="start and end must be of the same IP family"
+// +kubebuilder:validation:XValidation:rule="!has(self.start) || !has(self.end) || !isIP(self.start) || !isIP(self.end) || ip(self.start).family() != ip(self.end).family() || ![0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127].exists(k, (k < 32 || ip(self.start).family() == 6) && cidr(self.start + ['/0', '/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127'][k]).masked().ip() == cidr(self.end + ['/0', '/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127'][k]).masked().ip() && !(cidr(self.start + ['/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127', '/128'][k]).masked().ip() == cidr(self.start + ['/0', '/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127'][k]).masked().ip()) && cidr(self.end + ['/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127', '/128'][k]).masked().ip() == cidr(self.end + ['/0', '/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127'][k]).masked().ip())",message="start must not be greater than end"
+type IPRange struct {
+	// CIDR is a block of addresses in CIDR notation, such as 192.0.2.0/28 or
+	// 2001:db8::/120, with no host bits set. For IPv4 blocks larger than /31
+	// the network and broadcast addresses are never allocated; /31 and /32
+	// give every address (RFC 3021).
 	// +optional
-	Foo *string `json:"foo,omitempty"`
+	// +kubebuilder:validation:MinLength=9
+	// +kubebuilder:validation:MaxLength=43
+	// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="cidr must be a CIDR such as 192.0.2.0/28 or 2001:db8::/120"
+	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="cidr must not have host bits set (for example 192.0.2.0/28, not 192.0.2.5/28)"
+	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self).ip().isGlobalUnicast()",message="cidr must be a unicast block (not loopback, link-local, multicast or unspecified)"
+	CIDR string `json:"cidr,omitempty"`
+
+	// Start is the first address of an inclusive range, such as 192.0.2.100.
+	// +optional
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="start must be an IPv4 or IPv6 address such as 192.0.2.100 (no zone, no IPv4-mapped IPv6, no leading zeros)"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip(self).isGlobalUnicast()",message="start must be a unicast address (not loopback, link-local, multicast or unspecified)"
+	Start string `json:"start,omitempty"`
+
+	// End is the last address of an inclusive range, such as 192.0.2.120; it
+	// must be of the same family as Start and not lower than it.
+	// +optional
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="end must be an IPv4 or IPv6 address such as 192.0.2.120 (no zone, no IPv4-mapped IPv6, no leading zeros)"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip(self).isGlobalUnicast()",message="end must be a unicast address (not loopback, link-local, multicast or unspecified)"
+	End string `json:"end,omitempty"`
 }
 
-// ExternalIPPoolStatus defines the observed state of ExternalIPPool.
+// SubnetInfo describes the layer-2 subnet the pool's addresses live in.
+type SubnetInfo struct {
+	// Gateway is the subnet's router address, such as 192.0.2.1. It is never
+	// allocated to an Egress. Same family as the pool.
+	// +required
+	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MaxLength=39
+	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="gateway must be an IPv4 or IPv6 address such as 192.0.2.1"
+	Gateway string `json:"gateway"`
+
+	// PrefixLength is the subnet's prefix length in bits: 1..32 for an IPv4
+	// pool, 1..128 for an IPv6 pool.
+	// +required
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=128
+	PrefixLength int32 `json:"prefixLength"`
+
+	// VLAN is the IEEE 802.1Q VLAN ID the subnet is carried on; 0 means
+	// untagged. 4095 is reserved by 802.1Q and rejected.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=4094
+	VLAN int32 `json:"vlan,omitempty"`
+}
+
+// ExternalIPPoolSpec defines the addresses of a pool and the Nodes that may
+// hold them.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.subnetInfo) || !isIP(self.subnetInfo.gateway) || [self.ipRanges.map(r, has(r.cidr) ? (isCIDR(r.cidr) ? cidr(r.cidr).ip().family() : 0) : ((has(r.start) && isIP(r.start)) ? ip(r.start).family() : 0)).filter(f, f != 0)].all(fams, size(fams) == 0 || ip(self.subnetInfo.gateway).family() == fams[0])",message="subnetInfo.gateway must be of the same IP family as the pool's ipRanges"
+// +kubebuilder:validation:XValidation:rule="!has(self.subnetInfo) || self.subnetInfo.prefixLength <= 32 || [self.ipRanges.map(r, has(r.cidr) ? (isCIDR(r.cidr) ? cidr(r.cidr).ip().family() : 0) : ((has(r.start) && isIP(r.start)) ? ip(r.start).family() : 0)).filter(f, f != 0)].all(fams, size(fams) == 0 || fams[0] == 6)",message="subnetInfo.prefixLength must be between 1 and 32 for an IPv4 pool"
+// +kubebuilder:validation:XValidation:rule="!has(self.subnetInfo) || !isIP(self.subnetInfo.gateway) || (ip(self.subnetInfo.gateway).family() == 4 && self.subnetInfo.prefixLength > 32) || [cidr(self.subnetInfo.gateway + '/' + ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14', '15', '16', '17', '18', '19', '20', '21', '22', '23', '24', '25', '26', '27', '28', '29', '30', '31', '32', '33', '34', '35', '36', '37', '38', '39', '40', '41', '42', '43', '44', '45', '46', '47', '48', '49', '50', '51', '52', '53', '54', '55', '56', '57', '58', '59', '60', '61', '62', '63', '64', '65', '66', '67', '68', '69', '70', '71', '72', '73', '74', '75', '76', '77', '78', '79', '80', '81', '82', '83', '84', '85', '86', '87', '88', '89', '90', '91', '92', '93', '94', '95', '96', '97', '98', '99', '100', '101', '102', '103', '104', '105', '106', '107', '108', '109', '110', '111', '112', '113', '114', '115', '116', '117', '118', '119', '120', '121', '122', '123', '124', '125', '126', '127', '128'][self.subnetInfo.prefixLength]).masked()].all(sn, self.ipRanges.all(r, has(r.cidr) ? (!isCIDR(r.cidr) || cidr(r.cidr).ip().family() != sn.ip().family() || sn.containsCIDR(r.cidr)) : (!has(r.start) || !has(r.end) || !isIP(r.start) || !isIP(r.end) || ip(r.start).family() != sn.ip().family() || ip(r.end).family() != sn.ip().family() || (sn.containsIP(r.start) && sn.containsIP(r.end)))))",message="every ipRanges entry must lie inside the subnet given by subnetInfo.gateway and subnetInfo.prefixLength"
+type ExternalIPPoolSpec struct {
+	// IPRanges are the pool's addresses: 1 to 32 entries, each a CIDR or a
+	// start-end range, all of one IP family. A workload that needs both
+	// families uses two pools and two Egresses.
+	// +required
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:XValidation:rule="[self.map(r, has(r.cidr) ? (isCIDR(r.cidr) ? cidr(r.cidr).ip().family() : 0) : ((has(r.start) && isIP(r.start)) ? ip(r.start).family() : 0)).filter(f, f != 0)].all(fams, fams.all(f, f == fams[0]))",message="all ipRanges of a pool must be of one IP family; use a second pool for the other family"
+	IPRanges []IPRange `json:"ipRanges"`
+
+	// SubnetInfo describes the layer-2 subnet of the addresses (gateway,
+	// prefix length, VLAN). Optional: without it the agent binds each
+	// address on the interface whose connected subnet holds it.
+	// +optional
+	SubnetInfo *SubnetInfo `json:"subnetInfo,omitempty"`
+
+	// NodeSelector selects the Nodes that may hold this pool's addresses.
+	// Empty or absent selects every Linux Node. At most 64 matchLabels and
+	// 32 matchExpressions.
+	// +optional
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) <= 64",message="nodeSelector.matchLabels may have at most 64 entries"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) <= 32",message="nodeSelector.matchExpressions may have at most 32 entries"
+	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+}
+
+// IPPoolUsage counts a pool's addresses.
+type IPPoolUsage struct {
+	// Total is the number of allocatable addresses in the pool (network,
+	// broadcast and gateway addresses excluded). It saturates at 2^63-1 for
+	// very large IPv6 ranges.
+	// +kubebuilder:validation:Minimum=0
+	Total int64 `json:"total"`
+
+	// Used is the number of distinct addresses allocated to Egresses.
+	// Egresses that share one address count once.
+	// +kubebuilder:validation:Minimum=0
+	Used int64 `json:"used"`
+}
+
+// ExternalIPPoolStatus is the observed state of an ExternalIPPool, written by
+// the controller.
 type ExternalIPPoolStatus struct {
-	// INSERT ADDITIONAL STATUS FIELD - define observed state of cluster
-	// Important: Run "make" to regenerate code after modifying this file
+	// Usage counts the pool's addresses.
+	// +optional
+	Usage IPPoolUsage `json:"usage,omitempty"`
 
-	// For Kubernetes API conventions, see:
-	// https://github.com/kubernetes/community/blob/master/contributors/devel/sig-architecture/api-conventions.md#typical-status-properties
-
-	// conditions represent the current state of the ExternalIPPool resource.
-	// Each condition has a unique type and reflects the status of a specific aspect of the resource.
-	//
-	// Standard condition types include:
-	// - "Available": the resource is fully functional
-	// - "Progressing": the resource is being created or updated
-	// - "Degraded": the resource failed to reach or maintain its desired state
-	//
-	// The status of each condition is one of True, False, or Unknown.
+	// Conditions of the pool. Ready=True when the pool is valid and can
+	// allocate; its reason and message say what is wrong otherwise.
+	// +optional
 	// +listType=map
 	// +listMapKey=type
-	// +optional
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
+	// +patchStrategy=merge
+	// +patchMergeKey=type
+	// +kubebuilder:validation:MaxItems=8
+	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
 }
 
+// ExternalIPPool is a cluster-wide pool of egress IPs and the Nodes that may
+// hold them.
+//
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
-// +kubebuilder:resource:scope=Cluster
-
-// ExternalIPPool is the Schema for the externalippools API
+// +kubebuilder:resource:scope=Cluster,shortName=eip
+// +kubebuilder:printcolumn:name="Total",type=integer,JSONPath=`.status.usage.total`,description="Allocatable addresses"
+// +kubebuilder:printcolumn:name="Used",type=integer,JSONPath=`.status.usage.used`,description="Addresses allocated to Egresses"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ExternalIPPool struct {
 	metav1.TypeMeta `json:",inline"`
 
@@ -71,18 +178,18 @@ type ExternalIPPool struct {
 	// +optional
 	metav1.ObjectMeta `json:"metadata,omitzero"`
 
-	// spec defines the desired state of ExternalIPPool
+	// spec defines the pool's addresses and eligible Nodes.
 	// +required
 	Spec ExternalIPPoolSpec `json:"spec"`
 
-	// status defines the observed state of ExternalIPPool
+	// status is the pool's observed usage and conditions.
 	// +optional
 	Status ExternalIPPoolStatus `json:"status,omitzero"`
 }
 
 // +kubebuilder:object:root=true
 
-// ExternalIPPoolList contains a list of ExternalIPPool
+// ExternalIPPoolList contains a list of ExternalIPPool.
 type ExternalIPPoolList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitzero"`
