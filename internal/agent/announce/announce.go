@@ -28,6 +28,9 @@
 // which is also an address assigned to the interface. Only IPv6 egress IPs
 // get NA.
 //
+// Sending needs CAP_NET_RAW (an AF_PACKET socket for ARP, a raw ICMPv6
+// socket for NDP) in the namespace of the interface.
+//
 // Sockets are opened per announcement and closed straight away; they are
 // bound so that they receive nothing (a drop-all BPF filter for ARP, an
 // ICMPv6 filter blocking every type for NDP).
