@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func cidr(c string) v1.IPRange         { return v1.IPRange{CIDR: c} }
+func cidr(c string) v1.IPRange          { return v1.IPRange{CIDR: c} }
 func span(start, end string) v1.IPRange { return v1.IPRange{Start: start, End: end} }
 
 func pool(name string, mutate func(*v1.ExternalIPPoolSpec), ranges ...v1.IPRange) *v1.ExternalIPPool {
