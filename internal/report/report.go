@@ -1,0 +1,123 @@
+// Package report is the channel between an egressip-agent and the
+// controller: the agent serves what it has bound over HTTP on its Node, and
+// the controller polls every agent (by default once a second).
+//
+// One poll answers two questions at no cost to the API server: is the agent
+// alive (it answered within the timeout), and which egress IPs are bound and
+// announced on that Node. The controller turns an Egress Ready only when the
+// report of its egress Node lists the IP as announced, and it releases an IP
+// from a Node before assigning it elsewhere only when that Node's report no
+// longer lists it (or the Node is declared dead). docs/failover.md explains
+// the timings.
+package report
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Path is the HTTP path of the report on the agent.
+const Path = "/report"
+
+// DefaultPort is the TCP port the agent serves its report on (host network).
+const DefaultPort = 9445
+
+// BoundIP is one egress IP as the agent sees it on its Node.
+type BoundIP struct {
+	// IP is the egress IP in canonical form.
+	IP netip.Addr `json:"ip"`
+	// Interface is the name of the interface the IP is bound on.
+	Interface string `json:"interface"`
+	// Announced is true once the first gratuitous ARP (IPv4) or unsolicited
+	// Neighbor Advertisement (IPv6) for this binding has been sent.
+	Announced bool `json:"announced"`
+}
+
+// Report is what an agent serves.
+type Report struct {
+	// Node is the name of the agent's Node.
+	Node string `json:"node"`
+	// Instance identifies the agent process; it changes when the agent
+	// restarts, so the controller can tell a restart from a steady state.
+	Instance string `json:"instance"`
+	// Bound lists the egress IPs bound on the Node, sorted by IP.
+	Bound []BoundIP `json:"bound"`
+}
+
+// Lookup returns the entry for ip and whether the report lists it.
+func (r *Report) Lookup(ip netip.Addr) (BoundIP, bool) {
+	i, ok := slices.BinarySearchFunc(r.Bound, ip, func(b BoundIP, ip netip.Addr) int { return b.IP.Compare(ip) })
+	if !ok {
+		return BoundIP{}, false
+	}
+	return r.Bound[i], true
+}
+
+// Sort orders Bound by IP, as Lookup requires.
+func (r *Report) Sort() {
+	slices.SortFunc(r.Bound, func(a, b BoundIP) int { return a.IP.Compare(b.IP) })
+}
+
+// Handler serves the report returned by current on GET Path.
+func Handler(current func() Report) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+Path, func(w http.ResponseWriter, _ *http.Request) {
+		r := current()
+		r.Sort()
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(r)
+	})
+	return mux
+}
+
+// Client polls agents.
+type Client struct {
+	// HTTP is the client used; its Timeout bounds one poll.
+	HTTP *http.Client
+	// Port is the agent's report port on every Node.
+	Port int
+}
+
+// NewClient returns a client whose polls time out after timeout.
+func NewClient(port int, timeout time.Duration) *Client {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: timeout}).DialContext,
+		MaxIdleConnsPerHost: 1,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	return &Client{HTTP: &http.Client{Timeout: timeout, Transport: tr}, Port: port}
+}
+
+// Get fetches the report of the agent at host (a Node IP). It returns an
+// error when the agent does not answer in time or answers something else
+// than a report.
+func (c *Client) Get(ctx context.Context, host netip.Addr) (Report, error) {
+	url := "http://" + net.JoinHostPort(host.String(), strconv.Itoa(c.Port)) + Path
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return Report{}, fmt.Errorf("build report request: %w", err)
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return Report{}, fmt.Errorf("poll agent at %s: %w", host, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return Report{}, fmt.Errorf("poll agent at %s: HTTP %d", host, resp.StatusCode)
+	}
+	var r Report
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&r); err != nil {
+		return Report{}, fmt.Errorf("decode report from %s: %w", host, err)
+	}
+	r.Sort()
+	return r, nil
+}
