@@ -1,6 +1,7 @@
 package ipam
 
 import (
+	"cmp"
 	"math"
 	"math/bits"
 	"net/netip"
@@ -41,20 +42,13 @@ func (u u128) addr(is6 bool) netip.Addr {
 }
 
 func (u u128) cmp(v u128) int {
-	switch {
-	case u.hi < v.hi:
-		return -1
-	case u.hi > v.hi:
-		return 1
-	case u.lo < v.lo:
-		return -1
-	case u.lo > v.lo:
-		return 1
+	if u.hi != v.hi {
+		return cmp.Compare(u.hi, v.hi)
 	}
-	return 0
+	return cmp.Compare(u.lo, v.lo)
 }
 
-func (u u128) less(v u128) bool { return u.cmp(v) < 0 }
+func (u u128) less(v u128) bool { return u.hi < v.hi || (u.hi == v.hi && u.lo < v.lo) }
 
 // add1 returns u+1, wrapping at 2^128.
 func (u u128) add1() u128 {
@@ -119,4 +113,19 @@ func satAdd(a, b uint64) uint64 {
 		return math.MaxUint64
 	}
 	return s
+}
+
+// upperBound returns the number of leading spans of sorted spans that start
+// at or before u (the index of the first span starting after u).
+func upperBound(spans []span, u u128) int {
+	lo, hi := 0, len(spans)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if u.less(spans[m].first) {
+			hi = m
+		} else {
+			lo = m + 1
+		}
+	}
+	return lo
 }

@@ -16,18 +16,24 @@ import (
 // share one allocation, counted once in Used. The caller releases an IP when
 // no Egress holds it any more.
 //
-// The allocated addresses are kept as a sorted slice of maximal runs of
-// consecutive addresses, so memory and the cost of each call grow with the
-// number of runs, never with the size of the pool: Allocate is
-// O(segments · log runs), Reserve and Release O(log runs) plus moving at
-// most the runs after the change (a copy, no allocation in the common case).
-// An Allocator is safe for concurrent use.
+// The allocated addresses are kept as maximal runs of consecutive addresses
+// (so 60000 addresses allocated lowest-first are one run), in sorted blocks
+// of at most 256 runs. Memory and the cost of each call grow with the number
+// of runs, never with the size of the pool: Reserve, Release and IsAllocated
+// are O(log runs) plus copying one block; Allocate is O(log runs) per
+// segment of the pool it inspects (a segment is a stretch of allocatable
+// addresses between reserved ones or between ranges), and it skips the
+// leading segments known to be full. An Allocator is safe for concurrent
+// use.
 type Allocator struct {
 	pool *Pool
 
 	mu   sync.Mutex
-	runs []span // allocated addresses: sorted, disjoint, non-adjacent
+	runs runSet // the allocated addresses
 	used uint64
+	// full is the index of the first segment of pool.segs that may have a
+	// free address: every segment before it is fully allocated.
+	full int
 }
 
 // NewAllocator returns an Allocator for p with nothing allocated.
@@ -62,7 +68,7 @@ func (a *Allocator) IsAllocated(ip netip.Addr) bool {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return spanIndex(a.runs, fromAddr(ip)) >= 0
+	return a.runs.contains(fromAddr(ip))
 }
 
 // Reserve marks ip as allocated, for an Egress that names its IP or whose
@@ -76,15 +82,17 @@ func (a *Allocator) Reserve(ip netip.Addr) error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.insert(fromAddr(ip))
+	if a.runs.insert(fromAddr(ip)) {
+		a.used++
+	}
 	return nil
 }
 
 // ReserveAll reserves every address of ips, as Reserve does, in
-// O((len(ips)+runs) log len(ips)): this is how the allocation state is
+// O(n log n + runs) for n addresses: this is how the allocation state is
 // rebuilt from Egress statuses. Addresses the pool cannot hold are skipped
-// and reported together (errors.Join of their *AddrError); the others are
-// reserved regardless.
+// and reported together (errors.Join of their *AddrError, in input order);
+// the others are reserved regardless.
 func (a *Allocator) ReserveAll(ips []netip.Addr) error {
 	var errs []error
 	pts := make([]u128, 0, len(ips))
@@ -100,34 +108,7 @@ func (a *Allocator) ReserveAll(ips []netip.Addr) error {
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	merged := make([]span, 0, len(a.runs)+len(pts))
-	push := func(s span) {
-		if n := len(merged); n > 0 && merged[n-1].touches(s) {
-			if merged[n-1].last.less(s.last) {
-				merged[n-1].last = s.last
-			}
-			return
-		}
-		merged = append(merged, s)
-	}
-	i := 0
-	for _, u := range pts {
-		for i < len(a.runs) && a.runs[i].first.less(u) {
-			push(a.runs[i])
-			i++
-		}
-		// Every old run starting before u is pushed; u is already allocated
-		// if the last of them, or the next one, holds it.
-		already := (i > 0 && a.runs[i-1].contains(u)) || (i < len(a.runs) && a.runs[i].first == u)
-		if !already {
-			a.used++
-		}
-		push(span{u, u})
-	}
-	for ; i < len(a.runs); i++ {
-		push(a.runs[i])
-	}
-	a.runs = merged
+	a.used += a.runs.union(pts)
 	return errors.Join(errs...)
 }
 
@@ -137,19 +118,15 @@ func (a *Allocator) ReserveAll(ips []netip.Addr) error {
 func (a *Allocator) Allocate() (netip.Addr, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for _, seg := range a.pool.segs {
-		u := seg.first
-		if i := spanIndex(a.runs, u); i >= 0 {
-			// Runs are maximal, so the address after a run is free unless
-			// it leaves the segment.
-			if !a.runs[i].last.less(seg.last) {
-				continue
-			}
-			u = a.runs[i].last.add1()
+	for k := a.full; k < len(a.pool.segs); k++ {
+		if u, ok := a.runs.firstFree(a.pool.segs[k]); ok {
+			a.full = k
+			a.runs.insert(u)
+			a.used++
+			return u.addr(a.pool.is6), nil
 		}
-		a.insert(u)
-		return u.addr(a.pool.is6), nil
 	}
+	a.full = len(a.pool.segs)
 	return netip.Addr{}, ErrExhausted
 }
 
@@ -159,55 +136,15 @@ func (a *Allocator) Release(ip netip.Addr) bool {
 	if a.pool.Check(ip) != nil {
 		return false
 	}
+	u := fromAddr(ip)
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	u := fromAddr(ip)
-	j := spanIndex(a.runs, u)
-	if j < 0 {
+	if !a.runs.remove(u) {
 		return false
-	}
-	r := a.runs[j]
-	switch {
-	case r.first == r.last:
-		a.runs = slices.Delete(a.runs, j, j+1)
-	case r.first == u:
-		a.runs[j].first = u.add1()
-	case r.last == u:
-		a.runs[j].last = u.sub1()
-	default:
-		a.runs[j].last = u.sub1()
-		a.runs = slices.Insert(a.runs, j+1, span{u.add1(), r.last})
 	}
 	a.used--
-	return true
-}
-
-// insert adds u to the runs; it reports false if u was already allocated.
-// The caller holds a.mu.
-func (a *Allocator) insert(u u128) bool {
-	// i is the first run starting after u.
-	i, _ := slices.BinarySearchFunc(a.runs, u, func(s span, u u128) int {
-		if u.less(s.first) {
-			return 1
-		}
-		return -1
-	})
-	if i > 0 && a.runs[i-1].contains(u) {
-		return false
+	if k := spanIndex(a.pool.segs, u); k < a.full {
+		a.full = k
 	}
-	joinPrev := i > 0 && a.runs[i-1].last.add1() == u
-	joinNext := i < len(a.runs) && u.add1() == a.runs[i].first
-	switch {
-	case joinPrev && joinNext:
-		a.runs[i-1].last = a.runs[i].last
-		a.runs = slices.Delete(a.runs, i, i+1)
-	case joinPrev:
-		a.runs[i-1].last = u
-	case joinNext:
-		a.runs[i].first = u
-	default:
-		a.runs = slices.Insert(a.runs, i, span{u, u})
-	}
-	a.used++
 	return true
 }

@@ -202,14 +202,7 @@ func (p *Pool) rawIndex(u u128) int { return spanIndex(p.raw, u) }
 // spanIndex returns the index of the span of sorted, disjoint spans that
 // holds u, or -1.
 func spanIndex(spans []span, u u128) int {
-	// i is the first span starting after u; the candidate is the one before.
-	i, _ := slices.BinarySearchFunc(spans, u, func(s span, u u128) int {
-		if u.less(s.first) {
-			return 1
-		}
-		return -1
-	})
-	if i > 0 && !spans[i-1].last.less(u) {
+	if i := upperBound(spans, u); i > 0 && !spans[i-1].last.less(u) {
 		return i - 1
 	}
 	return -1
