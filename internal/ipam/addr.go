@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"cmp"
+	"encoding/binary"
 	"math"
 	"math/bits"
 	"net/netip"
@@ -17,27 +18,21 @@ var maxU128 = u128{math.MaxUint64, math.MaxUint64}
 func fromAddr(a netip.Addr) u128 {
 	if a.Is4() {
 		b := a.As4()
-		return u128{lo: uint64(b[0])<<24 | uint64(b[1])<<16 | uint64(b[2])<<8 | uint64(b[3])}
+		return u128{lo: uint64(binary.BigEndian.Uint32(b[:]))}
 	}
 	b := a.As16()
-	var u u128
-	for i := 0; i < 8; i++ {
-		u.hi = u.hi<<8 | uint64(b[i])
-		u.lo = u.lo<<8 | uint64(b[i+8])
-	}
-	return u
+	return u128{binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])}
 }
 
 func (u u128) addr(is6 bool) netip.Addr {
 	if !is6 {
-		v := uint32(u.lo)
-		return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+		var b [4]byte
+		binary.BigEndian.PutUint32(b[:], uint32(u.lo))
+		return netip.AddrFrom4(b)
 	}
 	var b [16]byte
-	for i := 0; i < 8; i++ {
-		b[7-i] = byte(u.hi >> (8 * i))
-		b[15-i] = byte(u.lo >> (8 * i))
-	}
+	binary.BigEndian.PutUint64(b[:8], u.hi)
+	binary.BigEndian.PutUint64(b[8:], u.lo)
 	return netip.AddrFrom16(b)
 }
 

@@ -7,10 +7,11 @@ import (
 	"sync"
 )
 
-// Allocator tracks which addresses of one Pool are allocated. It holds no
-// state of its own beyond memory: at start-up, or when the pool changes, the
+// Allocator tracks which addresses of one Pool are allocated. Its state
+// lives only in memory: at start-up, or when the pool's spec changes, the
 // controller builds a new Allocator and reserves the IPs found in the
-// statuses of the pool's Egresses (ReserveAll).
+// statuses of the pool's Egresses (ReserveAll); an IP that the new pool
+// cannot hold comes back as an error naming it.
 //
 // An address is either allocated or free; Egresses that name the same IP
 // share one allocation, counted once in Used. The caller releases an IP when

@@ -15,7 +15,7 @@ func TestAllocateExhaustion(t *testing.T) {
 	if ip, err := a.Allocate(); err != nil || ip != netip.MustParseAddr("192.0.2.2") {
 		t.Fatalf("Allocate() = %v, %v; want 192.0.2.2", ip, err)
 	}
-	for i := 0; i < 3; i++ {
+	for range 3 {
 		if ip, err := a.Allocate(); !errors.Is(err, ErrExhausted) || ip.IsValid() {
 			t.Fatalf("Allocate() on a full pool = %v, %v; want ErrExhausted", ip, err)
 		}
@@ -65,7 +65,7 @@ func TestSharedIPCountedOnce(t *testing.T) {
 	a := NewAllocator(mustPool(t, nil, cidr("192.0.2.0/29")))
 	ip := netip.MustParseAddr("192.0.2.3")
 	// Three Egresses name the same IP: one allocation.
-	for i := 0; i < 3; i++ {
+	for i := range 3 {
 		if err := a.Reserve(ip); err != nil {
 			t.Fatalf("Reserve #%d: %v", i, err)
 		}
@@ -176,7 +176,7 @@ func TestRebuildFromStatuses(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			orig := NewAllocator(p)
 			var statuses []netip.Addr
-			for i := 0; i < 40; i++ {
+			for range 40 {
 				ip, err := orig.Allocate()
 				if err != nil {
 					t.Fatal(err)
@@ -217,7 +217,7 @@ func TestRebuildFromStatuses(t *testing.T) {
 				// The same next six choices; then undo them on the original
 				// for the next rebuild.
 				var next []netip.Addr
-				for i := 0; i < 6; i++ {
+				for i := range 6 {
 					want, err1 := orig.Allocate()
 					have, err2 := got.Allocate()
 					if want != have || err1 != nil || err2 != nil {
@@ -306,11 +306,11 @@ func TestAllocatorConcurrent(t *testing.T) {
 	const workers, each = 8, 100
 	results := make([][]netip.Addr, workers)
 	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < each; i++ {
+			for range each {
 				ip, err := a.Allocate()
 				if err != nil {
 					t.Error(err)
@@ -341,7 +341,7 @@ func TestAllocatorConcurrent(t *testing.T) {
 		t.Errorf("next = %v, want 10.0.3.33", got)
 	}
 	// Concurrent releases of everything leave only that last one.
-	for w := 0; w < workers; w++ {
+	for w := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -37,7 +37,7 @@ func v6Host(prefix netip.Prefix) func(*rand.Rand) netip.Addr {
 	return func(r *rand.Rand) netip.Addr {
 		b := prefix.Addr().As16()
 		lo := r.Uint64()
-		for i := 0; i < 8; i++ {
+		for i := range 8 {
 			b[15-i] = byte(lo >> (8 * i))
 		}
 		return netip.AddrFrom16(b)

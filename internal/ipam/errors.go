@@ -29,12 +29,20 @@ var (
 // ErrOutsidePool or ErrReservedAddress, so callers can use errors.Is.
 type AddrError struct {
 	Addr   netip.Addr // the address as given
-	Reason string     // human-readable, e.g. "is the gateway (subnetInfo.gateway)"
+	Reason string     // completes "IP <addr> ...", e.g. "is the gateway (subnetInfo.gateway)"
 	Err    error      // ErrOutsidePool or ErrReservedAddress
 }
 
+// Error reads "IP <addr> <reason>", plus ", which is never allocated" for a
+// reserved address.
 func (e *AddrError) Error() string {
-	return fmt.Sprintf("IP %s %s: %v", e.Addr, e.Reason, e.Err)
+	if !e.Addr.IsValid() {
+		return "no valid IP address given"
+	}
+	if errors.Is(e.Err, ErrReservedAddress) {
+		return fmt.Sprintf("IP %s %s, which is never allocated", e.Addr, e.Reason)
+	}
+	return fmt.Sprintf("IP %s %s", e.Addr, e.Reason)
 }
 
 func (e *AddrError) Unwrap() error { return e.Err }

@@ -244,7 +244,7 @@ func (p *Pool) Check(ip netip.Addr) error {
 	case ip.Zone() != "":
 		return &AddrError{Addr: ip, Reason: "has an IPv6 zone", Err: ErrOutsidePool}
 	case ip.Is4In6() && !p.is6:
-		return &AddrError{Addr: ip, Reason: fmt.Sprintf("is IPv4-mapped IPv6; write %s", ip.Unmap()), Err: ErrOutsidePool}
+		return &AddrError{Addr: ip, Reason: fmt.Sprintf("is IPv4-mapped IPv6 (write %s)", ip.Unmap()), Err: ErrOutsidePool}
 	case ip.Is6() != p.is6:
 		return &AddrError{Addr: ip, Reason: fmt.Sprintf("is %s but the pool is %s", familyName(ip), familyName(p.ranges[0].First)), Err: ErrOutsidePool}
 	}

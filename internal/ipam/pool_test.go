@@ -81,6 +81,8 @@ func TestParseRangesErrors(t *testing.T) {
 		{"start after end", []Range{between("192.0.2.9", "192.0.2.1")}, "ipRanges[0]", "start is after end", 1},
 		{"mixed family in range", []Range{between("192.0.2.1", "2001:db8::1")}, "ipRanges[0]", "start is IPv4 but end is IPv6", 1},
 		{"mixed family across ranges", []Range{cidr("192.0.2.0/24"), cidr("2001:db8::/64")}, "ipRanges[1]", "is IPv6 but ipRanges[0] is IPv4", 1},
+		{"family of the majority wins", []Range{cidr("2001:db8::/64"), cidr("192.0.2.0/24"), cidr("198.51.100.0/24")}, "ipRanges[0]", "is IPv6 but ipRanges[1] is IPv4", 1},
+		{"family ignores invalid entries", []Range{cidr("192.0.2.1/24"), cidr("2001:db8::/64"), cidr("192.0.3.0/24")}, "ipRanges[0].cidr", "host bits", 2},
 		{"overlap cidr and range", []Range{cidr("192.0.2.0/24"), between("192.0.2.255", "192.0.3.4")}, "ipRanges[1]", "overlaps ipRanges[0] (192.0.2.0/24)", 1},
 		{"overlap reported on later entry", []Range{between("192.0.2.10", "192.0.2.20"), cidr("192.0.2.0/28")}, "ipRanges[1]", "overlaps ipRanges[0] (192.0.2.10-192.0.2.20)", 1},
 		{"overlap nested", []Range{cidr("10.0.0.0/8"), cidr("10.1.0.0/16"), cidr("10.2.0.0/16")}, "ipRanges[1]", "overlaps ipRanges[0]", 2},
@@ -291,6 +293,25 @@ func TestCheck(t *testing.T) {
 				t.Errorf("Check(%s) = %v, want %v with reason containing %q", tt.ip, err, tt.want, tt.reason)
 			}
 		})
+	}
+}
+
+func TestAddrErrorMessages(t *testing.T) {
+	p := mustPool(t, &SubnetInfo{Gateway: "192.0.2.1"}, cidr("192.0.2.0/28"))
+	tests := []struct {
+		ip   netip.Addr
+		want string
+	}{
+		{netip.MustParseAddr("192.0.2.1"), "IP 192.0.2.1 is the gateway (subnetInfo.gateway), which is never allocated"},
+		{netip.MustParseAddr("192.0.2.0"), "IP 192.0.2.0 is the network address of ipRanges[0] (192.0.2.0/28), which is never allocated"},
+		{netip.MustParseAddr("192.0.2.99"), "IP 192.0.2.99 is in none of the pool's ipRanges"},
+		{netip.MustParseAddr("::ffff:192.0.2.3"), "IP ::ffff:192.0.2.3 is IPv4-mapped IPv6 (write 192.0.2.3)"},
+		{netip.Addr{}, "no valid IP address given"},
+	}
+	for _, tt := range tests {
+		if got := p.Check(tt.ip); got == nil || got.Error() != tt.want {
+			t.Errorf("Check(%v) = %v, want %q", tt.ip, got, tt.want)
+		}
 	}
 }
 

@@ -24,7 +24,7 @@ type genPool struct {
 // addrAt returns base+off.
 func addrAt(base netip.Addr, off int) netip.Addr {
 	a := base
-	for i := 0; i < off; i++ {
+	for range off {
 		a = a.Next()
 	}
 	return a
@@ -196,7 +196,7 @@ func allocatorMachine(t *rapid.T) {
 			n := rapid.IntRange(0, 6).Draw(t, "n")
 			var ips []netip.Addr
 			wantErr := false
-			for i := 0; i < n; i++ {
+			for range n {
 				ip := pick(t)
 				ips = append(ips, ip)
 				if allowed(ip) {
@@ -248,7 +248,7 @@ func TestPropertyParseRangesOverlap(t *testing.T) {
 		n := rapid.IntRange(1, 4).Draw(t, label+"Count")
 		var rs []Range
 		var offs [][]int
-		for i := 0; i < n; i++ {
+		for range n {
 			if rapid.Bool().Draw(t, label+"IsCIDR") {
 				bits := rapid.IntRange(28, 32).Draw(t, label+"Bits")
 				size := 1 << (32 - bits)

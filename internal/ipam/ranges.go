@@ -148,8 +148,9 @@ func parseRange(i int, r Range) (IPRange, FieldErrors) {
 //   - a CIDR with host bits set (rejected, not masked: the message names the
 //     network the user probably meant);
 //   - start after end, or start and end of different families;
-//   - entries of different IP families (a pool holds one family; the first
-//     valid entry sets it);
+//   - entries of different IP families: a pool holds one family, that of
+//     most valid entries (of the first on a tie), and each entry of the
+//     other family is reported;
 //   - entries that share any address (compared as written, before reserved
 //     addresses are removed).
 //
@@ -172,11 +173,26 @@ func ParseRanges(rs []Range) ([]IPRange, error) {
 		valid = append(valid, i)
 	}
 
-	// One family per pool, set by the first valid entry.
+	// One family per pool: that of most valid entries (of the first valid
+	// entry on a tie); ref is the first valid entry of that family. Entries
+	// of the other family are the errors.
+	n4 := 0
+	for _, i := range valid {
+		if out[i].First.Is4() {
+			n4++
+		}
+	}
+	want4 := 2*n4 > len(valid) || (2*n4 == len(valid) && len(valid) > 0 && out[valid[0]].First.Is4())
+	ref := -1
+	for _, i := range valid {
+		if out[i].First.Is4() == want4 {
+			ref = i
+			break
+		}
+	}
 	same := valid[:0:0]
 	for _, i := range valid {
-		ref := valid[0]
-		if out[i].First.Is4() != out[ref].First.Is4() {
+		if out[i].First.Is4() != want4 {
 			errs = append(errs, &FieldError{Field: fmt.Sprintf("ipRanges[%d]", i), Value: out[i].String(),
 				Reason: fmt.Sprintf("is %s but ipRanges[%d] is %s; a pool holds one IP family (use a second pool for the other)",
 					familyName(out[i].First), ref, familyName(out[ref].First))})
