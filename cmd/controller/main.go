@@ -20,6 +20,7 @@ import (
 	"crypto/tls"
 	"flag"
 	"os"
+	"time"
 
 	// Import all Kubernetes client auth plugins (e.g. Azure, GCP, OIDC, etc.)
 	// to ensure that exec-entrypoint and run can make use of them.
@@ -36,6 +37,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	egressipv1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/controller"
 	// +kubebuilder:scaffold:imports
 )
 
@@ -79,6 +81,22 @@ func main() {
 		"The directory that contains the metrics server certificate.")
 	flag.StringVar(&metricsCertName, "metrics-cert-name", "tls.crt", "The name of the metrics server certificate file.")
 	flag.StringVar(&metricsCertKey, "metrics-cert-key", "tls.key", "The name of the metrics server key file.")
+	var (
+		ctrlOpts         controller.Options
+		leaderElectionNS string
+	)
+	flag.IntVar(&ctrlOpts.Pass.DefaultCapacity, "max-egress-ips-per-node", 255,
+		"Egress IPs a Node may hold when it has no valid egressip.io/max-egress-ips annotation; also the largest value that annotation may take.")
+	flag.Float64Var(&ctrlOpts.Pass.BalanceFactor, "balance-factor", 1.25,
+		"Bounded-load factor c of the scheduler: no Node receives new IPs beyond ceil(c x average) of its pool while another eligible Node has room.")
+	flag.DurationVar(&ctrlOpts.Liveness.Interval, "agent-poll-interval", time.Second, "Interval between two polls of each agent's report.")
+	flag.DurationVar(&ctrlOpts.Liveness.Timeout, "agent-poll-timeout", 500*time.Millisecond, "Timeout of one agent poll.")
+	flag.DurationVar(&ctrlOpts.Liveness.DeadAfter, "agent-dead-after", 3*time.Second,
+		"An agent that has not answered for this long (and failed --agent-failure-threshold polls in a row) is dead and its IPs move.")
+	flag.IntVar(&ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", 3, "Failed polls in a row before an agent can be declared dead.")
+	flag.IntVar(&ctrlOpts.Liveness.Port, "agent-report-port", 9445, "TCP port of the agents' report endpoint on every Node's InternalIP.")
+	flag.StringVar(&leaderElectionNS, "leader-election-namespace", "",
+		"Namespace of the leader-election Lease; required when running outside a cluster.")
 	flag.BoolVar(&enableHTTP2, "enable-http2", false,
 		"If set, HTTP/2 will be enabled for the metrics and webhook servers")
 	opts := zap.Options{
@@ -158,29 +176,27 @@ func main() {
 	}
 
 	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
-		Scheme:                 scheme,
-		Metrics:                metricsServerOptions,
-		WebhookServer:          webhookServer,
-		HealthProbeBindAddress: probeAddr,
-		LeaderElection:         enableLeaderElection,
-		LeaderElectionID:       "83bba9df.io",
-		// LeaderElectionReleaseOnCancel defines if the leader should step down voluntarily
-		// when the Manager ends. This requires the binary to immediately end when the
-		// Manager is stopped, otherwise, this setting is unsafe. Setting this significantly
-		// speeds up voluntary leader transitions as the new leader don't have to wait
-		// LeaseDuration time first.
-		//
-		// In the default scaffold provided, the program ends immediately after
-		// the manager stops, so would be fine to enable this option. However,
-		// if you are doing or is intended to do any operation such as perform cleanups
-		// after the manager stops then its usage might be unsafe.
-		// LeaderElectionReleaseOnCancel: true,
+		Scheme:                  scheme,
+		Metrics:                 metricsServerOptions,
+		WebhookServer:           webhookServer,
+		HealthProbeBindAddress:  probeAddr,
+		LeaderElection:          enableLeaderElection,
+		LeaderElectionID:        "egressip-controller.egressip.io",
+		LeaderElectionNamespace: leaderElectionNS,
+		// The process exits as soon as the manager stops, so stepping down
+		// at once is safe and lets the next leader start without waiting
+		// for the Lease to expire.
+		LeaderElectionReleaseOnCancel: true,
 	})
 	if err != nil {
 		setupLog.Error(err, "Failed to start manager")
 		os.Exit(1)
 	}
 
+	if err := controller.Setup(mgr, ctrlOpts); err != nil {
+		setupLog.Error(err, "Failed to set up the scheduling pass")
+		os.Exit(1)
+	}
 	// +kubebuilder:scaffold:builder
 
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {

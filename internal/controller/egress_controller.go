@@ -1,0 +1,263 @@
+// Package controller holds egressip-controller's reconcilers: one scheduling
+// pass over every Egress (allocation, placement, status) and the liveness
+// poller that tells the pass which agents are alive and what they have bound.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+)
+
+// passKey is the single work item: every trigger (Egress, pool, Node,
+// agent liveness) is coalesced into one pending pass.
+var passKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "egressip-scheduling-pass"}}
+
+var (
+	passDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "egressip_controller_schedule_pass_duration_seconds",
+		Help:    "Duration of one scheduling pass (read cache, allocate, schedule, write changed statuses), in seconds.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+	})
+	movesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "egressip_controller_moves_total",
+		Help: "Egress IPs that left a Node, by reason (NodeRemoved, NodeIneligible/<why>, NodeNotInPool, CapacityReduced, ...).",
+	}, []string{"reason"})
+	unplacedEgresses = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressip_controller_unplaced_egresses",
+		Help: "Egresses without an egress Node after the last pass, by reason.",
+	}, []string{"reason"})
+	statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "egressip_controller_status_writes_total",
+		Help: "Status patches issued, by kind (Egress, ExternalIPPool) and result (ok, conflict, error).",
+	}, []string{"kind", "result"})
+	invalidCapacity = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "egressip_controller_invalid_capacity_annotations",
+		Help: "Nodes whose egressip.io/max-egress-ips annotation is invalid (the default capacity applies).",
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(passDuration, movesTotal, unplacedEgresses, statusWrites, invalidCapacity)
+}
+
+// PassReconciler runs the scheduling pass.
+type PassReconciler struct {
+	Client   client.Client
+	Recorder recorder.EventRecorder
+	Liveness *Liveness
+	Config   PassConfig
+	// WriteParallelism bounds concurrent status patches. Default 16.
+	WriteParallelism int
+
+	reportedInvalid map[string]string
+}
+
+// Reconcile runs one pass. It returns an error (and is retried with backoff)
+// when it cannot read the cache or some status writes failed; the writes
+// that succeeded stay.
+func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	start := time.Now()
+	defer func() { passDuration.Observe(time.Since(start).Seconds()) }()
+	logger := log.FromContext(ctx)
+
+	var (
+		pools v1.ExternalIPPoolList
+		egs   v1.EgressList
+		nodes corev1.NodeList
+	)
+	if err := r.Client.List(ctx, &pools); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list ExternalIPPools: %w", err)
+	}
+	if err := r.Client.List(ctx, &egs); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list Egresses: %w", err)
+	}
+	if err := r.Client.List(ctx, &nodes); err != nil {
+		return reconcile.Result{}, fmt.Errorf("list Nodes: %w", err)
+	}
+	out := plan(passInput{Pools: pools.Items, Egresses: egs.Items, Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config})
+
+	r.reportCapacity(ctx, nodes.Items, out.InvalidCapacity)
+	unplacedEgresses.Reset()
+	for reason, n := range out.Unplaced {
+		unplacedEgresses.WithLabelValues(reason).Set(float64(n))
+	}
+
+	type write struct {
+		obj client.Object
+		do  func(context.Context) error
+	}
+	var writes []write
+	for i := range egs.Items {
+		e := &egs.Items[i]
+		ch, ok := out.Egresses[e.Name]
+		if !ok || equality.Semantic.DeepEqual(e.Status, ch.Status) {
+			continue
+		}
+		writes = append(writes, write{obj: e, do: func(ctx context.Context) error {
+			patch := client.MergeFromWithOptions(e.DeepCopy(), client.MergeFromWithOptimisticLock{})
+			e.Status = ch.Status
+			if err := r.Client.Status().Patch(ctx, e, patch); err != nil {
+				return err
+			}
+			if ch.EventReason != "" {
+				r.Recorder.Eventf(e, nil, ch.EventType, ch.EventReason, "Schedule", "%s", ch.EventNote)
+			}
+			if ch.MoveReason != "" {
+				movesTotal.WithLabelValues(ch.MoveReason).Inc()
+			}
+			return nil
+		}})
+	}
+	for i := range pools.Items {
+		p := &pools.Items[i]
+		st := out.Pools[p.Name]
+		if equality.Semantic.DeepEqual(p.Status, st) {
+			continue
+		}
+		writes = append(writes, write{obj: p, do: func(ctx context.Context) error {
+			patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
+			p.Status = st
+			return r.Client.Status().Patch(ctx, p, patch)
+		}})
+	}
+
+	errs := make([]error, len(writes))
+	par := r.WriteParallelism
+	if par <= 0 {
+		par = 16
+	}
+	workqueue.ParallelizeUntil(ctx, par, len(writes), func(i int) {
+		w := writes[i]
+		kind := "Egress"
+		if _, ok := w.obj.(*v1.ExternalIPPool); ok {
+			kind = "ExternalIPPool"
+		}
+		err := w.do(ctx)
+		switch {
+		case err == nil:
+			statusWrites.WithLabelValues(kind, "ok").Inc()
+		case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
+			// The cache is behind; the watch event that follows brings a
+			// new pass with fresh objects.
+			statusWrites.WithLabelValues(kind, "conflict").Inc()
+		default:
+			statusWrites.WithLabelValues(kind, "error").Inc()
+			errs[i] = fmt.Errorf("patch status of %s %s: %w", kind, w.obj.GetName(), err)
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		return reconcile.Result{}, err
+	}
+	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "duration", time.Since(start))
+	return reconcile.Result{}, nil
+}
+
+// reportCapacity records a Warning Event on each Node whose capacity
+// annotation became invalid (once per distinct bad value).
+func (r *PassReconciler) reportCapacity(ctx context.Context, nodes []corev1.Node, bad map[string]error) {
+	if r.reportedInvalid == nil {
+		r.reportedInvalid = map[string]string{}
+	}
+	invalidCapacity.Set(float64(len(bad)))
+	for i := range nodes {
+		n := &nodes[i]
+		err, isBad := bad[n.Name]
+		if !isBad {
+			delete(r.reportedInvalid, n.Name)
+			continue
+		}
+		v := n.Annotations["egressip.io/max-egress-ips"]
+		if r.reportedInvalid[n.Name] == v {
+			continue
+		}
+		r.reportedInvalid[n.Name] = v
+		log.FromContext(ctx).Info("invalid capacity annotation ignored", "node", klog.KObj(n), "err", err)
+		r.Recorder.Eventf(n, nil, corev1.EventTypeWarning, "InvalidCapacity", "Schedule", "%v; using the default capacity %d", err, r.Config.DefaultCapacity)
+	}
+}
+
+// SetupWithManager registers the pass and the liveness poller.
+func (r *PassReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if err := mgr.Add(r.Liveness); err != nil {
+		return fmt.Errorf("add liveness poller: %w", err)
+	}
+	toPass := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{passKey}
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("egressip-scheduling-pass").
+		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
+		Watches(&v1.Egress{}, toPass).
+		Watches(&v1.ExternalIPPool{}, toPass).
+		Watches(&corev1.Node{}, toPass, builderNodePredicate()).
+		WatchesRawSource(source.Channel(r.Liveness.Events, toPass)).
+		Complete(r)
+}
+
+// nodeChanged reports whether a Node update matters to scheduling: labels,
+// annotations, cordon, deletion, addresses, or the Ready and
+// NetworkUnavailable condition statuses (heartbeat-only updates do not).
+func nodeChanged(o, n *corev1.Node) bool {
+	if !equality.Semantic.DeepEqual(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Annotations, n.Annotations) ||
+		o.Spec.Unschedulable != n.Spec.Unschedulable || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+		!equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses) {
+		return true
+	}
+	for _, t := range []corev1.NodeConditionType{corev1.NodeReady, corev1.NodeNetworkUnavailable} {
+		if conditionTrue(o, t) != conditionTrue(n, t) {
+			return true
+		}
+	}
+	return false
+}
+
+func builderNodePredicate() builder.Predicates {
+	return builder.WithPredicates(predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*corev1.Node)
+			n, ok2 := e.ObjectNew.(*corev1.Node)
+			return !ok1 || !ok2 || nodeChanged(o, n)
+		},
+	})
+}
+
+// Options are the controller's tunables, set by egressip-controller's flags.
+type Options struct {
+	Pass     PassConfig
+	Liveness LivenessConfig
+}
+
+// Setup registers the scheduling pass and the agent liveness poller with
+// mgr. The poller and the pass run only on the elected leader.
+func Setup(mgr ctrl.Manager, o Options) error {
+	if o.Pass.DefaultCapacity <= 0 {
+		return fmt.Errorf("default capacity must be positive, got %d", o.Pass.DefaultCapacity)
+	}
+	l := NewLiveness(mgr.GetClient(), o.Liveness)
+	r := &PassReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass}
+	return r.SetupWithManager(mgr)
+}

@@ -1,0 +1,210 @@
+package controller
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/egressip/egressip/internal/report"
+)
+
+// LivenessConfig sets how the controller polls agents.
+type LivenessConfig struct {
+	// Interval between two polls of one agent. Default 1 s.
+	Interval time.Duration
+	// Timeout of one poll. Default 500 ms.
+	Timeout time.Duration
+	// DeadAfter: an agent that has not answered for this long, and failed at
+	// least FailureThreshold polls in a row, is dead. Default 3 s.
+	DeadAfter time.Duration
+	// FailureThreshold is the number of failed polls in a row needed before
+	// an agent is declared dead. Default 3.
+	FailureThreshold int
+	// Port is the agent's report port. Default report.DefaultPort.
+	Port int
+	// Parallelism bounds how many polls run at once. Default 64.
+	Parallelism int
+}
+
+func (c *LivenessConfig) defaults() {
+	if c.Interval <= 0 {
+		c.Interval = time.Second
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 500 * time.Millisecond
+	}
+	if c.DeadAfter <= 0 {
+		c.DeadAfter = 3 * time.Second
+	}
+	if c.FailureThreshold <= 0 {
+		c.FailureThreshold = 3
+	}
+	if c.Port == 0 {
+		c.Port = report.DefaultPort
+	}
+	if c.Parallelism <= 0 {
+		c.Parallelism = 64
+	}
+}
+
+// AgentState is what the controller knows of one Node's agent.
+type AgentState struct {
+	// Known is false until the first poll answered: an unknown agent is
+	// treated as alive so that a controller restart moves nothing.
+	Known bool
+	// Dead is true once the agent failed FailureThreshold polls in a row and
+	// has not answered for DeadAfter.
+	Dead bool
+	// Report is the last report received (valid when Known).
+	Report report.Report
+	// LastSeen is when the agent last answered.
+	LastSeen time.Time
+
+	failures int
+}
+
+// Liveness polls every Node's agent and keeps their last reports. It runs
+// only on the leader and signals the scheduling pass through Events when an
+// agent dies, comes back, or reports a different set of bound IPs.
+type Liveness struct {
+	cfg    LivenessConfig
+	reader client.Reader
+	client *report.Client
+	// Events receives one event per change; the pass controller watches it.
+	Events chan event.GenericEvent
+
+	mu     sync.Mutex
+	agents map[string]*AgentState
+}
+
+// NewLiveness returns a poller reading Nodes from reader.
+func NewLiveness(reader client.Reader, cfg LivenessConfig) *Liveness {
+	cfg.defaults()
+	return &Liveness{
+		cfg:    cfg,
+		reader: reader,
+		client: report.NewClient(cfg.Port, cfg.Timeout),
+		Events: make(chan event.GenericEvent, 1),
+		agents: map[string]*AgentState{},
+	}
+}
+
+// NeedLeaderElection makes the poller run only on the elected leader.
+func (l *Liveness) NeedLeaderElection() bool { return true }
+
+// State returns a copy of the agent state of node.
+func (l *Liveness) State(node string) AgentState {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s, ok := l.agents[node]; ok {
+		return *s
+	}
+	return AgentState{}
+}
+
+// Start polls until ctx ends.
+func (l *Liveness) Start(ctx context.Context) error {
+	wait.UntilWithContext(ctx, l.pollAll, l.cfg.Interval)
+	return nil
+}
+
+func (l *Liveness) pollAll(ctx context.Context) {
+	logger := log.FromContext(ctx).WithName("liveness")
+	var nodes corev1.NodeList
+	if err := l.reader.List(ctx, &nodes); err != nil {
+		logger.Error(err, "list Nodes for agent polls")
+		return
+	}
+	present := make(map[string]bool, len(nodes.Items))
+	pieces := make([]func(context.Context), 0, len(nodes.Items))
+	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		present[n.Name] = true
+		addr, ok := nodeAddress(n)
+		name := n.Name
+		pieces = append(pieces, func(ctx context.Context) { l.poll(ctx, name, addr, ok) })
+	}
+	workqueue.ParallelizeUntil(ctx, l.cfg.Parallelism, len(pieces), func(i int) { pieces[i](ctx) })
+	l.mu.Lock()
+	for name := range l.agents {
+		if !present[name] {
+			delete(l.agents, name)
+		}
+	}
+	l.mu.Unlock()
+}
+
+func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAddr bool) {
+	var (
+		rep report.Report
+		err error
+	)
+	if hasAddr {
+		rep, err = l.client.Get(ctx, addr)
+	}
+	now := time.Now()
+	l.mu.Lock()
+	s, ok := l.agents[node]
+	if !ok {
+		s = &AgentState{LastSeen: now}
+		l.agents[node] = s
+	}
+	changed := false
+	if hasAddr && err == nil && rep.Node == node {
+		changed = !s.Known || s.Dead || !sameBound(s.Report, rep)
+		s.Known, s.Dead, s.failures, s.LastSeen, s.Report = true, false, 0, now, rep
+	} else {
+		s.failures++
+		if !s.Dead && s.failures >= l.cfg.FailureThreshold && now.Sub(s.LastSeen) >= l.cfg.DeadAfter {
+			s.Dead, changed = true, true
+			log.FromContext(ctx).Info("agent declared dead", "node", node, "failures", s.failures, "lastSeen", s.LastSeen, "err", err)
+		}
+	}
+	l.mu.Unlock()
+	if changed {
+		l.notify()
+	}
+}
+
+// notify asks for a scheduling pass without blocking: one pending signal is
+// enough since the pass reads every agent's state.
+func (l *Liveness) notify() {
+	select {
+	case l.Events <- event.GenericEvent{Object: &corev1.Node{}}:
+	default:
+	}
+}
+
+func sameBound(a, b report.Report) bool {
+	if a.Instance != b.Instance || len(a.Bound) != len(b.Bound) {
+		return false
+	}
+	for i := range a.Bound {
+		if a.Bound[i] != b.Bound[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// nodeAddress is the address the agent of n is reached at: its first
+// InternalIP (the agent runs on the host network).
+func nodeAddress(n *corev1.Node) (netip.Addr, bool) {
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			return ip, true
+		}
+	}
+	return netip.Addr{}, false
+}

@@ -1,0 +1,439 @@
+package controller
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/ipam"
+	"github.com/egressip/egressip/internal/scheduler"
+)
+
+// Condition reasons written by the controller.
+const (
+	ReasonAllocated         = "Allocated"
+	ReasonPoolNotFound      = "PoolNotFound"
+	ReasonPoolInvalid       = "PoolInvalid"
+	ReasonPoolExhausted     = "PoolExhausted"
+	ReasonIPOutsidePool     = "IPOutsidePool"
+	ReasonScheduled         = "Scheduled"
+	ReasonWaitingForRelease = "WaitingForRelease"
+	ReasonAnnounced         = "Announced"
+	ReasonBinding           = "Binding"
+	ReasonNotAssigned       = "NotAssigned"
+	ReasonValid             = "Valid"
+	ReasonInvalid           = "Invalid"
+)
+
+// Node eligibility reasons (scheduler.Node.Reason).
+const (
+	NodeDeleting           = "Deleting"
+	NodeNotReady           = "NotReady"
+	NodeNetworkUnavailable = "NetworkUnavailable"
+	NodeNotLinux           = "NotLinux"
+	NodeAgentDead          = "AgentDead"
+	NodeCordoned           = "Cordoned"
+)
+
+// PassConfig holds the controller settings one pass uses.
+type PassConfig struct {
+	// DefaultCapacity is the number of egress IPs a Node may hold when it
+	// has no valid egressip.io/max-egress-ips annotation; also the largest
+	// value that annotation may take.
+	DefaultCapacity int
+	// BalanceFactor is the scheduler's c (0 means scheduler.DefaultBalanceFactor).
+	BalanceFactor float64
+}
+
+// passInput is everything one pass looks at, read from the cache.
+type passInput struct {
+	Pools    []v1.ExternalIPPool
+	Egresses []v1.Egress
+	Nodes    []corev1.Node
+	Agents   func(node string) AgentState
+	Config   PassConfig
+}
+
+// egressChange is the outcome of a pass for one Egress.
+type egressChange struct {
+	Status v1.EgressStatus
+	// Event, when Reason is set, is the Event to record on the Egress.
+	EventType, EventReason, EventNote string
+	// MoveReason is set when the Egress leaves a Node (for metrics).
+	MoveReason string
+}
+
+// passOutput is what a pass decides.
+type passOutput struct {
+	Egresses map[string]egressChange
+	Pools    map[string]v1.ExternalIPPoolStatus
+	// InvalidCapacity lists Nodes whose capacity annotation is invalid, with
+	// the parse error.
+	InvalidCapacity map[string]error
+	// Unplaced counts Egresses without a Node, by reason.
+	Unplaced map[string]int
+}
+
+// plan runs allocation and scheduling over in. It is a pure function of its
+// input: the reconciler gathers the input and writes what changed.
+func plan(in passInput) passOutput {
+	out := passOutput{
+		Egresses:        make(map[string]egressChange, len(in.Egresses)),
+		Pools:           make(map[string]v1.ExternalIPPoolStatus, len(in.Pools)),
+		InvalidCapacity: map[string]error{},
+		Unplaced:        map[string]int{},
+	}
+	egs := slices.Clone(in.Egresses)
+	slices.SortFunc(egs, func(a, b v1.Egress) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+
+	// Pools.
+	type poolState struct {
+		obj   *v1.ExternalIPPool
+		pool  *ipam.Pool
+		alloc *ipam.Allocator
+		err   error
+		sel   labels.Selector
+	}
+	pools := make(map[string]*poolState, len(in.Pools))
+	for i := range in.Pools {
+		p := &in.Pools[i]
+		ps := &poolState{obj: p}
+		ps.pool, ps.err = ipam.NewPool(toRanges(p.Spec.IPRanges), toSubnet(p.Spec.SubnetInfo))
+		if ps.err == nil {
+			ps.alloc = ipam.NewAllocator(ps.pool)
+			ps.sel = labels.Everything()
+			if p.Spec.NodeSelector != nil {
+				ps.sel, ps.err = metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
+				if ps.err != nil {
+					ps.err = fmt.Errorf("nodeSelector: %w", ps.err)
+				}
+			}
+		}
+		pools[p.Name] = ps
+	}
+
+	// Allocation: keep what statuses and specs already say, then allocate
+	// the lowest free address for the rest, oldest Egress first.
+	ips := make([]netip.Addr, len(egs))
+	allocCond := make([]metav1.Condition, len(egs))
+	var pending []int
+	for i := range egs {
+		e := &egs[i]
+		ps := pools[e.Spec.ExternalIPPool]
+		switch {
+		case ps == nil:
+			allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonPoolNotFound, fmt.Sprintf("ExternalIPPool %q does not exist; create it or fix spec.externalIPPool", e.Spec.ExternalIPPool))
+			continue
+		case ps.err != nil:
+			allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonPoolInvalid, fmt.Sprintf("ExternalIPPool %q is invalid: %v", e.Spec.ExternalIPPool, ps.err))
+			continue
+		}
+		if e.Spec.EgressIP != "" {
+			ip, err := netip.ParseAddr(e.Spec.EgressIP)
+			if err == nil {
+				err = ps.alloc.Reserve(ip)
+			}
+			if err != nil {
+				allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
+				continue
+			}
+			ips[i] = ip
+			allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+			continue
+		}
+		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) {
+			if err := ps.alloc.Reserve(ip); err == nil {
+				ips[i] = ip
+				allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+				continue
+			}
+		}
+		pending = append(pending, i)
+	}
+	for _, i := range pending {
+		e := &egs[i]
+		ps := pools[e.Spec.ExternalIPPool]
+		ip, err := ps.alloc.Allocate()
+		if err != nil {
+			allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or delete an Egress", e.Spec.ExternalIPPool, ps.alloc.Used(), ps.alloc.Total()))
+			continue
+		}
+		ips[i] = ip
+		allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+	}
+
+	// Nodes.
+	sNodes := make([]scheduler.Node, 0, len(in.Nodes))
+	for i := range in.Nodes {
+		n := &in.Nodes[i]
+		sn := scheduler.Node{Name: n.Name, Capacity: in.Config.DefaultCapacity}
+		if v, ok := n.Annotations[scheduler.CapacityAnnotation]; ok {
+			c, err := scheduler.ParseCapacity(v, in.Config.DefaultCapacity)
+			if err != nil {
+				out.InvalidCapacity[n.Name] = err
+			} else {
+				sn.Capacity = c
+			}
+		}
+		sn.Reason = ineligibleReason(n, in.Agents(n.Name))
+		sn.Eligible = sn.Reason == ""
+		sNodes = append(sNodes, sn)
+	}
+	sPools := make([]scheduler.Pool, 0, len(in.Pools))
+	for _, p := range in.Pools {
+		ps := pools[p.Name]
+		sp := scheduler.Pool{Name: p.Name, Family: scheduler.IPv4}
+		if ps.err != nil {
+			sp.Family = 0
+		} else if ps.pool.Is6() {
+			sp.Family = scheduler.IPv6
+		}
+		if ps.err == nil {
+			for i := range in.Nodes {
+				if ps.sel.Matches(labels.Set(in.Nodes[i].Labels)) {
+					sp.EligibleNodes = append(sp.EligibleNodes, in.Nodes[i].Name)
+				}
+			}
+		}
+		sPools = append(sPools, sp)
+	}
+	sEgs := make([]scheduler.Egress, len(egs))
+	for i := range egs {
+		sEgs[i] = scheduler.Egress{Name: egs[i].Name, Created: egs[i].CreationTimestamp.Time, Pool: egs[i].Spec.ExternalIPPool, IP: ips[i], CurrentNode: egs[i].Status.EgressNode}
+		if !ips[i].IsValid() {
+			sEgs[i].CurrentNode = ""
+		}
+	}
+	res := scheduler.Schedule(scheduler.Input{Pools: sPools, Nodes: sNodes, Egresses: sEgs, BalanceFactor: in.Config.BalanceFactor})
+	placed := make(map[string]scheduler.Placement, len(res.Placements))
+	for _, p := range res.Placements {
+		placed[p.Egress] = p
+	}
+	moveReason := make(map[string]string, len(res.Moves))
+	for _, m := range res.Moves {
+		moveReason[m.Egress] = m.Reason
+	}
+
+	// Which Nodes report each IP bound (alive agents only).
+	holders := map[netip.Addr][]string{}
+	for i := range in.Nodes {
+		st := in.Agents(in.Nodes[i].Name)
+		if !st.Known || st.Dead {
+			continue
+		}
+		for _, b := range st.Report.Bound {
+			holders[b.IP] = append(holders[b.IP], in.Nodes[i].Name)
+		}
+	}
+
+	// Statuses.
+	for i := range egs {
+		e := &egs[i]
+		st := v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions)}
+		ch := egressChange{}
+		meta.SetStatusCondition(&st.Conditions, withGen(allocCond[i], e.Generation))
+		if ips[i].IsValid() {
+			st.EgressIP = ips[i].String()
+		}
+		p := placed[e.Name]
+		cur := e.Status.EgressNode
+		target := p.Node
+		if target != "" && target != cur {
+			if waitFor := releasePending(ips[i], target, cur, holders, in.Agents); waitFor != "" {
+				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: ReasonWaitingForRelease,
+					Message: fmt.Sprintf("moving to Node %s: waiting for Node %s to release %s", target, waitFor, st.EgressIP), ObservedGeneration: e.Generation})
+				target = ""
+				if cur != "" {
+					ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeNormal, "Releasing", fmt.Sprintf("releasing %s from Node %s before moving it to Node %s (%s)", st.EgressIP, cur, p.Node, cmp.Or(moveReason[e.Name], "rebalance"))
+					ch.MoveReason = cmp.Or(moveReason[e.Name], "Release")
+				}
+			}
+		}
+		st.EgressNode = target
+		switch {
+		case target != "":
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: ReasonScheduled,
+				Message: fmt.Sprintf("%s is assigned to Node %s", st.EgressIP, target), ObservedGeneration: e.Generation})
+			switch {
+			case cur == "":
+				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeNormal, "Assigned", fmt.Sprintf("%s assigned to Node %s", st.EgressIP, target)
+			case cur != target:
+				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeNormal, "Moved", fmt.Sprintf("%s moved from Node %s to Node %s (%s)", st.EgressIP, cur, target, cmp.Or(moveReason[e.Name], "rebalance"))
+				ch.MoveReason = cmp.Or(moveReason[e.Name], "Rebalance")
+			}
+		case !isWaiting(st.Conditions) || p.Node == "":
+			reason, msg := ReasonNotAssigned, "waiting for an IP (see condition IPAllocated)"
+			if ips[i].IsValid() {
+				reason, msg = p.Reason, unplacedMessage(p)
+			}
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: reason, Message: msg, ObservedGeneration: e.Generation})
+			out.Unplaced[reason]++
+			if cur != "" {
+				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, "Unassigned", fmt.Sprintf("%s removed from Node %s: %s", st.EgressIP, cur, msg)
+				ch.MoveReason = cmp.Or(moveReason[e.Name], reason)
+			}
+		}
+		meta.SetStatusCondition(&st.Conditions, readyCondition(e, st, in.Agents))
+		ch.Status = st
+		out.Egresses[e.Name] = ch
+	}
+
+	// Pool statuses.
+	for _, p := range in.Pools {
+		ps := pools[p.Name]
+		st := v1.ExternalIPPoolStatus{Conditions: slices.Clone(p.Status.Conditions)}
+		if ps.err != nil {
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInvalid, Message: ps.err.Error(), ObservedGeneration: p.Generation})
+		} else {
+			st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), Used: saturate(ps.alloc.Used())}
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonValid,
+				Message: fmt.Sprintf("%d of %d IPs used", st.Usage.Used, st.Usage.Total), ObservedGeneration: p.Generation})
+		}
+		out.Pools[p.Name] = st
+	}
+	return out
+}
+
+// releasePending returns the Node that must release ip before it may be
+// bound on target, or "". A Node must release when its alive agent reports
+// ip bound, or when it is the current Node and its agent has not answered
+// yet (it may hold ip). A dead agent's Node is not waited for: that is the
+// failover case.
+func releasePending(ip netip.Addr, target, cur string, holders map[netip.Addr][]string, agents func(string) AgentState) string {
+	for _, h := range holders[ip] {
+		if h != target {
+			return h
+		}
+	}
+	if cur != "" && cur != target {
+		if st := agents(cur); !st.Known && !st.Dead {
+			return cur
+		}
+	}
+	return ""
+}
+
+func isWaiting(cs []metav1.Condition) bool {
+	c := meta.FindStatusCondition(cs, v1.ConditionAssigned)
+	return c != nil && c.Reason == ReasonWaitingForRelease
+}
+
+// readyCondition says whether the egress Node's agent reports the IP bound
+// and announced. Until the controller has heard from that agent (just after
+// a controller restart) it keeps the previous Ready condition.
+func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentState) metav1.Condition {
+	c := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: e.Generation}
+	if st.EgressNode == "" {
+		c.Reason, c.Message = ReasonNotAssigned, "the egress IP is not assigned to a Node"
+		return c
+	}
+	a := agents(st.EgressNode)
+	if !a.Known && !a.Dead && st.EgressNode == e.Status.EgressNode && st.EgressIP == e.Status.EgressIP {
+		if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady); prev != nil {
+			p := *prev
+			p.ObservedGeneration = e.Generation
+			return p
+		}
+	}
+	ip, _ := netip.ParseAddr(st.EgressIP)
+	if b, ok := a.Report.Lookup(ip); ok && a.Known && !a.Dead && b.Announced {
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, ReasonAnnounced, fmt.Sprintf("%s is bound on %s of Node %s and announced", st.EgressIP, b.Interface, st.EgressNode)
+		return c
+	}
+	c.Reason, c.Message = ReasonBinding, fmt.Sprintf("waiting for the agent on Node %s to bind and announce %s", st.EgressNode, st.EgressIP)
+	return c
+}
+
+func unplacedMessage(p scheduler.Placement) string {
+	switch p.Reason {
+	case scheduler.ReasonNoEligibleNode:
+		return "no eligible Node: no Ready Linux Node with a live agent matches the pool's nodeSelector" + detail(p.Message)
+	case scheduler.ReasonCapacityExhausted:
+		return "all eligible Nodes are full (egressip.io/max-egress-ips); raise capacity or add Nodes" + detail(p.Message)
+	}
+	return cmp.Or(p.Message, p.Reason)
+}
+
+func detail(m string) string {
+	if m == "" {
+		return ""
+	}
+	return " (" + strings.TrimSpace(m) + ")"
+}
+
+// ineligibleReason returns why n cannot hold egress IPs, or "" if it can.
+func ineligibleReason(n *corev1.Node, agent AgentState) string {
+	switch {
+	case n.DeletionTimestamp != nil:
+		return NodeDeleting
+	case !conditionTrue(n, corev1.NodeReady):
+		return NodeNotReady
+	case conditionTrue(n, corev1.NodeNetworkUnavailable):
+		return NodeNetworkUnavailable
+	case n.Labels[corev1.LabelOSStable] != "" && n.Labels[corev1.LabelOSStable] != "linux":
+		return NodeNotLinux
+	case agent.Dead:
+		return NodeAgentDead
+	case n.Spec.Unschedulable:
+		return NodeCordoned
+	}
+	return ""
+}
+
+func conditionTrue(n *corev1.Node, t corev1.NodeConditionType) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == t {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func cond(t string, ok bool, reason, msg string) metav1.Condition {
+	s := metav1.ConditionFalse
+	if ok {
+		s = metav1.ConditionTrue
+	}
+	return metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg}
+}
+
+func withGen(c metav1.Condition, gen int64) metav1.Condition {
+	c.ObservedGeneration = gen
+	return c
+}
+
+func saturate(u uint64) int64 {
+	if u > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(u)
+}
+
+func toRanges(rs []v1.IPRange) []ipam.Range {
+	out := make([]ipam.Range, len(rs))
+	for i, r := range rs {
+		out[i] = ipam.Range{CIDR: r.CIDR, Start: r.Start, End: r.End}
+	}
+	return out
+}
+
+func toSubnet(s *v1.SubnetInfo) *ipam.SubnetInfo {
+	if s == nil {
+		return nil
+	}
+	return &ipam.SubnetInfo{Gateway: s.Gateway, PrefixLength: int(s.PrefixLength), VLAN: int(s.VLAN)}
+}
