@@ -7,8 +7,8 @@ import (
 	"testing"
 )
 
-// randomIPv4 returns n distinct allocatable addresses of p, a pool whose
-// allocatable addresses are base+1 .. base+size, in random order.
+// randomHosts returns n distinct allocatable addresses of p drawn with pick
+// from a fixed-seed PCG, in the order drawn.
 func randomHosts(b *testing.B, p *Pool, n int, pick func(r *rand.Rand) netip.Addr) []netip.Addr {
 	b.Helper()
 	r := rand.New(rand.NewPCG(42, 42))
