@@ -15,14 +15,14 @@ var (
 	// ErrOutsidePool is wrapped by the *AddrError returned when an address is
 	// not in any of the pool's ipRanges, is zero, carries a zone, or belongs
 	// to the other IP family.
-	ErrOutsidePool = errors.New("not in the pool")
+	ErrOutsidePool = errors.New("ipam: IP not in the pool")
 
 	// ErrReservedAddress is wrapped by the *AddrError returned when an address
 	// lies in one of the pool's ipRanges but is never allocated: the pool's
 	// gateway, the network or broadcast address of an IPv4 CIDR or subnet, or
 	// the Subnet-Router anycast address of an IPv6 CIDR or subnet (see the
 	// package documentation).
-	ErrReservedAddress = errors.New("reserved address")
+	ErrReservedAddress = errors.New("ipam: reserved address, never allocated")
 )
 
 // AddrError explains why an address cannot be allocated from a pool. Err is
