@@ -1,0 +1,84 @@
+// Command egressip-agent is the egressip node agent: it binds the egress IPs
+// the controller assigned to its Node and announces them. It runs on every
+// Node as a DaemonSet pod in the host network. See docs/agent.md.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	// Client auth plugins (OIDC, exec, ...) for out-of-cluster kubeconfigs.
+	_ "k8s.io/client-go/plugin/pkg/client/auth"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/egressip/egressip/internal/agent"
+	"github.com/egressip/egressip/internal/report"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+// run parses args, runs the agent until SIGTERM or SIGINT and returns the
+// process exit code: 0 after a signal, 1 when the agent failed, 2 for bad
+// flags or a missing Node name.
+func run(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("egressip-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		o        agent.RunOptions
+		nodeFlag string
+	)
+	fs.StringVar(&nodeFlag, "node-name", "", "Name of this Node. Defaults to $"+agent.NodeNameEnv+" (set it from spec.nodeName with the downward API).")
+	fs.StringVar(&o.Interface, "interface", "", "Interface to bind every egress IP on (a pool's subnetInfo.vlan still picks its VLAN sub-interface). "+
+		"Empty: per IP, the interface with a connected subnet holding the IP (or the pool's subnet), else that of the default route.")
+	fs.DurationVar(&o.AnnounceInterval, "announce-interval", 0, "Re-announce every bound egress IP this often after its initial burst (0 s, 1 s, 2 s, 4 s). 0 turns it off.")
+	fs.DurationVar(&o.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod, "Re-check the bindings this often without any change (restores addresses removed by hand); also the longest retry backoff.")
+	fs.StringVar(&o.ReportBindAddress, "report-bind-address", fmt.Sprintf(":%d", report.DefaultPort), "Address the report the controller polls is served on (plain HTTP, host network).")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "0", "Address the Prometheus metrics are served on over plain HTTP, for example :9447. 0 turns it off.")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":9446", "Address /healthz and /readyz are served on. 0 turns it off.")
+	fs.StringVar(&o.NetNSPath, "netns", "", "Bind and announce in the network namespace at this path (e.g. /run/netns/node1) instead of the agent's own. For tests and the local end-to-end setup.")
+	// --kubeconfig, as every controller-runtime binary has it (registered
+	// on the default flag set by controller-runtime's config package).
+	if kf := flag.CommandLine.Lookup("kubeconfig"); kf != nil {
+		fs.Var(kf.Value, kf.Name, kf.Usage)
+	}
+	zopts := zap.Options{}
+	zopts.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "egressip-agent: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zopts), zap.WriteTo(stderr)))
+	log := ctrl.Log.WithName("setup")
+
+	node, err := agent.ResolveNodeName(nodeFlag, os.Getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "egressip-agent: %v\n", err)
+		return 2
+	}
+	o.NodeName = node
+
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		log.Error(err, "no API server configuration")
+		return 1
+	}
+	o.REST = cfg
+	if err := agent.Run(ctrl.SetupSignalHandler(), o); err != nil {
+		log.Error(err, "agent failed")
+		return 1
+	}
+	return 0
+}

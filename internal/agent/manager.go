@@ -1,0 +1,277 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/report"
+)
+
+// ControllerName names the agent's controller in logs and in
+// controller-runtime's metrics.
+const ControllerName = "egressip-agent"
+
+// NodeNameEnv is the environment variable holding the Node name when
+// --node-name is not given (set from spec.nodeName by the downward API).
+const NodeNameEnv = "NODE_NAME"
+
+// ResolveNodeName returns flagValue when it is set, else the value of
+// NodeNameEnv looked up with getenv. It fails when both are empty.
+func ResolveNodeName(flagValue string, getenv func(string) string) (string, error) {
+	if flagValue != "" {
+		return flagValue, nil
+	}
+	if v := getenv(NodeNameEnv); v != "" {
+		return v, nil
+	}
+	return "", fmt.Errorf("node name unknown: pass --node-name or set %s (in a DaemonSet: env %s from fieldRef spec.nodeName)", NodeNameEnv, NodeNameEnv)
+}
+
+// NewScheme returns a scheme with the built-in Kubernetes types and
+// egressip.io/v1alpha1.
+func NewScheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// CacheOptions restricts the cache to what the agent of node may read: the
+// Egresses whose status.egressNode is node (listed and watched with that
+// field selector, so the API server sends nothing else) and, unrestricted,
+// the ExternalIPPools. Reading any type without a registered informer fails
+// instead of silently starting a cluster-wide informer. managedFields are
+// dropped from cached objects.
+func CacheOptions(node string) cache.Options {
+	return cache.Options{
+		ByObject: map[client.Object]cache.ByObject{
+			&v1alpha1.Egress{}: {Field: fields.OneTermEqualSelector(v1alpha1.EgressNodeField, node)},
+		},
+		ReaderFailOnMissingInformer: true,
+		DefaultTransform:            cache.TransformStripManagedFields(),
+	}
+}
+
+// NewManager returns a controller-runtime manager for the agent of node: the
+// egressip scheme (unless opts.Scheme is set), the cache of CacheOptions and
+// no leader election (every Node runs its own agent). Other fields of opts
+// (metrics, health probes, logger) are used as given. It fails when the
+// scheme cannot be built or the manager cannot be created from cfg.
+func NewManager(cfg *rest.Config, node string, opts manager.Options) (manager.Manager, error) {
+	if opts.Scheme == nil {
+		s, err := NewScheme()
+		if err != nil {
+			return nil, fmt.Errorf("build scheme: %w", err)
+		}
+		opts.Scheme = s
+	}
+	opts.Cache = CacheOptions(node)
+	opts.LeaderElection = false
+	mgr, err := ctrl.NewManager(cfg, opts)
+	if err != nil {
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	return mgr, nil
+}
+
+// SetupWithManager registers the agent's controller with mgr, whose cache
+// must have been built with CacheOptions (NewManager does so). Every
+// Egress and ExternalIPPool event, a start-up trigger and the periodic
+// resync all map to one work key, so reconciles of this Node never overlap
+// and bursts of events coalesce. The informers are registered here, before
+// the manager starts, so the manager waits for their first List without a
+// timeout before the controller runs: the agent never acts on an unsynced
+// cache. It fails when an informer cannot be registered or the controller
+// cannot be built.
+func (a *Agent) SetupWithManager(mgr manager.Manager) error {
+	ctx := context.Background()
+	for _, obj := range []client.Object{&v1alpha1.Egress{}, &v1alpha1.ExternalIPPool{}} {
+		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
+			return fmt.Errorf("register informer for %T: %w", obj, err)
+		}
+	}
+	a.reader = mgr.GetCache()
+	a.log = mgr.GetLogger().WithName("agent").WithValues("node", klog.KRef("", a.cfg.NodeName))
+
+	key := reconcile.Request{NamespacedName: types.NamespacedName{Name: a.cfg.NodeName}}
+	toNode := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{key}
+	})
+	// One reconcile at start-up even when nothing is assigned to this Node,
+	// so owned addresses no longer assigned are removed.
+	kick := source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+		q.Add(key)
+		return nil
+	})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(ControllerName).
+		Watches(&v1alpha1.Egress{}, toNode).
+		Watches(&v1alpha1.ExternalIPPool{}, toNode).
+		WatchesRawSource(kick).
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: 1,
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
+				100*time.Millisecond, a.cfg.ResyncPeriod),
+			// Several agents share a process in tests; names need not be unique.
+			SkipNameValidation: ptr.To(true),
+			// The informers are synced before the controller starts (see
+			// above); never give up waiting and exit during an outage.
+			CacheSyncTimeout: 100 * 365 * 24 * time.Hour,
+		}).
+		WithLogConstructor(func(*reconcile.Request) logr.Logger {
+			return mgr.GetLogger().WithValues("controller", ControllerName, "node", klog.KRef("", a.cfg.NodeName))
+		}).
+		Complete(a)
+}
+
+// ServeReport serves the agent's report (package report) on ln until ctx is
+// done, then shuts the server down (waiting up to 5 s for open requests). It
+// returns nil after a shutdown caused by ctx, else the server's error.
+func (a *Agent) ServeReport(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           report.Handler(a.Report),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve report on %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shut down report server: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve report on %s: %w", ln.Addr(), err)
+	}
+	return nil
+}
+
+// RunOptions configure Run.
+type RunOptions struct {
+	Config
+	// REST reaches the API server. Required.
+	REST *rest.Config
+	// ReportBindAddress is the listen address of the report server;
+	// empty means ":9445" (report.DefaultPort).
+	ReportBindAddress string
+	// ReportListener, when set, is used instead of ReportBindAddress.
+	// Run closes it.
+	ReportListener net.Listener
+	// MetricsBindAddress is the listen address of the metrics server
+	// (plain HTTP); "0" or empty turns it off.
+	MetricsBindAddress string
+	// HealthProbeBindAddress serves /healthz and /readyz; "0" or empty
+	// turns it off.
+	HealthProbeBindAddress string
+}
+
+// Run runs the agent until ctx is done: it creates the Agent (New), starts
+// the report server at once (so the controller sees the agent alive and the
+// addresses it already holds while the cache syncs), then runs the manager.
+// When ctx is done it stops announcing and returns without unbinding
+// anything. It returns nil after ctx is done, and an error when anything
+// fails to start or the manager or the report server fails.
+func Run(ctx context.Context, o RunOptions) (err error) {
+	log := ctrl.Log.WithName("agent").WithValues("node", klog.KRef("", o.NodeName))
+	if o.REST == nil {
+		return errors.New("agent: no REST config")
+	}
+	ln := o.ReportListener
+	if ln == nil {
+		addr := o.ReportBindAddress
+		if addr == "" {
+			addr = fmt.Sprintf(":%d", report.DefaultPort)
+		}
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("agent: listen for the report: %w", err)
+		}
+	}
+	defer ln.Close()
+
+	a, err := New(o.Config)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := a.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("agent: close: %w", cerr))
+		}
+		log.Info("stopped; egress IPs stay bound for the next agent instance")
+	}()
+
+	off := func(s string) string {
+		if s == "" {
+			return "0"
+		}
+		return s
+	}
+	mgr, err := NewManager(o.REST, o.NodeName, manager.Options{
+		Metrics:                metricsserver.Options{BindAddress: off(o.MetricsBindAddress)},
+		HealthProbeBindAddress: off(o.HealthProbeBindAddress),
+	})
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if err := a.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("agent: set up controller: %w", err)
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("agent: add health check: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("reconciled", a.ReadyCheck); err != nil {
+		return fmt.Errorf("agent: add readiness check: %w", err)
+	}
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	repErr := make(chan error, 1)
+	go func() {
+		err := a.ServeReport(ctx, ln)
+		if err != nil {
+			cancel() // stop the manager too
+		}
+		repErr <- err
+	}()
+	log.Info("starting", "instance", a.Instance(), "report", ln.Addr().String())
+	mgrErr := mgr.Start(ctx)
+	cancel()
+	if err := errors.Join(mgrErr, <-repErr); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
+}

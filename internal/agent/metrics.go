@@ -1,0 +1,67 @@
+package agent
+
+import (
+	"net/netip"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Label values of the "family" label.
+const (
+	familyIPv4 = "ipv4"
+	familyIPv6 = "ipv6"
+)
+
+func familyOf(ip netip.Addr) string {
+	if ip.Unmap().Is4() {
+		return familyIPv4
+	}
+	return familyIPv6
+}
+
+// The agent's metrics, registered with controller-runtime's registry (served
+// on --metrics-bind-address). Labels are bounded: family is ipv4 or ipv6.
+var (
+	boundIPs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressip_agent_bound_ips",
+		Help: "Egress IPs bound on this Node and owned by egressip, by IP family, as of the last reconcile.",
+	}, []string{"family"})
+
+	announcements = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "egressip_agent_announcements_total",
+		Help: "Announcements sent (gratuitous ARP for ipv4, unsolicited Neighbor Advertisement for ipv6), by IP family.",
+	}, []string{"family"})
+
+	announceErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "egressip_agent_announce_errors_total",
+		Help: "Announcements that could not be sent, by IP family.",
+	}, []string{"family"})
+
+	bindErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "egressip_agent_bind_errors_total",
+		Help: "Egress IPs assigned to this Node that a reconcile could not bind, counted once per IP per reconcile.",
+	})
+
+	unbindErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "egressip_agent_unbind_errors_total",
+		Help: "Owned egress IPs no longer assigned to this Node that a reconcile could not remove, counted once per IP per reconcile.",
+	})
+
+	reconcileDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "egressip_agent_reconcile_duration_seconds",
+		Help: "Duration of one agent reconcile (read the cache, sync the bindings, start announcements), in seconds.",
+		// 0.5 ms to about 4 s.
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, reconcileDuration)
+	// Export both families from the start, so dashboards see 0, not nothing.
+	for _, f := range []string{familyIPv4, familyIPv6} {
+		boundIPs.WithLabelValues(f)
+		announcements.WithLabelValues(f)
+		announceErrors.WithLabelValues(f)
+	}
+}
