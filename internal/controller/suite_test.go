@@ -1,0 +1,306 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/report"
+	"github.com/egressip/egressip/internal/testenv"
+)
+
+var env *testenv.Env
+
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	var err error
+	env, err = testenv.Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop envtest:", err)
+	}
+	os.Exit(code)
+}
+
+// fakeAgent stands in for egressip-agent on one Node: it serves a real
+// report on the Node's InternalIP (a loopback address) and "binds" every IP
+// whose Egress status names its Node, as the agent does through its field
+// selector. Stop makes it stop answering, like a crashed Node.
+type fakeAgent struct {
+	node string
+	addr netip.Addr
+	srv  *http.Server
+
+	mu      sync.Mutex
+	bound   map[netip.Addr]bool
+	stopped bool
+}
+
+func (a *fakeAgent) current() report.Report {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := report.Report{Node: a.node, Instance: "test"}
+	for ip := range a.bound {
+		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
+	}
+	return r
+}
+
+// sync binds what the API server assigns to this Node, like the agent.
+func (a *fakeAgent) sync(ctx context.Context, c client.Client) {
+	var list v1.EgressList
+	if err := c.List(ctx, &list, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector(v1.EgressNodeField, a.node)}); err != nil {
+		return
+	}
+	want := map[netip.Addr]bool{}
+	for _, e := range list.Items {
+		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil {
+			want[ip] = true
+		}
+	}
+	a.mu.Lock()
+	a.bound = want
+	a.mu.Unlock()
+}
+
+func (a *fakeAgent) Bound(ip string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.bound[netip.MustParseAddr(ip)]
+}
+
+// cluster is one test's Nodes, agents, pool and a running controller.
+type cluster struct {
+	t      *testing.T
+	ctx    context.Context
+	c      client.Client
+	port   int
+	agents map[string]*fakeAgent
+	stop   context.CancelFunc
+	done   chan struct{}
+	opts   Options
+}
+
+var nextLoopback = 10
+
+// newCluster creates nodes n1..nN (Ready, labelled egress=true, InternalIP
+// on 127.0.0.x with a fake agent each) and starts a controller manager.
+func newCluster(t *testing.T, prefix string, nodes int, capacity int) *cluster {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	port := freePort(t)
+	cl := &cluster{t: t, ctx: ctx, c: env.Client, port: port, agents: map[string]*fakeAgent{}}
+	for i := 1; i <= nodes; i++ {
+		cl.addNode(fmt.Sprintf("%s-n%d", prefix, i))
+	}
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			for _, a := range cl.agents {
+				if !a.isStopped() {
+					a.sync(ctx, env.Client)
+				}
+			}
+		}
+	}()
+	cl.opts = Options{
+		Pass:     PassConfig{DefaultCapacity: capacity},
+		Liveness: LivenessConfig{Interval: 200 * time.Millisecond, Timeout: 200 * time.Millisecond, DeadAfter: 600 * time.Millisecond, FailureThreshold: 3, Port: port},
+	}
+	cl.startController()
+	return cl
+}
+
+func (a *fakeAgent) isStopped() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stopped
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func (cl *cluster) addNode(name string) {
+	t := cl.t
+	t.Helper()
+	nextLoopback++
+	addr := netip.AddrFrom4([4]byte{127, 0, 0, byte(nextLoopback)})
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"egress": "true", corev1.LabelOSStable: "linux"}}}
+	if err := cl.c.Create(cl.ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), n) })
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr.String()}}
+	if err := cl.c.Status().Update(cl.ctx, n); err != nil {
+		t.Fatal(err)
+	}
+	a := &fakeAgent{node: name, addr: addr, bound: map[netip.Addr]bool{}}
+	l, err := net.Listen("tcp", net.JoinHostPort(addr.String(), strconv.Itoa(cl.port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.srv = &http.Server{Handler: report.Handler(a.current), ReadHeaderTimeout: time.Second}
+	go func() { _ = a.srv.Serve(l) }()
+	t.Cleanup(func() { _ = a.srv.Close() })
+	cl.agents[name] = a
+}
+
+// crash stops node's agent from answering (as a crashed Node would).
+func (cl *cluster) crash(node string) {
+	a := cl.agents[node]
+	a.mu.Lock()
+	a.stopped = true
+	a.mu.Unlock()
+	_ = a.srv.Close()
+}
+
+func (cl *cluster) startController() {
+	t := cl.t
+	t.Helper()
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme:                 env.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Setup(mgr, cl.opts); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(cl.ctx)
+	cl.stop = cancel
+	cl.done = make(chan struct{})
+	go func() {
+		defer close(cl.done)
+		if err := mgr.Start(ctx); err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
+	t.Cleanup(cl.stopController)
+}
+
+func (cl *cluster) stopController() {
+	if cl.stop != nil {
+		cl.stop()
+		<-cl.done
+		cl.stop = nil
+	}
+}
+
+func (cl *cluster) pool(name string, mutate func(*v1.ExternalIPPool)) *v1.ExternalIPPool {
+	cl.t.Helper()
+	p := &v1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.ExternalIPPoolSpec{
+		IPRanges:     []v1.IPRange{{CIDR: "192.0.2.0/28"}},
+		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"egress": "true"}},
+	}}
+	if mutate != nil {
+		mutate(p)
+	}
+	if err := cl.c.Create(cl.ctx, p); err != nil {
+		cl.t.Fatal(err)
+	}
+	cl.t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p) })
+	return p
+}
+
+func (cl *cluster) egress(name, pool, ip string) *v1.Egress {
+	cl.t.Helper()
+	e := &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.EgressSpec{
+		AppliedTo:      v1.AppliedTo{PodSelector: &metav1.LabelSelector{}},
+		ExternalIPPool: pool, EgressIP: ip,
+	}}
+	if err := cl.c.Create(cl.ctx, e); err != nil {
+		cl.t.Fatal(err)
+	}
+	cl.t.Cleanup(func() { _ = env.Client.Delete(context.Background(), e) })
+	return e
+}
+
+func (cl *cluster) get(name string) *v1.Egress {
+	cl.t.Helper()
+	var e v1.Egress
+	if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: name}, &e); err != nil {
+		cl.t.Fatal(err)
+	}
+	return &e
+}
+
+// eventually polls cond every 50 ms for up to 20 s.
+func (cl *cluster) eventually(what string, cond func() (bool, string)) {
+	cl.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		ok, msg := cond()
+		if ok {
+			return
+		}
+		last = msg
+		time.Sleep(50 * time.Millisecond)
+	}
+	cl.t.Fatalf("timed out waiting for %s: %s", what, last)
+}
+
+func ready(e *v1.Egress) bool {
+	return meta.IsStatusConditionTrue(e.Status.Conditions, v1.ConditionReady)
+}
+
+func describe(e *v1.Egress) string {
+	s := fmt.Sprintf("%s ip=%q node=%q", e.Name, e.Status.EgressIP, e.Status.EgressNode)
+	for _, c := range e.Status.Conditions {
+		s += fmt.Sprintf(" %s=%s(%s: %s)", c.Type, c.Status, c.Reason, c.Message)
+	}
+	return s
+}
+
+// waitReady waits until every named Egress is Ready and returns them.
+func (cl *cluster) waitReady(names ...string) map[string]*v1.Egress {
+	cl.t.Helper()
+	out := map[string]*v1.Egress{}
+	for _, n := range names {
+		cl.eventually(n+" Ready", func() (bool, string) {
+			e := cl.get(n)
+			out[n] = e
+			return ready(e) && cl.agents[e.Status.EgressNode] != nil && cl.agents[e.Status.EgressNode].Bound(e.Status.EgressIP), describe(e)
+		})
+	}
+	return out
+}
