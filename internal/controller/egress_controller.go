@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/scheduler"
 )
 
 // passKey is the single work item: every trigger (Egress, pool, Node,
@@ -62,6 +64,16 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(passDuration, movesTotal, unplacedEgresses, statusWrites, invalidCapacity)
+	// Start the common series at zero so dashboards see them before the
+	// first move or write.
+	for _, r := range []string{scheduler.MoveNodeRemoved, scheduler.MoveNodeIneligible, scheduler.MoveNodeNotInPool, scheduler.MoveCapacityReduced} {
+		movesTotal.WithLabelValues(r)
+	}
+	for _, k := range []string{"Egress", "ExternalIPPool"} {
+		for _, res := range []string{"ok", "conflict", "error"} {
+			statusWrites.WithLabelValues(k, res)
+		}
+	}
 }
 
 // PassReconciler runs the scheduling pass.
@@ -102,6 +114,9 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 
 	r.reportCapacity(ctx, nodes.Items, out.InvalidCapacity)
 	unplacedEgresses.Reset()
+	for _, reason := range []string{scheduler.ReasonNoEligibleNode, scheduler.ReasonCapacityExhausted, ReasonNotAssigned} {
+		unplacedEgresses.WithLabelValues(reason).Set(0)
+	}
 	for reason, n := range out.Unplaced {
 		unplacedEgresses.WithLabelValues(reason).Set(float64(n))
 	}
@@ -245,6 +260,13 @@ func builderNodePredicate() builder.Predicates {
 	})
 }
 
+// collector is registered once per process (the registry is global); each
+// Setup points it at the newest manager's cache.
+var (
+	collectorOnce sync.Once
+	collector     = &stateCollector{}
+)
+
 // Options are the controller's tunables, set by egressip-controller's flags.
 type Options struct {
 	Pass     PassConfig
@@ -257,6 +279,8 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if o.Pass.DefaultCapacity <= 0 {
 		return fmt.Errorf("default capacity must be positive, got %d", o.Pass.DefaultCapacity)
 	}
+	collectorOnce.Do(func() { metrics.Registry.MustRegister(collector) })
+	collector.set(mgr.GetCache(), o.Pass.DefaultCapacity)
 	l := NewLiveness(mgr.GetClient(), o.Liveness)
 	r := &PassReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass}
 	return r.SetupWithManager(mgr)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"io"
+	"net/http"
 	"strings"
 
 	"github.com/google/go-cmp/cmp"
@@ -405,4 +407,42 @@ func TestLeaderHandOverMovesNothing(t *testing.T) {
 			t.Errorf("%s changed across the leader hand-over (-before +after):\n%s", e, diff)
 		}
 	}
+}
+
+// TestMetricsEndpoint scrapes the controller's metrics endpoint during a run
+// and finds every metric the controller documents.
+func TestMetricsEndpoint(t *testing.T) {
+	cl := newCluster(t, "metrics", 2, 10)
+	cl.stopController()
+	cl.metricsAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cl.startController()
+	cl.pool("metrics", nil)
+	cl.egress("metrics-a", "metrics", "")
+	cl.waitReady("metrics-a")
+	want := []string{
+		"egressip_controller_schedule_pass_duration_seconds_bucket",
+		"egressip_controller_status_writes_total",
+		"egressip_controller_invalid_capacity_annotations",
+		`egressip_controller_egresses{state="Ready"}`,
+		`egressip_controller_pool_ips_total{pool="metrics"} 14`,
+		`egressip_controller_pool_ips_used{pool="metrics"} 1`,
+		`egressip_controller_node_capacity_ips{node="metrics-n1"} 10`,
+		`egressip_controller_node_assigned_ips{node="metrics-n1"}`,
+		"egressip_controller_unplaced_egresses",
+		"egressip_controller_moves_total",
+	}
+	cl.eventually("all metrics", func() (bool, string) {
+		resp, err := http.Get("http://" + cl.metricsAddr + "/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		defer func() { _ = resp.Body.Close() }()
+		body, _ := io.ReadAll(resp.Body)
+		for _, w := range want {
+			if !strings.Contains(string(body), w) {
+				return false, "missing " + w
+			}
+		}
+		return true, ""
+	})
 }

@@ -102,6 +102,8 @@ type cluster struct {
 	stop   context.CancelFunc
 	done   chan struct{}
 	opts   Options
+	// metricsAddr, when set before startController, serves /metrics there.
+	metricsAddr string
 }
 
 var nextLoopback = 10
@@ -195,7 +197,7 @@ func (cl *cluster) startController() {
 	t.Helper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
+		Metrics:                metricsserver.Options{BindAddress: cmpOr(cl.metricsAddr, "0")},
 		HealthProbeBindAddress: "0",
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 	})
@@ -303,4 +305,11 @@ func (cl *cluster) waitReady(names ...string) map[string]*v1.Egress {
 		})
 	}
 	return out
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
 }
