@@ -3,6 +3,7 @@ package scheduler
 import (
 	"cmp"
 	"math"
+	"math/bits"
 	"slices"
 	"strings"
 )
@@ -69,15 +70,22 @@ const full = math.MaxInt32
 // tree for the first value below a threshold finds the first Node clockwise
 // that is under the load bound, or that has room, in O(log points).
 type ring struct {
-	hash []uint64 // point positions, ascending
-	slot []int32  // global pool slot (see state.slotNode) of each point
-	// pos[j*pointsPerNode+v] is the index in hash of point v of the pool's
+	pts []point // ascending position
+	// The points of bucket b (positions whose top bits are b, that is
+	// h>>shift == b) are pts[start[b]:start[b+1]]. Positions are uniform,
+	// so a bucket holds about one point and finding a unit's place on the
+	// ring is O(1) expected.
+	shift uint
+	start []int32
+	// pos[j*pointsPerNode+v] is the index in pts of point v of the pool's
 	// j-th member.
 	pos  []int32
-	size int     // leaves in tree: a power of two >= len(hash)
+	size int     // leaves in tree: a power of two >= len(pts)
 	tree []int32 // tree[1] is the root, tree[size+i] is point i
 }
 
+// point is one point of a ring: its position, the global pool slot (see
+// state.slotNode) of its Node, and which of the Node's points it is.
 type point struct {
 	h    uint64
 	slot int32
@@ -97,31 +105,27 @@ func (s *state) buildRing(p int32) *ring {
 			pts[j*pointsPerNode+v] = point{h: pointHash(nh, pl.salt, v), slot: sl, v: int32(v)}
 		}
 	}
-	slices.SortFunc(pts, func(a, b point) int {
-		if a.h != b.h {
-			return cmp.Compare(a.h, b.h)
-		}
-		// Equal positions: order by Node name, then point, so the ring
-		// does not depend on input order.
-		if c := strings.Compare(s.nodes[s.slotNode[a.slot]].name, s.nodes[s.slotNode[b.slot]].name); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.v, b.v)
-	})
 	size := 1
 	for size < n {
 		size <<= 1
 	}
 	r := &ring{
-		hash: make([]uint64, n),
-		slot: make([]int32, n),
 		pos:  make([]int32, n),
 		size: size,
 		tree: make([]int32, 2*size),
 	}
-	for i, pt := range pts {
-		r.hash[i] = pt.h
-		r.slot[i] = pt.slot
+	r.pts, r.shift, r.start = sortPoints(pts, func(a, b point) int {
+		if a.h != b.h {
+			return cmp.Compare(a.h, b.h)
+		}
+		// Equal positions: order by Node name, then point, so the ring
+		// does not depend on input order.
+		if c := strings.Compare(s.nodeName(s.slotNode[a.slot]), s.nodeName(s.slotNode[b.slot])); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.v, b.v)
+	})
+	for i, pt := range r.pts {
 		r.pos[int(pt.slot-pl.off)*pointsPerNode+int(pt.v)] = int32(i)
 		r.tree[size+i] = s.leafValue(pt.slot)
 	}
@@ -134,6 +138,22 @@ func (s *state) buildRing(p int32) *ring {
 	return r
 }
 
+// lowerBound returns the index of the first point at or after position h,
+// len(pts) if there is none.
+func (r *ring) lowerBound(h uint64) int {
+	b := h >> r.shift
+	lo, hi := int(r.start[b]), int(r.start[b+1])
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if r.pts[mid].h < h {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
 // set gives every point of local member j the value val.
 func (r *ring) set(j int32, val int32) {
 	for _, i := range r.pos[int(j)*pointsPerNode : int(j+1)*pointsPerNode] {
@@ -141,7 +161,11 @@ func (r *ring) set(j int32, val int32) {
 		r.tree[k] = val
 		for k > 1 {
 			k >>= 1
-			r.tree[k] = min(r.tree[2*k], r.tree[2*k+1])
+			m := min(r.tree[2*k], r.tree[2*k+1])
+			if r.tree[k] == m {
+				break // the minimum above does not change either
+			}
+			r.tree[k] = m
 		}
 	}
 }
@@ -149,7 +173,7 @@ func (r *ring) set(j int32, val int32) {
 // firstBelow returns the index of the first point at or after from whose
 // value is below thr, or -1 if there is none up to the end of the ring.
 func (r *ring) firstBelow(from int, thr int32) int {
-	if from >= len(r.hash) {
+	if from >= len(r.pts) {
 		return -1
 	}
 	k := r.size + from
@@ -179,7 +203,7 @@ func (r *ring) firstBelow(from int, thr int32) int {
 // else the first Node clockwise with room. The caller guarantees that some
 // Node of the ring has room.
 func (r *ring) pick(h uint64, bound int32) int32 {
-	start, _ := slices.BinarySearch(r.hash, h)
+	start := r.lowerBound(h)
 	thr := bound
 	if r.tree[1] >= thr {
 		thr = full
@@ -188,5 +212,45 @@ func (r *ring) pick(h uint64, bound int32) int32 {
 	if i < 0 {
 		i = r.firstBelow(0, thr)
 	}
-	return r.slot[i]
+	return r.pts[i].slot
+}
+
+// sortPoints sorts pts by compare, which must order by h first, into a new
+// slice, and returns it with its bucket index (see ring). The positions are
+// uniform hashes, so it distributes the points into about len(pts) buckets
+// by their top bits and sorts each bucket by insertion: O(n) expected. A
+// bucket that comes out large (crafted names) is sorted with
+// slices.SortFunc, so the worst case stays O(n log n).
+func sortPoints(pts []point, compare func(a, b point) int) (sorted []point, shift uint, start []int32) {
+	n := len(pts)
+	shift = uint(64 - bits.Len(uint(n)))
+	// One allocation for the counts and the running insert positions.
+	buf := make([]int32, 2<<(64-shift)+1)
+	start, next := buf[:1<<(64-shift)+1], buf[1<<(64-shift)+1:]
+	for _, p := range pts {
+		start[p.h>>shift+1]++
+	}
+	for b := 1; b < len(start); b++ {
+		start[b] += start[b-1]
+	}
+	copy(next, start)
+	sorted = make([]point, n)
+	for _, p := range pts {
+		b := p.h >> shift
+		sorted[next[b]] = p
+		next[b]++
+	}
+	for b := 0; b+1 < len(start); b++ {
+		bucket := sorted[start[b]:start[b+1]]
+		if len(bucket) > 16 {
+			slices.SortFunc(bucket, compare)
+			continue
+		}
+		for i := 1; i < len(bucket); i++ {
+			for j := i; j > 0 && compare(bucket[j-1], bucket[j]) > 0; j-- {
+				bucket[j-1], bucket[j] = bucket[j], bucket[j-1]
+			}
+		}
+	}
+	return sorted, shift, start
 }

@@ -5,20 +5,19 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"strings"
 )
 
-// nodeRec is one distinct Node.
+// nodeRec is one distinct Node. It holds no pointers (names are read
+// from Input.Nodes), so the garbage collector never scans it.
 type nodeRec struct {
-	name     string
-	reason   string // Node.Reason when not eligible
 	hash     uint64 // hashString(name)
-	eligible bool
-	capacity int32 // clamped to [0, MaxInt32-1]
-	load     int32 // units held so far in this pass
-	// moveReason caches MoveNodeIneligible + "/" + reason.
-	moveReason string
+	src      int32  // index in Input.Nodes of the first entry: its Name
+	why      int32  // index in Input.Nodes whose Reason applies, -1 if eligible
+	capacity int32  // clamped to [0, MaxInt32-1]
+	load     int32  // units held so far in this pass
 }
 
 // poolRec is one distinct pool name.
@@ -56,17 +55,13 @@ const (
 
 // unitRec is a set of Egresses sharing one IP of one pool.
 type unitRec struct {
-	hi, lo  uint64 // the IP as 16 bytes
+	hash    uint64 // unitHash: position on the pool's ring
+	hi, lo  uint64 // the IP as 16 bytes, big endian
 	pool    int32
 	cand    int32 // global slot of the Node to keep, or -1
 	node    int32 // node index after the pass, or -1
 	reason  uint8 // placement reason code when node < 0
 	candOut bool  // cand had no room left
-}
-
-type unitKey struct {
-	pool   int32
-	hi, lo uint64
 }
 
 // Placement reason codes, indexing reasonNames.
@@ -99,8 +94,10 @@ type state struct {
 
 	nodes   []nodeRec
 	nodeIdx map[string]int32
-	pools   []poolRec
-	poolIdx map[string]int32
+	// moveReasons caches MoveNodeIneligible + "/" + Node.Reason by node.
+	moveReasons map[int32]string
+	pools       []poolRec
+	poolIdx     map[string]int32
 
 	// Pool members, flat: slot s is Node slotNode[s] in pool slotPool[s];
 	// poolLoad[s] counts the pool's units on that Node.
@@ -142,27 +139,27 @@ func (s *state) indexNodes() {
 	for i := range in.Nodes {
 		n := &in.Nodes[i]
 		c := int32(min(max(n.Capacity, 0), full-1))
+		why := int32(-1)
+		if !n.Eligible {
+			why = int32(i)
+		}
 		if j, ok := s.nodeIdx[n.Name]; ok {
 			// Repeated name: keep the most restrictive view, which does
-			// not depend on the order of the entries.
+			// not depend on the order of the entries: ineligible if any
+			// entry is (with the smallest Reason), the smallest capacity.
 			r := &s.nodes[j]
 			r.capacity = min(r.capacity, c)
-			if !n.Eligible {
-				if r.eligible || n.Reason < r.reason {
-					r.reason = n.Reason
-				}
-				r.eligible = false
+			if why >= 0 && (r.why < 0 || n.Reason < in.Nodes[r.why].Reason) {
+				r.why = why
 			}
 			continue
 		}
-		r := nodeRec{name: n.Name, hash: hashString(n.Name), eligible: n.Eligible, capacity: c}
-		if !n.Eligible {
-			r.reason = n.Reason
-		}
 		s.nodeIdx[n.Name] = int32(len(s.nodes))
-		s.nodes = append(s.nodes, r)
+		s.nodes = append(s.nodes, nodeRec{hash: hashString(n.Name), src: int32(i), why: why, capacity: c})
 	}
 }
+
+func (s *state) nodeName(n int32) string { return s.in.Nodes[s.nodes[n].src].Name }
 
 func (s *state) indexPools() {
 	in := s.in
@@ -207,7 +204,7 @@ func (s *state) indexPools() {
 					continue
 				}
 				seen[n] = pi + 1
-				if nr := &s.nodes[n]; nr.eligible && nr.capacity > 0 {
+				if nr := &s.nodes[n]; nr.why < 0 && nr.capacity > 0 {
 					s.slotNode = append(s.slotNode, n)
 				}
 			}
@@ -252,21 +249,50 @@ func (s *state) slotOf(n, p int32) int32 {
 	return sl[i]
 }
 
-// named is an Egress's name and its index in Input.Egresses.
+// named is an Egress in name order: its index in Input.Egresses and a key
+// holding the 8 bytes of its name that follow the prefix all names share,
+// big endian and zero-padded. Key order never contradicts name order, so
+// most comparisons while sorting are one integer comparison; equal keys
+// fall back to comparing the names. It holds no pointers.
 type named struct {
-	name string
-	i    int32
+	key uint64
+	i   int32
 }
 
-// sortNames returns the Egresses ordered by name, marking duplicated names.
+// sortNames returns the Egresses ordered by name (then input index, which
+// only orders entries of the same name), marking duplicated names.
 func (s *state) sortNames() []named {
 	eg := s.in.Egresses
 	byName := make([]named, len(eg))
+	common := 0
+	if len(eg) > 0 {
+		first := eg[0].Name
+		common = len(first)
+		for i := range eg {
+			n := eg[i].Name
+			c := 0
+			for c < common && c < len(n) && n[c] == first[c] {
+				c++
+			}
+			common = c
+		}
+	}
 	for i := range eg {
-		byName[i] = named{eg[i].Name, int32(i)}
+		n := eg[i].Name
+		var k uint64
+		for j := common; j < common+8; j++ {
+			k <<= 8
+			if j < len(n) {
+				k |= uint64(n[j])
+			}
+		}
+		byName[i] = named{k, int32(i)}
 	}
 	slices.SortFunc(byName, func(a, b named) int {
-		if c := strings.Compare(a.name, b.name); c != 0 {
+		if a.key != b.key {
+			return cmp.Compare(a.key, b.key)
+		}
+		if c := strings.Compare(eg[a.i].Name, eg[b.i].Name); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.i, b.i)
@@ -274,7 +300,7 @@ func (s *state) sortNames() []named {
 	s.eg = make([]egRec, len(eg))
 	for k := 0; k < len(byName); {
 		j := k + 1
-		for j < len(byName) && byName[j].name == byName[k].name {
+		for j < len(byName) && byName[j].key == byName[k].key && eg[byName[j].i].Name == eg[byName[k].i].Name {
 			j++
 		}
 		if j-k > 1 {
@@ -287,11 +313,21 @@ func (s *state) sortNames() []named {
 	return byName
 }
 
+// sameName reports whether byName[k] repeats the name of byName[k-1].
+func (s *state) sameName(byName []named, k int) bool {
+	if k == 0 || s.eg[byName[k].i].reason != rDuplicate {
+		return false
+	}
+	a, b := byName[k-1], byName[k]
+	return a.key == b.key && s.in.Egresses[a.i].Name == s.in.Egresses[b.i].Name
+}
+
 // prio orders Egresses: older first, then by name (rank in byName).
 type prio struct {
 	sec  int64
 	nsec int32
 	rank int32
+	i    int32 // index in Input.Egresses
 }
 
 func (s *state) buildUnits(byName []named) {
@@ -302,7 +338,7 @@ func (s *state) buildUnits(byName []named) {
 			continue
 		}
 		t := eg[e.i].Created
-		order = append(order, prio{t.Unix(), int32(t.Nanosecond()), int32(rank)})
+		order = append(order, prio{t.Unix(), int32(t.Nanosecond()), int32(rank), e.i})
 	}
 	slices.SortFunc(order, func(a, b prio) int {
 		if a.sec != b.sec {
@@ -314,10 +350,15 @@ func (s *state) buildUnits(byName []named) {
 		return cmp.Compare(a.rank, b.rank)
 	})
 	s.units = make([]unitRec, 0, len(order))
-	ids := make(map[unitKey]int32, len(order))
+	// Units by (pool, IP): open addressing with linear probing on the
+	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
+	// free; it is at least twice the number of units.
+	tblBits := bits.Len(uint(2 * len(order)))
+	tbl := make([]int32, 1<<tblBits)
+	mask := uint64(len(tbl) - 1)
 	lastPool, lastIdx := "", int32(-1)
 	for _, o := range order {
-		i := byName[o.rank].i
+		i := o.i
 		e := &eg[i]
 		r := &s.eg[i]
 		*r = egRec{unit: -1, cur: -1}
@@ -349,12 +390,19 @@ func (s *state) buildUnits(byName []named) {
 			continue
 		}
 		b := e.IP.As16()
-		k := unitKey{pool: pi, hi: binary.BigEndian.Uint64(b[:8]), lo: binary.BigEndian.Uint64(b[8:])}
-		u, ok := ids[k]
-		if !ok {
-			u = int32(len(s.units))
-			ids[k] = u
-			s.units = append(s.units, unitRec{hi: k.hi, lo: k.lo, pool: pi, cand: -1, node: -1})
+		hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+		h := unitHash(s.pools[pi].salt, hi, lo)
+		var u int32
+		for j := h >> (64 - tblBits); ; j = (j + 1) & mask {
+			if v := tbl[j]; v == 0 {
+				u = int32(len(s.units))
+				tbl[j] = u + 1
+				s.units = append(s.units, unitRec{hash: h, hi: hi, lo: lo, pool: pi, cand: -1, node: -1})
+				break
+			} else if ur := &s.units[v-1]; ur.hi == hi && ur.lo == lo && ur.pool == pi {
+				u = v - 1
+				break
+			}
 		}
 		r.unit = u
 		// The current Node's fitness for the pool.
@@ -363,7 +411,7 @@ func (s *state) buildUnits(byName []named) {
 			r.curSt = curNone
 		case r.cur < 0:
 			r.curSt = curRemoved
-		case !s.nodes[r.cur].eligible:
+		case s.nodes[r.cur].why >= 0:
 			r.curSt = curIneligible
 		case s.nodes[r.cur].capacity <= 0:
 			r.curSt = curNoCapacity
@@ -433,7 +481,7 @@ func (s *state) place() {
 			pl.ring = s.buildRing(ur.pool)
 		}
 		pl.placed++
-		sl := pl.ring.pick(unitHash(pl.salt, ur.hi, ur.lo), s.bound(pl))
+		sl := pl.ring.pick(ur.hash, s.bound(pl))
 		n := s.slotNode[sl]
 		ur.node = n
 		nr := &s.nodes[n]
@@ -478,15 +526,11 @@ func (s *state) result(byName []named) Result {
 	eg := s.in.Egresses
 	nPlace, nMove := 0, 0
 	for k, e := range byName {
-		if k > 0 && byName[k-1].name == e.name {
+		if s.sameName(byName, k) {
 			continue
 		}
 		nPlace++
-		r := &s.eg[e.i]
-		if r.reason == rDuplicate || eg[e.i].CurrentNode == "" {
-			continue
-		}
-		if r.unit < 0 || s.units[r.unit].node != r.cur || r.cur < 0 {
+		if s.moves(e.i) {
 			nMove++
 		}
 	}
@@ -496,29 +540,27 @@ func (s *state) result(byName []named) Result {
 	}
 	var missing map[string]string // PoolNotFound messages by pool name
 	for k, e := range byName {
-		if k > 0 && byName[k-1].name == e.name {
+		if s.sameName(byName, k) {
 			continue
 		}
 		r := &s.eg[e.i]
 		in := &eg[e.i]
-		p := Placement{Egress: e.name}
-		code := r.reason
-		node := int32(-1)
-		if r.unit >= 0 {
-			ur := &s.units[r.unit]
-			node, code = ur.node, ur.reason
-		}
-		if node >= 0 {
-			p.Node = s.nodes[node].name
+		p := Placement{Egress: in.Name}
+		if n := s.nodeOf(e.i); n >= 0 {
+			p.Node = s.nodeName(n)
 		} else {
+			code := r.reason
+			if r.unit >= 0 {
+				code = s.units[r.unit].reason
+			}
 			p.Reason = reasonNames[code]
 			switch code {
 			case rDuplicate:
 				n := 1
-				for k+n < len(byName) && byName[k+n].name == e.name {
+				for k+n < len(byName) && s.sameName(byName, k+n) {
 					n++
 				}
-				p.Message = fmt.Sprintf("Egress name %q is given %d times", e.name, n)
+				p.Message = fmt.Sprintf("Egress name %q is given %d times", in.Name, n)
 			case rPoolNotFound:
 				if missing == nil {
 					missing = map[string]string{}
@@ -538,13 +580,30 @@ func (s *state) result(byName []named) Result {
 			}
 		}
 		res.Placements = append(res.Placements, p)
-
-		if r.reason == rDuplicate || in.CurrentNode == "" || (node >= 0 && node == r.cur) {
-			continue
+		if s.moves(e.i) {
+			res.Moves = append(res.Moves, Move{Egress: in.Name, From: in.CurrentNode, To: p.Node, Reason: s.moveReason(r)})
 		}
-		res.Moves = append(res.Moves, Move{Egress: e.name, From: in.CurrentNode, To: p.Node, Reason: s.moveReason(r)})
 	}
 	return res
+}
+
+// nodeOf is the node index Egress i is placed on, or -1.
+func (s *state) nodeOf(i int32) int32 {
+	if u := s.eg[i].unit; u >= 0 {
+		return s.units[u].node
+	}
+	return -1
+}
+
+// moves reports whether Egress i leaves its current Node. Egresses with a
+// duplicated name never do: which entry is meant is unknown.
+func (s *state) moves(i int32) bool {
+	r := &s.eg[i]
+	if r.reason == rDuplicate || s.in.Egresses[i].CurrentNode == "" {
+		return false
+	}
+	n := s.nodeOf(i)
+	return n < 0 || n != r.cur
 }
 
 // poolMessage is the message of reason code (PoolInvalid, NoEligibleNode or
@@ -581,14 +640,18 @@ func (s *state) moveReason(r *egRec) string {
 	case curRemoved:
 		return MoveNodeRemoved
 	case curIneligible:
-		nr := &s.nodes[r.cur]
-		if nr.moveReason == "" {
-			nr.moveReason = MoveNodeIneligible
-			if nr.reason != "" {
-				nr.moveReason += "/" + nr.reason
+		m, ok := s.moveReasons[r.cur]
+		if !ok {
+			m = MoveNodeIneligible
+			if why := s.in.Nodes[s.nodes[r.cur].why].Reason; why != "" {
+				m += "/" + why
 			}
+			if s.moveReasons == nil {
+				s.moveReasons = map[int32]string{}
+			}
+			s.moveReasons[r.cur] = m
 		}
-		return nr.moveReason
+		return m
 	case curNoCapacity:
 		return MoveCapacityReduced
 	case curNotInPool:
