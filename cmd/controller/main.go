@@ -38,6 +38,7 @@ import (
 
 	egressipv1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/controller"
+	egwebhook "github.com/egressip/egressip/internal/webhook"
 	// +kubebuilder:scaffold:imports
 )
 
@@ -84,7 +85,10 @@ func main() {
 	var (
 		ctrlOpts         controller.Options
 		leaderElectionNS string
+		enableWebhooks   bool
 	)
+	flag.BoolVar(&enableWebhooks, "enable-webhooks", true,
+		"Serve the validating webhook (pool overlaps, egressIP outside its pool, pool updates that drop allocated IPs).")
 	flag.IntVar(&ctrlOpts.Pass.DefaultCapacity, "max-egress-ips-per-node", 255,
 		"Egress IPs a Node may hold when it has no valid egressip.io/max-egress-ips annotation; also the largest value that annotation may take.")
 	flag.Float64Var(&ctrlOpts.Pass.BalanceFactor, "balance-factor", 1.25,
@@ -193,6 +197,12 @@ func main() {
 		os.Exit(1)
 	}
 
+	if enableWebhooks {
+		if err := egwebhook.Setup(mgr); err != nil {
+			setupLog.Error(err, "Failed to set up the validating webhook")
+			os.Exit(1)
+		}
+	}
 	if err := controller.Setup(mgr, ctrlOpts); err != nil {
 		setupLog.Error(err, "Failed to set up the scheduling pass")
 		os.Exit(1)

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -149,6 +150,18 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	}
 	for i := range pools.Items {
 		p := &pools.Items[i]
+		if want := out.Finalize[p.Name]; want != controllerutil.ContainsFinalizer(p, PoolFinalizer) {
+			writes = append(writes, write{obj: p, do: func(ctx context.Context) error {
+				patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
+				if want {
+					controllerutil.AddFinalizer(p, PoolFinalizer)
+				} else {
+					controllerutil.RemoveFinalizer(p, PoolFinalizer)
+				}
+				return r.Client.Patch(ctx, p, patch)
+			}})
+			continue // the status follows in the pass this patch triggers
+		}
 		st := out.Pools[p.Name]
 		if equality.Semantic.DeepEqual(p.Status, st) {
 			continue

@@ -446,3 +446,23 @@ func TestMetricsEndpoint(t *testing.T) {
 		return true, ""
 	})
 }
+
+// TestOverlappingPoolsOlderWins: pools that share addresses (possible when
+// two are created at once, past the webhook) never hand out one IP twice:
+// the older pool keeps working, the newer is not Ready and says why.
+func TestOverlappingPoolsOlderWins(t *testing.T) {
+	cl := newCluster(t, "overlap", 2, 10)
+	cl.pool("overlap-old", func(p *v1.ExternalIPPool) { p.Spec.IPRanges = []v1.IPRange{{CIDR: "198.51.100.0/29"}} })
+	time.Sleep(1100 * time.Millisecond) // creationTimestamp has 1 s resolution
+	cl.pool("overlap-new", func(p *v1.ExternalIPPool) {
+		p.Spec.IPRanges = []v1.IPRange{{Start: "198.51.100.1", End: "198.51.100.3"}}
+	})
+	cl.egress("overlap-a", "overlap-old", "")
+	cl.egress("overlap-b", "overlap-new", "")
+	cl.waitReady("overlap-a")
+	cl.eventually("overlap-b PoolInvalid", func() (bool, string) {
+		e := cl.get("overlap-b")
+		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated)
+		return c != nil && c.Reason == ReasonPoolInvalid && strings.Contains(c.Message, `overlaps ExternalIPPool "overlap-old"`), describe(e)
+	})
+}

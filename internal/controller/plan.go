@@ -15,6 +15,7 @@ import (
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/ipam"
+	"github.com/egressip/egressip/internal/poolspec"
 	"github.com/egressip/egressip/internal/scheduler"
 )
 
@@ -32,6 +33,7 @@ const (
 	ReasonNotAssigned       = "NotAssigned"
 	ReasonValid             = "Valid"
 	ReasonInvalid           = "Invalid"
+	ReasonInUse             = "InUse"
 )
 
 // Node eligibility reasons (scheduler.Node.Reason).
@@ -81,7 +83,14 @@ type passOutput struct {
 	InvalidCapacity map[string]error
 	// Unplaced counts Egresses without a Node, by reason.
 	Unplaced map[string]int
+	// Finalize says, per pool, whether it must carry PoolFinalizer: every
+	// pool does, until it is being deleted and no Egress uses it.
+	Finalize map[string]bool
 }
+
+// PoolFinalizer keeps an ExternalIPPool that Egresses still use from being
+// deleted; the controller removes it once no Egress names the pool.
+const PoolFinalizer = "egressip.io/pool-in-use"
 
 // plan runs allocation and scheduling over in. It is a pure function of its
 // input: the reconciler gathers the input and writes what changed.
@@ -112,7 +121,7 @@ func plan(in passInput) passOutput {
 	for i := range in.Pools {
 		p := &in.Pools[i]
 		ps := &poolState{obj: p}
-		ps.pool, ps.err = ipam.NewPool(toRanges(p.Spec.IPRanges), toSubnet(p.Spec.SubnetInfo))
+		ps.pool, ps.err = poolspec.Parse(p)
 		if ps.err == nil {
 			ps.alloc = ipam.NewAllocator(ps.pool)
 			ps.sel = labels.Everything()
@@ -124,6 +133,31 @@ func plan(in passInput) passOutput {
 			}
 		}
 		pools[p.Name] = ps
+	}
+	// Pools must not share addresses (the webhook rejects it; this catches
+	// what raced past it): the older pool keeps the address, the newer one
+	// is invalid until fixed.
+	byAge := make([]*v1.ExternalIPPool, 0, len(in.Pools))
+	for i := range in.Pools {
+		byAge = append(byAge, &in.Pools[i])
+	}
+	slices.SortFunc(byAge, func(a, b *v1.ExternalIPPool) int {
+		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Name, b.Name)
+	})
+	for i, p := range byAge {
+		ps := pools[p.Name]
+		for _, older := range byAge[:i] {
+			o := pools[older.Name]
+			if ps.err != nil || o.err != nil {
+				continue
+			}
+			if a, b, overlap := ipam.Overlaps(ps.pool.Ranges(), o.pool.Ranges()); overlap {
+				ps.err = fmt.Errorf("ipRanges[%d] %s overlaps ExternalIPPool %q (ipRanges[%d] %s), which is older", a, ps.pool.Ranges()[a], older.Name, b, o.pool.Ranges()[b])
+			}
+		}
 	}
 
 	// Allocation: keep what statuses and specs already say, then allocate
@@ -292,10 +326,30 @@ func plan(in passInput) passOutput {
 		out.Egresses[e.Name] = ch
 	}
 
-	// Pool statuses.
+	// Pool statuses and deletion protection.
+	users := map[string][]string{}
+	for i := range egs {
+		users[egs[i].Spec.ExternalIPPool] = append(users[egs[i].Spec.ExternalIPPool], egs[i].Name)
+	}
+	out.Finalize = map[string]bool{}
 	for _, p := range in.Pools {
 		ps := pools[p.Name]
 		st := v1.ExternalIPPoolStatus{Conditions: slices.Clone(p.Status.Conditions)}
+		deleting := p.DeletionTimestamp != nil
+		out.Finalize[p.Name] = !deleting || len(users[p.Name]) > 0
+		if deleting && len(users[p.Name]) > 0 {
+			held := slices.Sorted(slices.Values(users[p.Name]))
+			if len(held) > 10 {
+				held = append(held[:10], fmt.Sprintf("and %d more", len(users[p.Name])-10))
+			}
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInUse,
+				Message: fmt.Sprintf("deletion waits: Egresses %s still use this pool; delete them or point them at another pool", strings.Join(held, ", ")), ObservedGeneration: p.Generation})
+			if ps.err == nil {
+				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), Used: saturate(ps.alloc.Used())}
+			}
+			out.Pools[p.Name] = st
+			continue
+		}
 		if ps.err != nil {
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInvalid, Message: ps.err.Error(), ObservedGeneration: p.Generation})
 		} else {
@@ -421,19 +475,4 @@ func saturate(u uint64) int64 {
 		return math.MaxInt64
 	}
 	return int64(u)
-}
-
-func toRanges(rs []v1.IPRange) []ipam.Range {
-	out := make([]ipam.Range, len(rs))
-	for i, r := range rs {
-		out[i] = ipam.Range{CIDR: r.CIDR, Start: r.Start, End: r.End}
-	}
-	return out
-}
-
-func toSubnet(s *v1.SubnetInfo) *ipam.SubnetInfo {
-	if s == nil {
-		return nil
-	}
-	return &ipam.SubnetInfo{Gateway: s.Gateway, PrefixLength: int(s.PrefixLength), VLAN: int(s.VLAN)}
 }

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	egressipv1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 )
@@ -49,10 +50,30 @@ func NewScheme() *runtime.Scheme {
 	return s
 }
 
+// Option changes how Start sets up the control plane.
+type Option func(*envtest.Environment, string)
+
+// WithWebhooks also installs the webhook configurations of config/webhook,
+// pointed at a local webhook server whose address and certificates are in
+// Env.WebhookOptions. Every create and update of the validated kinds then
+// calls that server, so a manager serving it must run.
+func WithWebhooks() Option {
+	return func(e *envtest.Environment, root string) {
+		e.WebhookInstallOptions = envtest.WebhookInstallOptions{Paths: []string{filepath.Join(root, "config", "webhook")}}
+	}
+}
+
+// WebhookOptions returns the options for a webhook.Server that the API
+// server reaches (only with WithWebhooks).
+func (e *Env) WebhookOptions() webhook.Options {
+	o := &e.env.WebhookInstallOptions
+	return webhook.Options{Host: o.LocalServingHost, Port: o.LocalServingPort, CertDir: o.LocalServingCertDir}
+}
+
 // Start starts kube-apiserver and etcd and installs the CRDs from
 // config/crd/bases. It returns an error when the binaries cannot be found or
 // the control plane does not come up; call Stop when done.
-func Start() (*Env, error) {
+func Start(opts ...Option) (*Env, error) {
 	root, err := ModuleRoot()
 	if err != nil {
 		return nil, err
@@ -65,6 +86,9 @@ func Start() (*Env, error) {
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
+	}
+	for _, o := range opts {
+		o(e, root)
 	}
 	cfg, err := e.Start()
 	if err != nil {

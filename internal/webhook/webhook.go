@@ -1,0 +1,172 @@
+// Package webhook holds egressip's validating admission webhook: the rules
+// that span objects, which CEL in the CRD schema cannot see.
+//
+//   - an ExternalIPPool must not share an address with another pool;
+//   - an update of a pool must not remove or shrink a range that holds IPs
+//     allocated to Egresses (adding a separate range is fine);
+//   - an Egress's spec.egressIP must lie in the pool it names and be of that
+//     pool's family (when the pool exists; a missing pool is reported by the
+//     controller as a condition, since pools may be created after Egresses).
+//
+// The checks read the manager's cache, so two conflicting objects created
+// in the same instant can both pass; the controller's pass catches that case
+// (the older pool wins, the newer one is marked not Ready).
+package webhook
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/ipam"
+	"github.com/egressip/egressip/internal/poolspec"
+)
+
+// +kubebuilder:webhook:path=/validate-egressip-io-v1alpha1-externalippool,mutating=false,failurePolicy=fail,sideEffects=None,groups=egressip.io,resources=externalippools,verbs=create;update,versions=v1alpha1,name=vexternalippool-v1alpha1.egressip.io,admissionReviewVersions=v1
+// +kubebuilder:webhook:path=/validate-egressip-io-v1alpha1-egress,mutating=false,failurePolicy=fail,sideEffects=None,groups=egressip.io,resources=egresses,verbs=create;update,versions=v1alpha1,name=vegress-v1alpha1.egressip.io,admissionReviewVersions=v1
+
+// Setup registers both validators with mgr's webhook server.
+func Setup(mgr ctrl.Manager) error {
+	r := mgr.GetClient()
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1.ExternalIPPool{}).WithValidator(&PoolValidator{Reader: r}).Complete(); err != nil {
+		return fmt.Errorf("register ExternalIPPool webhook: %w", err)
+	}
+	if err := ctrl.NewWebhookManagedBy(mgr, &v1.Egress{}).WithValidator(&EgressValidator{Reader: r}).Complete(); err != nil {
+		return fmt.Errorf("register Egress webhook: %w", err)
+	}
+	return nil
+}
+
+var (
+	poolGK   = v1.GroupVersion.WithKind("ExternalIPPool").GroupKind()
+	egressGK = v1.GroupVersion.WithKind("Egress").GroupKind()
+)
+
+// PoolValidator validates ExternalIPPools against other pools and the
+// Egresses that use them.
+type PoolValidator struct {
+	Reader client.Reader
+}
+
+// ValidateCreate rejects a pool that overlaps another pool.
+func (v *PoolValidator) ValidateCreate(ctx context.Context, p *v1.ExternalIPPool) (admission.Warnings, error) {
+	return nil, v.validate(ctx, nil, p)
+}
+
+// ValidateUpdate rejects overlaps and updates that drop allocated IPs.
+func (v *PoolValidator) ValidateUpdate(ctx context.Context, old, p *v1.ExternalIPPool) (admission.Warnings, error) {
+	return nil, v.validate(ctx, old, p)
+}
+
+// ValidateDelete allows deletion; a pool in use waits on its finalizer.
+func (v *PoolValidator) ValidateDelete(context.Context, *v1.ExternalIPPool) (admission.Warnings, error) {
+	return nil, nil
+}
+
+func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool) error {
+	rangesPath := field.NewPath("spec", "ipRanges")
+	pool, err := poolspec.Parse(p)
+	if err != nil {
+		return apierrors.NewInvalid(poolGK, p.Name, field.ErrorList{field.Invalid(rangesPath, "", err.Error())})
+	}
+	var errs field.ErrorList
+	var pools v1.ExternalIPPoolList
+	if err := v.Reader.List(ctx, &pools); err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("list ExternalIPPools: %w", err))
+	}
+	for _, other := range pools.Items {
+		if other.Name == p.Name {
+			continue
+		}
+		otherRanges, err := ipam.ParseRanges(poolspec.Ranges(other.Spec.IPRanges))
+		if err != nil {
+			continue
+		}
+		if i, j, ok := ipam.Overlaps(pool.Ranges(), otherRanges); ok {
+			errs = append(errs, field.Invalid(rangesPath.Index(i), pool.Ranges()[i].String(),
+				fmt.Sprintf("overlaps ExternalIPPool %q (ipRanges[%d] %s): pools must not share addresses", other.Name, j, otherRanges[j])))
+		}
+	}
+	if old != nil {
+		var egs v1.EgressList
+		if err := v.Reader.List(ctx, &egs); err != nil {
+			return apierrors.NewInternalError(fmt.Errorf("list Egresses: %w", err))
+		}
+		var allocated []netip.Addr
+		holders := map[netip.Addr][]string{}
+		for _, e := range egs.Items {
+			if e.Spec.ExternalIPPool != p.Name {
+				continue
+			}
+			if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil {
+				allocated = append(allocated, ip)
+				holders[ip] = append(holders[ip], e.Name)
+			}
+		}
+		for _, ip := range pool.Uncovered(allocated) {
+			names := holders[ip]
+			slices.Sort(names)
+			errs = append(errs, field.Forbidden(rangesPath,
+				fmt.Sprintf("the update would drop %s, allocated to Egress %s; delete or move those Egresses first, or keep the range", ip, strings.Join(names, ", "))))
+		}
+	}
+	if len(errs) > 0 {
+		return apierrors.NewInvalid(poolGK, p.Name, errs)
+	}
+	return nil
+}
+
+// EgressValidator checks an Egress's named IP against its pool.
+type EgressValidator struct {
+	Reader client.Reader
+}
+
+// ValidateCreate rejects an egressIP outside the named pool.
+func (v *EgressValidator) ValidateCreate(ctx context.Context, e *v1.Egress) (admission.Warnings, error) {
+	return v.validate(ctx, e)
+}
+
+// ValidateUpdate rejects an egressIP outside the named pool.
+func (v *EgressValidator) ValidateUpdate(ctx context.Context, _, e *v1.Egress) (admission.Warnings, error) {
+	return v.validate(ctx, e)
+}
+
+// ValidateDelete allows deletion.
+func (v *EgressValidator) ValidateDelete(context.Context, *v1.Egress) (admission.Warnings, error) {
+	return nil, nil
+}
+
+func (v *EgressValidator) validate(ctx context.Context, e *v1.Egress) (admission.Warnings, error) {
+	var p v1.ExternalIPPool
+	if err := v.Reader.Get(ctx, client.ObjectKey{Name: e.Spec.ExternalIPPool}, &p); err != nil {
+		if apierrors.IsNotFound(err) {
+			return admission.Warnings{fmt.Sprintf("ExternalIPPool %q does not exist yet; the Egress waits for it", e.Spec.ExternalIPPool)}, nil
+		}
+		return nil, apierrors.NewInternalError(fmt.Errorf("get ExternalIPPool %s: %w", e.Spec.ExternalIPPool, err))
+	}
+	if e.Spec.EgressIP == "" {
+		return nil, nil
+	}
+	ip, err := netip.ParseAddr(e.Spec.EgressIP)
+	if err != nil {
+		return nil, nil // the CRD schema rejects it already
+	}
+	pool, err := poolspec.Parse(&p)
+	if err != nil {
+		return nil, nil // the pool's own condition reports it
+	}
+	if err := pool.Check(ip); err != nil {
+		return nil, apierrors.NewInvalid(egressGK, e.Name, field.ErrorList{field.Invalid(field.NewPath("spec", "egressIP"), e.Spec.EgressIP,
+			fmt.Sprintf("not usable from ExternalIPPool %q: %v", p.Name, err))})
+	}
+	return nil, nil
+}

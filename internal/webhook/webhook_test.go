@@ -1,0 +1,178 @@
+package webhook_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/controller"
+	"github.com/egressip/egressip/internal/testenv"
+	egwebhook "github.com/egressip/egressip/internal/webhook"
+)
+
+var env *testenv.Env
+
+// TestMain starts envtest with the webhook configuration installed and a
+// manager that serves the webhook and runs the controller (for the pool
+// deletion finalizer).
+func TestMain(m *testing.M) {
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
+	var err error
+	env, err = testenv.Start(testenv.WithWebhooks())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
+		Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+		WebhookServer: webhook.NewServer(env.WebhookOptions()),
+	})
+	if err == nil {
+		err = egwebhook.Setup(mgr)
+	}
+	if err == nil {
+		err = controller.Setup(mgr, controller.Options{Pass: controller.PassConfig{DefaultCapacity: 10}})
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		_ = env.Stop()
+		os.Exit(1)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := mgr.Start(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "manager:", err)
+		}
+	}()
+	code := m.Run()
+	cancel()
+	<-done
+	_ = env.Stop()
+	os.Exit(code)
+}
+
+func pool(name string, ranges ...v1.IPRange) *v1.ExternalIPPool {
+	return &v1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.ExternalIPPoolSpec{IPRanges: ranges}}
+}
+
+func egress(name, poolName, ip string) *v1.Egress {
+	return &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.EgressSpec{
+		AppliedTo: v1.AppliedTo{PodSelector: &metav1.LabelSelector{}}, ExternalIPPool: poolName, EgressIP: ip}}
+}
+
+// create retries while the webhook server or the cache is still starting
+// (the webhook then sees no pools yet); wantErr is matched on the last try.
+func create(t *testing.T, obj client.Object, wantErr string) {
+	t.Helper()
+	ctx := context.Background()
+	var err error
+	for range 50 {
+		err = env.Client.Create(ctx, obj.DeepCopyObject().(client.Object))
+		if err == nil && wantErr == "" {
+			t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
+			return
+		}
+		if err != nil && wantErr != "" && strings.Contains(err.Error(), wantErr) {
+			return
+		}
+		if err == nil {
+			_ = env.Client.Delete(ctx, obj)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if wantErr == "" {
+		t.Fatalf("create %s: want accepted, got %v", obj.GetName(), err)
+	}
+	t.Fatalf("create %s: want error containing %q, got %v", obj.GetName(), wantErr, err)
+}
+
+func TestPoolOverlapRejected(t *testing.T) {
+	create(t, pool("ov-a", v1.IPRange{CIDR: "198.51.100.0/28"}), "")
+	create(t, pool("ov-b", v1.IPRange{Start: "198.51.100.10", End: "198.51.100.20"}), `overlaps ExternalIPPool "ov-a"`)
+	create(t, pool("ov-c", v1.IPRange{CIDR: "198.51.100.16/28"}), "")
+}
+
+func TestEgressIPMustLieInItsPool(t *testing.T) {
+	create(t, pool("eip-in", v1.IPRange{CIDR: "203.0.113.0/28"}), "")
+	create(t, egress("eip-outside", "eip-in", "203.0.113.100"), `not usable from ExternalIPPool "eip-in"`)
+	create(t, egress("eip-family", "eip-in", "2001:db8::5"), `not usable from ExternalIPPool "eip-in"`)
+	create(t, egress("eip-network", "eip-in", "203.0.113.0"), `not usable from ExternalIPPool "eip-in"`)
+	create(t, egress("eip-ok", "eip-in", "203.0.113.5"), "")
+}
+
+func TestPoolUpdateMustKeepAllocatedIPs(t *testing.T) {
+	ctx := context.Background()
+	create(t, pool("upd", v1.IPRange{CIDR: "192.0.2.64/28"}), "")
+	create(t, egress("upd-a", "upd", "192.0.2.70"), "")
+	var e v1.Egress
+	waitFor(t, "upd-a allocated", func() bool {
+		_ = env.Client.Get(ctx, client.ObjectKey{Name: "upd-a"}, &e)
+		return e.Status.EgressIP == "192.0.2.70"
+	})
+	var p v1.ExternalIPPool
+	if err := env.Client.Get(ctx, client.ObjectKey{Name: "upd"}, &p); err != nil {
+		t.Fatal(err)
+	}
+	shrunk := p.DeepCopy()
+	shrunk.Spec.IPRanges = []v1.IPRange{{CIDR: "192.0.2.64/30"}}
+	err := env.Client.Update(ctx, shrunk)
+	if err == nil || !strings.Contains(err.Error(), "would drop 192.0.2.70, allocated to Egress upd-a") {
+		t.Fatalf("shrinking update: want rejection naming the IP and Egress, got %v", err)
+	}
+	grown := p.DeepCopy()
+	grown.Spec.IPRanges = append(grown.Spec.IPRanges, v1.IPRange{Start: "192.0.2.90", End: "192.0.2.95"})
+	if err := env.Client.Update(ctx, grown); err != nil {
+		t.Fatalf("adding a separate range: %v", err)
+	}
+}
+
+func TestPoolDeletionWaitsForItsEgresses(t *testing.T) {
+	ctx := context.Background()
+	create(t, pool("del", v1.IPRange{CIDR: "192.0.2.128/28"}), "")
+	create(t, egress("del-a", "del", ""), "")
+	var p v1.ExternalIPPool
+	waitFor(t, "finalizer added", func() bool {
+		_ = env.Client.Get(ctx, client.ObjectKey{Name: "del"}, &p)
+		return len(p.Finalizers) == 1 && p.Finalizers[0] == controller.PoolFinalizer
+	})
+	if err := env.Client.Delete(ctx, &p); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "InUse condition naming del-a", func() bool {
+		_ = env.Client.Get(ctx, client.ObjectKey{Name: "del"}, &p)
+		c := meta.FindStatusCondition(p.Status.Conditions, v1.ConditionReady)
+		return p.DeletionTimestamp != nil && c != nil && c.Reason == controller.ReasonInUse && strings.Contains(c.Message, "del-a")
+	})
+	if err := env.Client.Delete(ctx, egress("del-a", "del", "")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "pool gone", func() bool {
+		err := env.Client.Get(ctx, client.ObjectKey{Name: "del"}, &p)
+		return err != nil && client.IgnoreNotFound(err) == nil
+	})
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 200 {
+		if cond() {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
