@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -81,9 +83,24 @@ func CacheOptions(node string) cache.Options {
 	}
 }
 
+// RESTMapper maps the only kinds the agent reads, Egress and
+// ExternalIPPool, both cluster-scoped, without asking the API server. The
+// default mapper runs discovery when the manager is created, which would
+// make the agent fail to start, and so stop serving its report, while the
+// API server is unreachable. Reading any other kind fails with a "no
+// matches for kind" error.
+func RESTMapper() meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion})
+	for _, kind := range []string{"Egress", "ExternalIPPool"} {
+		m.Add(v1alpha1.GroupVersion.WithKind(kind), meta.RESTScopeRoot)
+	}
+	return m
+}
+
 // NewManager returns a controller-runtime manager for the agent of node: the
-// egressip scheme (unless opts.Scheme is set), the cache of CacheOptions and
-// no leader election (every Node runs its own agent). Other fields of opts
+// egressip scheme (unless opts.Scheme is set), the cache of CacheOptions,
+// RESTMapper (unless opts.MapperProvider is set), so creating it needs no
+// API server, and no leader election (every Node runs its own agent). Other fields of opts
 // (metrics, health probes, logger) are used as given. It fails when the
 // scheme cannot be built or the manager cannot be created from cfg.
 func NewManager(cfg *rest.Config, node string, opts manager.Options) (manager.Manager, error) {
@@ -96,6 +113,9 @@ func NewManager(cfg *rest.Config, node string, opts manager.Options) (manager.Ma
 	}
 	opts.Cache = CacheOptions(node)
 	opts.LeaderElection = false
+	if opts.MapperProvider == nil {
+		opts.MapperProvider = func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return RESTMapper(), nil }
+	}
 	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
@@ -107,18 +127,18 @@ func NewManager(cfg *rest.Config, node string, opts manager.Options) (manager.Ma
 // must have been built with CacheOptions (NewManager does so). Every
 // Egress and ExternalIPPool event, a start-up trigger and the periodic
 // resync all map to one work key, so reconciles of this Node never overlap
-// and bursts of events coalesce. The informers are registered here, before
-// the manager starts, so the manager waits for their first List without a
-// timeout before the controller runs: the agent never acts on an unsynced
-// cache. It fails when an informer cannot be registered or the controller
-// cannot be built.
+// and bursts of events coalesce. The controller's workers start only once
+// both informers have completed their first List, and the controller waits
+// for that without a practical time limit (it does not give up and exit
+// during an outage): the agent never acts on an unsynced cache. It fails
+// when the controller cannot be built.
+//
+// The informers are deliberately not registered before the manager starts:
+// controller-runtime v0.25's manager spins in Start, never returning, when
+// its context is cancelled while it waits for informers registered that
+// early to sync (as during an outage at start-up); the controller's own
+// wait ends cleanly on cancellation.
 func (a *Agent) SetupWithManager(mgr manager.Manager) error {
-	ctx := context.Background()
-	for _, obj := range []client.Object{&v1alpha1.Egress{}, &v1alpha1.ExternalIPPool{}} {
-		if _, err := mgr.GetCache().GetInformer(ctx, obj); err != nil {
-			return fmt.Errorf("register informer for %T: %w", obj, err)
-		}
-	}
 	a.reader = mgr.GetCache()
 	a.log = mgr.GetLogger().WithName("agent").WithValues("node", klog.KRef("", a.cfg.NodeName))
 
@@ -143,8 +163,8 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 				100*time.Millisecond, a.cfg.ResyncPeriod),
 			// Several agents share a process in tests; names need not be unique.
 			SkipNameValidation: ptr.To(true),
-			// The informers are synced before the controller starts (see
-			// above); never give up waiting and exit during an outage.
+			// Wait for the first List for as long as it takes, rather
+			// than exit (and stop serving the report) during an outage.
 			CacheSyncTimeout: 100 * 365 * 24 * time.Hour,
 		}).
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
@@ -257,20 +277,27 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return fmt.Errorf("agent: add readiness check: %w", err)
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
+	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	repErr := make(chan error, 1)
 	go func() {
-		err := a.ServeReport(ctx, ln)
+		err := a.ServeReport(runCtx, ln)
 		if err != nil {
 			cancel() // stop the manager too
 		}
 		repErr <- err
 	}()
 	log.Info("starting", "instance", a.Instance(), "report", ln.Addr().String())
-	mgrErr := mgr.Start(ctx)
+	mgrErr := mgr.Start(runCtx)
 	cancel()
-	if err := errors.Join(mgrErr, <-repErr); err != nil {
+	err = errors.Join(mgrErr, <-repErr)
+	if err != nil && ctx.Err() != nil {
+		// Shutting down as asked; a controller interrupted while waiting
+		// for its first List reports that as an error.
+		log.Info("error while stopping", "error", err.Error())
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
