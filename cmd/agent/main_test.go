@@ -1,0 +1,355 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/agent/bind"
+	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/report"
+	"github.com/egressip/egressip/internal/testenv"
+)
+
+// runMainEnv makes the test binary act as egressip-agent (see TestMain), so
+// the tests run the real main path, signal handling included.
+const runMainEnv = "EGRESSIP_AGENT_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		os.Exit(run(os.Args[1:], os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// syncBuffer is a bytes.Buffer safe for the exec copier and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type agentProc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{}
+	err    error
+}
+
+// startAgentProc starts the agent as a child process with args and env
+// (NODE_NAME is removed from the inherited environment); it is killed in
+// t.Cleanup if still running.
+func startAgentProc(t *testing.T, env []string, args ...string) *agentProc {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "NODE_NAME=") && !strings.HasPrefix(kv, runMainEnv+"=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, runMainEnv+"=1")
+	cmd.Env = append(cmd.Env, env...)
+	p := &agentProc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = p.stderr
+	cmd.Stdout = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("agent stderr:\n%s", p.stderr.String())
+		}
+	})
+	return p
+}
+
+// wait returns the exit code, failing the test after timeout.
+func (p *agentProc) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(timeout):
+		t.Fatalf("agent still running after %s", timeout)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	if p.err != nil {
+		t.Fatalf("wait for agent: %v", p.err)
+	}
+	return 0
+}
+
+func TestMissingNodeNameFails(t *testing.T) {
+	p := startAgentProc(t, nil, "--report-bind-address", "127.0.0.1:0")
+	if code := p.wait(t, 30*time.Second); code != 2 {
+		t.Fatalf("exit code %d, want 2", code)
+	}
+	for _, want := range []string{"node name unknown", "--node-name", "NODE_NAME"} {
+		if !strings.Contains(p.stderr.String(), want) {
+			t.Errorf("stderr does not mention %q:\n%s", want, p.stderr.String())
+		}
+	}
+}
+
+func TestBadFlagFails(t *testing.T) {
+	p := startAgentProc(t, []string{"NODE_NAME=n1"}, "--announce-interval", "soon")
+	if code := p.wait(t, 30*time.Second); code != 2 {
+		t.Fatalf("exit code %d, want 2", code)
+	}
+	if !strings.Contains(p.stderr.String(), "announce-interval") {
+		t.Errorf("stderr does not name the bad flag:\n%s", p.stderr.String())
+	}
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
+	kc.CurrentContext = "test"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func nodePair(t *testing.T) (*netnstest.Pair, *bind.Binder) {
+	t.Helper()
+	p := netnstest.NewPair(t)
+	p.Node.MustIP(t, "addr", "add", "192.0.2.2/24", "dev", p.NodeIf)
+	p.Peer.MustIP(t, "addr", "add", "192.0.2.1/24", "dev", p.PeerIf)
+	b, err := bind.New(p.Node.Handle, bind.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return p, b
+}
+
+func owns(t *testing.T, b *bind.Binder, ip netip.Addr) bool {
+	t.Helper()
+	bs, err := b.Owned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range bs {
+		if x.Addr == ip {
+			return true
+		}
+	}
+	return false
+}
+
+func getReport(port int) (report.Report, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return report.NewClient(port, 2*time.Second).Get(ctx, netip.MustParseAddr("127.0.0.1"))
+}
+
+func httpGet(url string) (int, string, error) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %v", what, timeout, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestSIGTERMLeavesAddressesBound runs egressip-agent against a real API
+// server, binding in a network namespace; SIGTERM makes it exit 0 and
+// leaves the egress IP bound and owned. Readiness and metrics are checked
+// on the way.
+func TestSIGTERMLeavesAddressesBound(t *testing.T) {
+	netnstest.RequireRoot(t)
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	pair, check := nodePair(t)
+	node := "sigterm-node"
+	ctx := context.Background()
+	eg := &v1alpha1.Egress{
+		ObjectMeta: metav1.ObjectMeta{Name: "sigterm"},
+		Spec: v1alpha1.EgressSpec{
+			AppliedTo:      v1alpha1.AppliedTo{PodSelector: &metav1.LabelSelector{}},
+			ExternalIPPool: "office",
+		},
+	}
+	if err := env.Client.Create(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+	eg.Status = v1alpha1.EgressStatus{EgressIP: "192.0.2.70", EgressNode: node}
+	if err := env.Client.Status().Update(ctx, eg); err != nil {
+		t.Fatal(err)
+	}
+
+	rep, health, metrics := freePort(t), freePort(t), freePort(t)
+	p := startAgentProc(t, []string{"NODE_NAME=" + node},
+		"--kubeconfig", writeKubeconfig(t, env.Config),
+		"--netns", pair.Node.Path,
+		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
+		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(health),
+		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics),
+	)
+	ip := netip.MustParseAddr("192.0.2.70")
+	eventually(t, 30*time.Second, "report lists the IP as announced", func() error {
+		r, err := getReport(rep)
+		if err != nil {
+			return err
+		}
+		if r.Node != node {
+			return fmt.Errorf("report of node %q", r.Node)
+		}
+		if b, ok := r.Lookup(ip); !ok || !b.Announced || b.Interface != pair.NodeIf {
+			return fmt.Errorf("report %+v", r)
+		}
+		return nil
+	})
+	eventually(t, 10*time.Second, "ready", func() error {
+		code, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", health))
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("readyz: HTTP %d: %s", code, body)
+		}
+		return err
+	})
+	code, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("metrics: HTTP %d: %v", code, err)
+	}
+	for _, want := range []string{
+		`egressip_agent_bound_ips{family="ipv4"} 1`,
+		`egressip_agent_announcements_total{family="ipv4"}`,
+		"egressip_agent_reconcile_duration_seconds_count",
+		"egressip_agent_bind_errors_total 0",
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if !owns(t, check, ip) {
+		t.Fatal("192.0.2.70 is no longer bound after SIGTERM")
+	}
+	if !strings.Contains(p.stderr.String(), "stay bound") {
+		t.Errorf("shutdown not logged:\n%s", p.stderr.String())
+	}
+}
+
+// TestSIGTERMDuringStartupOutage: started while the API server is
+// unreachable, the agent serves its report (what the kernel holds, not yet
+// announced), removes nothing, and exits 0 on SIGTERM.
+func TestSIGTERMDuringStartupOutage(t *testing.T) {
+	netnstest.RequireRoot(t)
+	pair, check := nodePair(t)
+	ip := netip.MustParseAddr("192.0.2.71")
+	if _, err := check.Bind(ip); err != nil {
+		t.Fatal(err)
+	}
+	rep := freePort(t)
+	p := startAgentProc(t, nil,
+		"--node-name", "outage-node",
+		"--kubeconfig", writeKubeconfig(t, &rest.Config{Host: "https://127.0.0.1:" + strconv.Itoa(freePort(t))}),
+		"--netns", pair.Node.Path,
+		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
+		"--health-probe-bind-address", "0",
+	)
+	eventually(t, 30*time.Second, "report served", func() error {
+		r, err := getReport(rep)
+		if err != nil {
+			return err
+		}
+		if b, ok := r.Lookup(ip); !ok || b.Announced {
+			return fmt.Errorf("report %+v, want %s listed, not announced", r, ip)
+		}
+		return nil
+	})
+	time.Sleep(3 * time.Second)
+	if !owns(t, check, ip) {
+		t.Fatal("owned address removed although the Egresses were never read")
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if !owns(t, check, ip) {
+		t.Fatal("owned address removed on SIGTERM")
+	}
+}
