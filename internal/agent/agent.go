@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/vishvananda/netns"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
@@ -263,7 +264,7 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	}
 	d := computeDesired(a.cfg.NodeName, egs.Items, pools.Items)
 	for _, s := range d.skipped {
-		log.Info("ignoring Egress assigned to this node", "egress", s.name, "reason", s.reason)
+		log.Info("ignoring Egress assigned to this node", "egress", klog.KRef("", s.name), "reason", s.reason)
 	}
 
 	err := a.apply(ctx, d)
