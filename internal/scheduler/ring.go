@@ -97,34 +97,57 @@ func (s *state) buildRing(p int32) *ring {
 	pl := &s.pools[p]
 	m := int(pl.end - pl.off)
 	n := m * pointsPerNode
-	pts := make([]point, n)
-	for j := 0; j < m; j++ {
-		sl := pl.off + int32(j)
-		nh := s.nodes[s.slotNode[sl]].hash
-		for v := 0; v < pointsPerNode; v++ {
-			pts[j*pointsPerNode+v] = point{h: pointHash(nh, pl.salt, v), slot: sl, v: int32(v)}
-		}
-	}
 	size := 1
 	for size < n {
 		size <<= 1
 	}
+	// Bucket sort by position (see ring): count, then place each point
+	// at the end of its bucket's range, computing the positions twice
+	// rather than storing them.
+	shift := uint(64 - bits.Len(uint(n)))
 	r := &ring{
-		pos:  make([]int32, n),
-		size: size,
-		tree: make([]int32, 2*size),
+		pts:   make([]point, n),
+		shift: shift,
+		start: make([]int32, 1<<(64-shift)+1),
+		pos:   make([]int32, n),
+		size:  size,
+		tree:  make([]int32, 2*size),
 	}
-	r.pts, r.shift, r.start = sortPoints(pts, func(a, b point) int {
-		if a.h != b.h {
-			return cmp.Compare(a.h, b.h)
+	for sl := pl.off; sl < pl.end; sl++ {
+		nh := s.nodes[s.slotNode[sl]].hash
+		for v := 0; v < pointsPerNode; v++ {
+			r.start[pointHash(nh, pl.salt, v)>>shift+1]++
 		}
-		// Equal positions: order by Node name, then point, so the ring
-		// does not depend on input order.
-		if c := strings.Compare(s.nodeName(s.slotNode[a.slot]), s.nodeName(s.slotNode[b.slot])); c != 0 {
-			return c
+	}
+	for b := 1; b < len(r.start); b++ {
+		r.start[b] += r.start[b-1]
+	}
+	for sl := pl.off; sl < pl.end; sl++ {
+		nh := s.nodes[s.slotNode[sl]].hash
+		for v := 0; v < pointsPerNode; v++ {
+			h := pointHash(nh, pl.salt, v)
+			b := h>>shift + 1
+			r.start[b]--
+			r.pts[r.start[b]] = point{h: h, slot: sl, v: int32(v)}
 		}
-		return cmp.Compare(a.v, b.v)
-	})
+	}
+	// Each bucket's range is now start[b+1] up to start[b+2]: shift the
+	// starts down by one bucket.
+	copy(r.start, r.start[1:])
+	r.start[len(r.start)-1] = int32(n)
+	for b := 0; b+1 < len(r.start); b++ {
+		sortBucket(r.pts[r.start[b]:r.start[b+1]], func(a, b point) int {
+			if a.h != b.h {
+				return cmp.Compare(a.h, b.h)
+			}
+			// Equal positions: order by Node name, then point, so the
+			// ring does not depend on input order.
+			if c := strings.Compare(s.nodeName(s.slotNode[a.slot]), s.nodeName(s.slotNode[b.slot])); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.v, b.v)
+		})
+	}
 	for i, pt := range r.pts {
 		r.pos[int(pt.slot-pl.off)*pointsPerNode+int(pt.v)] = int32(i)
 		r.tree[size+i] = s.leafValue(pt.slot)
@@ -136,6 +159,21 @@ func (s *state) buildRing(p int32) *ring {
 		r.tree[i] = min(r.tree[2*i], r.tree[2*i+1])
 	}
 	return r
+}
+
+// sortBucket sorts the points of one bucket, by insertion (a bucket holds
+// about one point), or with slices.SortFunc when it is crowded (crafted
+// names), so the worst case stays O(n log n).
+func sortBucket(pts []point, compare func(a, b point) int) {
+	if len(pts) > 16 {
+		slices.SortFunc(pts, compare)
+		return
+	}
+	for i := 1; i < len(pts); i++ {
+		for j := i; j > 0 && compare(pts[j-1], pts[j]) > 0; j-- {
+			pts[j-1], pts[j] = pts[j], pts[j-1]
+		}
+	}
 }
 
 // lowerBound returns the index of the first point at or after position h,
@@ -213,44 +251,4 @@ func (r *ring) pick(h uint64, bound int32) int32 {
 		i = r.firstBelow(0, thr)
 	}
 	return r.pts[i].slot
-}
-
-// sortPoints sorts pts by compare, which must order by h first, into a new
-// slice, and returns it with its bucket index (see ring). The positions are
-// uniform hashes, so it distributes the points into about len(pts) buckets
-// by their top bits and sorts each bucket by insertion: O(n) expected. A
-// bucket that comes out large (crafted names) is sorted with
-// slices.SortFunc, so the worst case stays O(n log n).
-func sortPoints(pts []point, compare func(a, b point) int) (sorted []point, shift uint, start []int32) {
-	n := len(pts)
-	shift = uint(64 - bits.Len(uint(n)))
-	// One allocation for the counts and the running insert positions.
-	buf := make([]int32, 2<<(64-shift)+1)
-	start, next := buf[:1<<(64-shift)+1], buf[1<<(64-shift)+1:]
-	for _, p := range pts {
-		start[p.h>>shift+1]++
-	}
-	for b := 1; b < len(start); b++ {
-		start[b] += start[b-1]
-	}
-	copy(next, start)
-	sorted = make([]point, n)
-	for _, p := range pts {
-		b := p.h >> shift
-		sorted[next[b]] = p
-		next[b]++
-	}
-	for b := 0; b+1 < len(start); b++ {
-		bucket := sorted[start[b]:start[b+1]]
-		if len(bucket) > 16 {
-			slices.SortFunc(bucket, compare)
-			continue
-		}
-		for i := 1; i < len(bucket); i++ {
-			for j := i; j > 0 && compare(bucket[j-1], bucket[j]) > 0; j-- {
-				bucket[j-1], bucket[j] = bucket[j], bucket[j-1]
-			}
-		}
-	}
-	return sorted, shift, start
 }

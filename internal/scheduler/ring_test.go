@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 	"sort"
 	"testing"
@@ -9,21 +10,13 @@ import (
 	"pgregory.net/rapid"
 )
 
-// The ring's pieces against plain reference code: sortPoints (including
-// crowded buckets, as crafted names would give), lowerBound, and the segment
-// tree search after arbitrary updates.
-func TestRingPieces(t *testing.T) {
+// sortBucket against slices.SortFunc, with crowded buckets as crafted names
+// could give.
+func TestSortBucket(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		members := rapid.IntRange(1, 80).Draw(t, "members")
-		n := members * pointsPerNode
-		crowded := rapid.Bool().Draw(t, "crowded")
-		pts := make([]point, n)
+		pts := make([]point, rapid.IntRange(0, 100).Draw(t, "n"))
 		for i := range pts {
-			h := rapid.Uint64().Draw(t, "h")
-			if crowded {
-				h = uint64(rapid.IntRange(0, 3).Draw(t, "few")) << 62 >> uint(rapid.IntRange(0, 3).Draw(t, "shift"))
-			}
-			pts[i] = point{h: h, slot: int32(i / pointsPerNode), v: int32(i % pointsPerNode)}
+			pts[i] = point{h: uint64(rapid.IntRange(0, 3).Draw(t, "h")), slot: int32(rapid.IntRange(0, 9).Draw(t, "slot")), v: int32(i)}
 		}
 		compare := func(a, b point) int {
 			if c := cmp.Compare(a.h, b.h); c != 0 {
@@ -36,26 +29,45 @@ func TestRingPieces(t *testing.T) {
 		}
 		want := slices.Clone(pts)
 		slices.SortFunc(want, compare)
-		sorted, shift, start := sortPoints(pts, compare)
-		if !slices.Equal(sorted, want) {
-			t.Fatalf("sortPoints:\n got %v\nwant %v", sorted, want)
+		sortBucket(pts, compare)
+		if !slices.Equal(pts, want) {
+			t.Fatalf("got %v, want %v", pts, want)
 		}
+	})
+}
 
-		size := 1
-		for size < n {
-			size <<= 1
+// A pool's ring against plain reference code: points in order with a
+// consistent bucket index and position map, lowerBound, and the segment
+// tree search after arbitrary load updates.
+func TestRingPieces(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		members := rapid.IntRange(1, 80).Draw(t, "members")
+		in := Input{Pools: []Pool{{Name: rapid.StringN(0, 6, -1).Draw(t, "pool"), Family: IPv4}}}
+		for j := 0; j < members; j++ {
+			name := fmt.Sprintf("%s-%d", rapid.StringN(0, 4, -1).Draw(t, "node"), j)
+			in.Nodes = append(in.Nodes, Node{Name: name, Eligible: true, Capacity: 1})
+			in.Pools[0].EligibleNodes = append(in.Pools[0].EligibleNodes, name)
 		}
-		r := &ring{pts: sorted, shift: shift, start: start, pos: make([]int32, n), size: size, tree: make([]int32, 2*size)}
-		for i := range r.tree {
-			r.tree[i] = full
+		s := &state{in: &in, c: DefaultBalanceFactor}
+		s.indexNodes()
+		s.indexPools()
+		r := s.buildRing(0)
+		n := members * pointsPerNode
+		if len(r.pts) != n {
+			t.Fatalf("%d points, want %d", len(r.pts), n)
 		}
-		vals := make([]int32, n) // value of each point by index in sorted
-		for i := range vals {
-			vals[i] = full
+		for i, p := range r.pts {
+			if i > 0 && r.pts[i-1].h > p.h {
+				t.Fatalf("points out of order at %d", i)
+			}
+			if b := p.h >> r.shift; int(r.start[b]) > i || i >= int(r.start[b+1]) {
+				t.Fatalf("point %d (bucket %d) outside its bucket [%d, %d)", i, b, r.start[b], r.start[b+1])
+			}
+			if r.pos[int(p.slot)*pointsPerNode+int(p.v)] != int32(i) {
+				t.Fatalf("pos does not map point %d back", i)
+			}
 		}
-		for i, p := range sorted {
-			r.pos[int(p.slot)*pointsPerNode+int(p.v)] = int32(i)
-		}
+		vals := make([]int32, n) // every Node empty, with room
 		for k := rapid.IntRange(0, 50).Draw(t, "updates"); k > 0; k-- {
 			j := int32(rapid.IntRange(0, members-1).Draw(t, "member"))
 			val := int32(rapid.IntRange(0, 5).Draw(t, "val"))
@@ -69,12 +81,11 @@ func TestRingPieces(t *testing.T) {
 		}
 		for q := 0; q < 20; q++ {
 			h := rapid.Uint64().Draw(t, "query")
-			if crowded {
-				h = sorted[rapid.IntRange(0, n-1).Draw(t, "at")].h + uint64(rapid.IntRange(0, 1).Draw(t, "off"))
+			if rapid.Bool().Draw(t, "onPoint") {
+				h = r.pts[rapid.IntRange(0, n-1).Draw(t, "at")].h
 			}
-			lb := r.lowerBound(h)
-			if want := sort.Search(n, func(i int) bool { return sorted[i].h >= h }); lb != want {
-				t.Fatalf("lowerBound(%x) = %d, want %d", h, lb, want)
+			if got, want := r.lowerBound(h), sort.Search(n, func(i int) bool { return r.pts[i].h >= h }); got != want {
+				t.Fatalf("lowerBound(%x) = %d, want %d", h, got, want)
 			}
 			thr := int32(rapid.IntRange(1, 6).Draw(t, "thr"))
 			if rapid.Bool().Draw(t, "room") {

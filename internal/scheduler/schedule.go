@@ -249,21 +249,16 @@ func (s *state) slotOf(n, p int32) int32 {
 	return sl[i]
 }
 
-// named is an Egress in name order: its index in Input.Egresses and a key
-// holding the 8 bytes of its name that follow the prefix all names share,
-// big endian and zero-padded. Key order never contradicts name order, so
-// most comparisons while sorting are one integer comparison; equal keys
-// fall back to comparing the names. It holds no pointers.
-type named struct {
-	key uint64
-	i   int32
-}
-
-// sortNames returns the Egresses ordered by name (then input index, which
-// only orders entries of the same name), marking duplicated names.
-func (s *state) sortNames() []named {
+// sortNames returns the indexes of the Egresses ordered by name (then
+// input index, which only orders entries of the same name), marking
+// duplicated names.
+//
+// The sort key of a name is the 16 bytes that follow the prefix all names
+// share, big endian and zero-padded. Key order never contradicts name order,
+// so a radix sort on the keys does most of the work; names whose keys tie
+// are then put in order by comparing them.
+func (s *state) sortNames() []int32 {
 	eg := s.in.Egresses
-	byName := make([]named, len(eg))
 	common := 0
 	if len(eg) > 0 {
 		first := eg[0].Name
@@ -277,35 +272,48 @@ func (s *state) sortNames() []named {
 			common = c
 		}
 	}
+	buf := make([]keyed, 2*len(eg))
+	recs := buf[:len(eg)]
 	for i := range eg {
 		n := eg[i].Name
-		var k uint64
-		for j := common; j < common+8; j++ {
-			k <<= 8
-			if j < len(n) {
-				k |= uint64(n[j])
+		var k [2]uint64
+		for j := 0; j < 16; j++ {
+			k[j/8] <<= 8
+			if c := common + j; c < len(n) {
+				k[j/8] |= uint64(n[c])
 			}
 		}
-		byName[i] = named{k, int32(i)}
+		recs[i] = keyed{hi: k[0], lo: k[1], i: int32(i)}
 	}
-	slices.SortFunc(byName, func(a, b named) int {
-		if a.key != b.key {
-			return cmp.Compare(a.key, b.key)
-		}
-		if c := strings.Compare(eg[a.i].Name, eg[b.i].Name); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.i, b.i)
-	})
-	s.eg = make([]egRec, len(eg))
-	for k := 0; k < len(byName); {
+	recs = radixSort(recs, buf[len(eg):])
+	for k := 0; k < len(recs); {
 		j := k + 1
-		for j < len(byName) && byName[j].key == byName[k].key && eg[byName[j].i].Name == eg[byName[k].i].Name {
+		for j < len(recs) && recs[j].hi == recs[k].hi && recs[j].lo == recs[k].lo {
 			j++
 		}
 		if j-k > 1 {
-			for _, e := range byName[k:j] {
-				s.eg[e.i] = egRec{unit: -1, cur: -1, reason: rDuplicate}
+			slices.SortFunc(recs[k:j], func(a, b keyed) int {
+				if c := strings.Compare(eg[a.i].Name, eg[b.i].Name); c != 0 {
+					return c
+				}
+				return cmp.Compare(a.i, b.i)
+			})
+		}
+		k = j
+	}
+	byName := make([]int32, len(eg))
+	for k, r := range recs {
+		byName[k] = r.i
+	}
+	s.eg = make([]egRec, len(eg))
+	for k := 0; k < len(byName); {
+		j := k + 1
+		for j < len(byName) && eg[byName[j]].Name == eg[byName[k]].Name {
+			j++
+		}
+		if j-k > 1 {
+			for _, i := range byName[k:j] {
+				s.eg[i] = egRec{unit: -1, cur: -1, reason: rDuplicate}
 			}
 		}
 		k = j
@@ -314,41 +322,31 @@ func (s *state) sortNames() []named {
 }
 
 // sameName reports whether byName[k] repeats the name of byName[k-1].
-func (s *state) sameName(byName []named, k int) bool {
-	if k == 0 || s.eg[byName[k].i].reason != rDuplicate {
-		return false
-	}
-	a, b := byName[k-1], byName[k]
-	return a.key == b.key && s.in.Egresses[a.i].Name == s.in.Egresses[b.i].Name
+func (s *state) sameName(byName []int32, k int) bool {
+	return k > 0 && s.eg[byName[k]].reason == rDuplicate &&
+		s.in.Egresses[byName[k-1]].Name == s.in.Egresses[byName[k]].Name
 }
 
-// prio orders Egresses: older first, then by name (rank in byName).
-type prio struct {
-	sec  int64
-	nsec int32
-	rank int32
-	i    int32 // index in Input.Egresses
-}
-
-func (s *state) buildUnits(byName []named) {
+// buildUnits validates the Egresses and groups them into units, in priority
+// order: older first (creation time in whole seconds, then nanoseconds),
+// then by name (the rank in byName). Radix-sorted on the key (seconds with
+// the sign bit flipped, nanoseconds and rank).
+func (s *state) buildUnits(byName []int32) {
 	eg := s.in.Egresses
-	order := make([]prio, 0, len(eg))
-	for rank, e := range byName {
-		if s.eg[e.i].reason == rDuplicate {
+	buf := make([]keyed, 2*len(eg))
+	order := buf[:0]
+	for rank, i := range byName {
+		if s.eg[i].reason == rDuplicate {
 			continue
 		}
-		t := eg[e.i].Created
-		order = append(order, prio{t.Unix(), int32(t.Nanosecond()), int32(rank), e.i})
+		t := eg[i].Created
+		order = append(order, keyed{
+			hi: uint64(t.Unix()) ^ 1<<63,
+			lo: uint64(t.Nanosecond())<<32 | uint64(rank),
+			i:  i,
+		})
 	}
-	slices.SortFunc(order, func(a, b prio) int {
-		if a.sec != b.sec {
-			return cmp.Compare(a.sec, b.sec)
-		}
-		if a.nsec != b.nsec {
-			return cmp.Compare(a.nsec, b.nsec)
-		}
-		return cmp.Compare(a.rank, b.rank)
-	})
+	order = radixSort(order, buf[len(eg):len(eg)+len(order)])
 	s.units = make([]unitRec, 0, len(order))
 	// Units by (pool, IP): open addressing with linear probing on the
 	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
@@ -522,15 +520,15 @@ func (s *state) leafValue(sl int32) int32 {
 	return s.poolLoad[sl]
 }
 
-func (s *state) result(byName []named) Result {
+func (s *state) result(byName []int32) Result {
 	eg := s.in.Egresses
 	nPlace, nMove := 0, 0
-	for k, e := range byName {
+	for k, i := range byName {
 		if s.sameName(byName, k) {
 			continue
 		}
 		nPlace++
-		if s.moves(e.i) {
+		if s.moves(i) {
 			nMove++
 		}
 	}
@@ -539,14 +537,14 @@ func (s *state) result(byName []named) Result {
 		res.Moves = make([]Move, 0, nMove)
 	}
 	var missing map[string]string // PoolNotFound messages by pool name
-	for k, e := range byName {
+	for k, i := range byName {
 		if s.sameName(byName, k) {
 			continue
 		}
-		r := &s.eg[e.i]
-		in := &eg[e.i]
+		r := &s.eg[i]
+		in := &eg[i]
 		p := Placement{Egress: in.Name}
-		if n := s.nodeOf(e.i); n >= 0 {
+		if n := s.nodeOf(i); n >= 0 {
 			p.Node = s.nodeName(n)
 		} else {
 			code := r.reason
@@ -580,7 +578,7 @@ func (s *state) result(byName []named) Result {
 			}
 		}
 		res.Placements = append(res.Placements, p)
-		if s.moves(e.i) {
+		if s.moves(i) {
 			res.Moves = append(res.Moves, Move{Egress: in.Name, From: in.CurrentNode, To: p.Node, Reason: s.moveReason(r)})
 		}
 	}
