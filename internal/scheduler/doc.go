@@ -22,7 +22,7 @@
 //     takes nothing back, and adding a Node moves nothing.
 //  2. Place. Every other unit goes to a Node by consistent hashing with
 //     bounded loads (Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing
-//     with Bounded Loads", SODA 2018, arXiv:1608.01350). Each pool has a
+//     with Bounded Loads", 2016, arXiv:1608.01350). Each pool has a
 //     ring of hash points, a few per eligible Node; a unit's hash picks a
 //     point and the unit takes the first Node clockwise from there whose
 //     load in the pool is below ceil(c·k/n), where n is the number of
@@ -34,7 +34,9 @@
 //     clockwise that has room at all, so no unit is left out while an
 //     eligible Node has room.
 //
-// A Node never holds more units than its [Node.Capacity], counted across all
+// A Node is fit for a pool when it is in [Input.Nodes] with Eligible set and
+// a Capacity above 0, and its name is in the pool's EligibleNodes. A Node
+// never holds more units than its [Node.Capacity], counted across all
 // pools. A unit whose pool has no eligible Node with room is reported
 // unplaced; that check is a counter per pool, so a full pool costs O(1) per
 // unit, not a walk around the ring.
@@ -49,10 +51,22 @@
 //
 // # Cost
 //
-// For E Egresses, N Nodes and P pools, a pass costs O(E log E) for sorting
-// the Egresses, O(N·P) at most for the pools' Node sets, and O(log N) per
-// placed unit (a binary search on the ring and a segment-tree search for
-// the first Node clockwise under the bound). A pass whose units all keep
-// their Node builds no ring. Allocations are a fixed number of slices and
-// maps per pass, independent of E apart from map growth.
+// For E Egresses, N Nodes and M entries in all the pools' EligibleNodes
+// lists, a pass costs:
+//
+//   - O(N + M) to index the Nodes and the pools' members;
+//   - O(E) per varying key byte to order the Egresses by name and by
+//     priority (LSD radix sorts on 16-byte keys that skip the bytes all keys
+//     share), plus a comparison sort among names that agree on the 16 bytes
+//     after their common prefix;
+//   - O(E) expected to group Egresses into units (an open-addressing table
+//     on the unit's ring hash);
+//   - for a pool that has units to place: O(n·p) to build its ring (n
+//     Nodes, p points each, bucket-sorted by position), then per unit an
+//     O(1) expected lookup of its position, an O(log n) segment-tree search
+//     for the first fitting Node clockwise and an O(p log n) update.
+//
+// A pass whose units all keep their Node builds no ring. Allocations are a
+// fixed number of slices and maps per pass, plus one message string per
+// invalid Egress.
 package scheduler

@@ -93,10 +93,12 @@ type Input struct {
 	Nodes    []Node
 	Egresses []Egress
 	// BalanceFactor is c in the bound ceil(c·k/n) of consistent hashing
-	// with bounded loads: the most units of a pool a Node receives, as a
-	// multiple of the pool's average. It must be at least 1; +Inf turns the
-	// bound off (plain consistent hashing, capacity only). 0, NaN and
-	// values below 1 mean DefaultBalanceFactor.
+	// with bounded loads (see the package documentation): the most units
+	// of a pool a Node receives, as a multiple of the pool's average so
+	// far. The bound is computed in float64 as math.Ceil(c*k/n), capped at
+	// k. c must be at least 1; +Inf turns the bound off (plain consistent
+	// hashing, capacity only). 0, NaN and values below 1 mean
+	// DefaultBalanceFactor.
 	BalanceFactor float64
 }
 
