@@ -80,8 +80,14 @@ lint-config: golangci-lint ## Verify golangci-lint linter configuration
 ##@ Build
 
 .PHONY: build
-build: manifests generate fmt vet ## Build egressip-controller into bin/.
+build: manifests generate fmt vet ## Build egressip-controller and egressip-agent into bin/.
 	go build -o bin/egressip-controller ./cmd/controller
+	go build -o bin/egressip-agent ./cmd/agent
+
+.PHONY: demo
+demo: build envtest-assets kubectl ## Run egressip end to end on this machine (root): control plane, controller, agents in network namespaces. DEMO_ARGS="--keep" keeps it up.
+	go build -o bin/egressip-demo ./test/e2e/demo
+	bin/egressip-demo $(DEMO_ARGS)
 
 .PHONY: run
 run: manifests generate fmt vet ## Run the controller from your host against ~/.kube/config.
@@ -196,6 +202,15 @@ ENVTEST_APISERVER_LDFLAGS := -s -w \
 	-X k8s.io/component-base/version.gitMinor=$(ENVTEST_K8S_MINOR) \
 	-X k8s.io/component-base/version.gitTreeState=clean \
 	-X k8s.io/client-go/pkg/version.gitVersion=$(ENVTEST_K8S_VERSION)
+
+.PHONY: kubectl
+kubectl: $(ENVTEST_ASSETS_DIR)/kubectl ## Build kubectl (same Kubernetes version) into bin/k8s/, for make demo.
+
+$(ENVTEST_ASSETS_DIR)/kubectl:
+	@echo "Building kubectl $(ENVTEST_K8S_VERSION) from source into $(@D)..."
+	@mkdir -p "$(@D)"
+	cd "$(ENVTEST_MOD_DIR)" && CGO_ENABLED=0 go build -trimpath -ldflags "$(ENVTEST_APISERVER_LDFLAGS)" -o "$@.tmp" k8s.io/kubernetes/cmd/kubectl
+	mv "$@.tmp" "$@"
 
 .PHONY: envtest-assets
 envtest-assets: $(ENVTEST_ASSETS_DIR)/kube-apiserver $(ENVTEST_ASSETS_DIR)/etcd ## Build kube-apiserver and etcd for envtest into bin/k8s/ (10-15 minutes the first time, then reused).

@@ -63,6 +63,19 @@ func WithWebhooks() Option {
 	}
 }
 
+// WithAPIServerAddress makes kube-apiserver listen on addr (an IP of this
+// network namespace) instead of 127.0.0.1, so that processes in other
+// namespaces can reach it; its serving certificate covers addr.
+func WithAPIServerAddress(addr string) Option {
+	return func(e *envtest.Environment, _ string) {
+		s := e.ControlPlane.GetAPIServer()
+		s.SecureServing.Address = addr
+		// Without a default route the API server cannot pick an address
+		// to advertise on its own.
+		s.Configure().Set("advertise-address", addr)
+	}
+}
+
 // WebhookOptions returns the options for a webhook.Server that the API
 // server reaches (only with WithWebhooks).
 func (e *Env) WebhookOptions() webhook.Options {
@@ -101,6 +114,12 @@ func Start(opts ...Option) (*Env, error) {
 		return nil, fmt.Errorf("create client: %w", err)
 	}
 	return &Env{Config: cfg, Client: c, Scheme: s, Root: root, env: e}, nil
+}
+
+// AddUser provisions a user with a client certificate (for a kubeconfig
+// with exactly that user's permissions).
+func (e *Env) AddUser(u envtest.User) (*envtest.AuthenticatedUser, error) {
+	return e.env.ControlPlane.AddUser(u, nil)
 }
 
 // Stop stops the control plane and removes its temporary data.

@@ -1,0 +1,303 @@
+// Command demo runs egressip end to end on this machine (`make demo`): a local
+// control plane, egressip-controller, and one egressip-agent per Node, each
+// Node a network namespace on one bridge, plus a client namespace that checks
+// what the network really sees. Run as root. Everything it creates is removed
+// on exit, including on Ctrl-C.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/egressip/egressip/test/e2e/harness"
+)
+
+func main() {
+	nodes := flag.Int("nodes", 3, "number of Nodes (network namespaces), 2..9")
+	keep := flag.Bool("keep", false, "keep the cluster running after the demo until Ctrl-C (prints the kubeconfig for kubectl)")
+	verbose := flag.Bool("verbose", false, "show the logs of the controller and the agents")
+	binDir := flag.String("bin-dir", "bin", "directory with egressip-controller and egressip-agent")
+	samples := flag.String("samples", "config/samples", "directory with the sample pools and Egresses")
+	kubectl := flag.String("kubectl", "", "kubectl binary used to show the objects (default: the one `make envtest-assets` builds, else kubectl on PATH)")
+	flag.Parse()
+	if *nodes < 2 || *nodes > 9 {
+		fmt.Fprintln(os.Stderr, "demo: --nodes must be 2..9")
+		os.Exit(2)
+	}
+	abs := func(p string) string { a, _ := filepath.Abs(p); return a }
+	if err := harness.ReexecInNetNS("egdemo"); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	d := &demo{ctx: ctx, kubectl: *kubectl}
+	var logw io.Writer
+	if *verbose {
+		logw = os.Stderr
+	}
+	err := d.run(harness.Config{Prefix: "egdemo", Nodes: *nodes, BinDir: abs(*binDir), Log: logw}, abs(*samples), *keep)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "demo: FAILED:", err)
+		os.Exit(1)
+	}
+}
+
+type demo struct {
+	ctx     context.Context
+	c       *harness.Cluster
+	kubectl string
+	step    int
+}
+
+func (d *demo) say(format string, args ...any) {
+	d.step++
+	fmt.Printf("\n== %d. %s\n", d.step, fmt.Sprintf(format, args...))
+}
+
+func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
+	d.say("Starting a control plane, egressip-controller and %d Nodes (network namespaces on bridge br0)", cfg.Nodes)
+	start := time.Now()
+	c, err := harness.Start(d.ctx, cfg)
+	if err != nil {
+		return err
+	}
+	d.c = c
+	defer c.Stop()
+	d.findKubectl()
+	for _, n := range c.Nodes {
+		fmt.Printf("   Node %-10s %-12s %-14s MAC %s (agent running in its namespace)\n", n.Name, n.IPv4, n.IPv6, n.MAC)
+	}
+	fmt.Printf("   client     %-12s %-14s namespace %s\n", harness.ClientV4, harness.ClientV6, c.ClientNS)
+	fmt.Printf("   up in %v\n", time.Since(start).Round(time.Millisecond))
+
+	d.say("Applying the sample pools and Egresses from %s", samples)
+	created := time.Now()
+	for _, f := range []string{"egressip_v1alpha1_externalippool.yaml", "egressip_v1alpha1_egress.yaml"} {
+		names, err := c.ApplyFile(d.ctx, filepath.Join(samples, f))
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			fmt.Printf("   created %s\n", n)
+		}
+	}
+	egresses := []string{"payments", "analytics", "payments-v6"}
+	if _, err := c.WaitReady(d.ctx, 30*time.Second, egresses...); err != nil {
+		return err
+	}
+	fmt.Printf("   all Ready %v after creation\n", time.Since(created).Round(time.Millisecond))
+	d.show()
+
+	d.say("Checking from the client namespace: each egress IP answers ping, from the MAC of the Node in its status")
+	for _, name := range egresses {
+		if err := d.verify(name); err != nil {
+			return err
+		}
+	}
+
+	d.say("Simulating a crash of the Node holding payments: agent killed, link down")
+	if err := d.crash("payments"); err != nil {
+		return err
+	}
+
+	d.say("Cordoning the Node holding analytics: a planned move (release, then acquire)")
+	if err := d.cordon("analytics"); err != nil {
+		return err
+	}
+
+	if keep {
+		d.say("The cluster stays up until Ctrl-C. Try:")
+		fmt.Printf("   ip netns exec egdemo %s --kubeconfig %s get egress -o wide\n", d.kubectlPath(), c.Kubeconfig)
+		fmt.Printf("   (the API server listens on %s inside namespace egdemo)\n", harness.BridgeV4)
+		<-d.ctx.Done()
+	}
+	d.say("Cleaning up (processes, namespaces, bridge)")
+	return nil
+}
+
+// verify pings the Egress's IP from the client and checks which MAC the
+// client's neighbour table resolved it to.
+func (d *demo) verify(name string) error {
+	e, err := d.c.Egress(d.ctx, name)
+	if err != nil {
+		return err
+	}
+	ip := netip.MustParseAddr(e.Status.EgressIP)
+	node := d.c.Node(e.Status.EgressNode)
+	if node == nil {
+		return fmt.Errorf("%s: unknown Node %q", name, e.Status.EgressNode)
+	}
+	d.c.FlushNeighbour(ip)
+	if err := d.c.Ping(ip, 2*time.Second); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	mac, err := d.c.Neighbour(ip)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	proto := "ARP"
+	if ip.Is6() {
+		proto = "NDP"
+	}
+	ok := "OK"
+	if mac.String() != node.MAC.String() {
+		ok = "WRONG"
+	}
+	fmt.Printf("   %-12s %-16s ping OK, %s -> %s = %s (%s) %s\n", name, ip, proto, mac, node.MAC, node.Name, ok)
+	if ok != "OK" {
+		return fmt.Errorf("%s resolves to %s, but its Node %s has %s", ip, mac, node.Name, node.MAC)
+	}
+	return nil
+}
+
+func (d *demo) crash(name string) error {
+	e, err := d.c.Egress(d.ctx, name)
+	if err != nil {
+		return err
+	}
+	ip := netip.MustParseAddr(e.Status.EgressIP)
+	victim := d.c.Node(e.Status.EgressNode)
+	w, err := d.c.WatchARP(ip, 50*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	time.Sleep(300 * time.Millisecond)
+	crashed := time.Now()
+	if err := d.c.CrashNode(victim); err != nil {
+		return err
+	}
+	fmt.Printf("   %s crashed; %s was on it\n", victim.Name, ip)
+	var newMAC string
+	moved := harness.WaitFor(d.ctx, 30*time.Second, func() bool {
+		for _, r := range w.Replies() {
+			if r.At.After(crashed) && r.MAC != victim.MAC.String() {
+				newMAC = r.MAC
+				return true
+			}
+		}
+		return false
+	})
+	answered := time.Since(crashed)
+	w.Stop()
+	if !moved {
+		return fmt.Errorf("%s did not answer ARP from another Node within 30 s", ip)
+	}
+	if _, err := d.c.WaitReady(d.ctx, 10*time.Second, name); err != nil {
+		return err
+	}
+	e, _ = d.c.Egress(d.ctx, name)
+	fmt.Printf("   failover: %s answers ARP from %s (%s) %v after the crash\n", ip, newMAC, e.Status.EgressNode, answered.Round(time.Millisecond))
+	d.show()
+	return nil
+}
+
+func (d *demo) cordon(name string) error {
+	e, err := d.c.Egress(d.ctx, name)
+	if err != nil {
+		return err
+	}
+	ip := netip.MustParseAddr(e.Status.EgressIP)
+	from := d.c.Node(e.Status.EgressNode)
+	w, err := d.c.WatchARP(ip, 20*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	time.Sleep(300 * time.Millisecond)
+	start := time.Now()
+	if err := d.c.Cordon(d.ctx, from.Name, true); err != nil {
+		return err
+	}
+	fmt.Printf("   cordoned %s; %s was on it\n", from.Name, ip)
+	moved := harness.WaitFor(d.ctx, 30*time.Second, func() bool {
+		e, err := d.c.Egress(d.ctx, name)
+		return err == nil && e.Status.EgressNode != "" && e.Status.EgressNode != from.Name
+	})
+	if !moved {
+		return fmt.Errorf("%s did not move off the cordoned Node within 30 s", name)
+	}
+	e, _ = d.c.Egress(d.ctx, name)
+	to := d.c.Node(e.Status.EgressNode)
+	harness.WaitFor(d.ctx, 5*time.Second, func() bool {
+		r := w.Replies()
+		return len(r) > 0 && r[len(r)-1].MAC == to.MAC.String()
+	})
+	time.Sleep(500 * time.Millisecond)
+	replies := w.Stop()
+	var lastOld, firstNew time.Time
+	for _, r := range replies {
+		if r.MAC == from.MAC.String() && r.At.After(start) {
+			lastOld = r.At
+		}
+		if r.MAC == to.MAC.String() && firstNew.IsZero() {
+			firstNew = r.At
+		}
+	}
+	if lastOld.IsZero() {
+		lastOld = start
+	}
+	fmt.Printf("   planned move %s -> %s done %v after the cordon; ARP silent for %v between the last answer from %s and the first from %s\n",
+		from.Name, to.Name, firstNew.Sub(start).Round(time.Millisecond), firstNew.Sub(lastOld).Round(time.Millisecond), from.Name, to.Name)
+	dup := false
+	for _, r := range replies {
+		if r.At.After(firstNew) && r.MAC != to.MAC.String() {
+			dup = true
+		}
+	}
+	if dup {
+		return fmt.Errorf("after the move, %s still answered ARP for %s", from.Name, ip)
+	}
+	fmt.Printf("   no answer from %s after the move (checked %d ARP replies)\n", from.Name, len(replies))
+	d.show()
+	return nil
+}
+
+func (d *demo) findKubectl() {
+	if d.kubectl != "" {
+		return
+	}
+	matches, _ := filepath.Glob("bin/k8s/*/kubectl")
+	if len(matches) > 0 {
+		d.kubectl, _ = filepath.Abs(matches[len(matches)-1])
+		return
+	}
+	if p, err := exec.LookPath("kubectl"); err == nil {
+		d.kubectl = p
+	}
+}
+
+func (d *demo) kubectlPath() string {
+	if d.kubectl == "" {
+		return "kubectl"
+	}
+	return d.kubectl
+}
+
+// show prints what kubectl shows.
+func (d *demo) show() {
+	if d.kubectl == "" {
+		fmt.Println("   (no kubectl found; skipping the kubectl view)")
+		return
+	}
+	for _, args := range [][]string{{"get", "egress", "-o", "wide"}, {"get", "eip"}} {
+		cmd := exec.Command(d.kubectl, append([]string{"--kubeconfig", d.c.Kubeconfig}, args...)...)
+		out, err := cmd.CombinedOutput()
+		fmt.Printf("\n   $ kubectl %s\n", strings.Join(args, " "))
+		for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+			fmt.Printf("   %s\n", l)
+		}
+		if err != nil {
+			fmt.Printf("   (kubectl: %v)\n", err)
+		}
+	}
+}

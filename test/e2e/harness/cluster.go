@@ -1,0 +1,355 @@
+package harness
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/egressip/egressip/internal/testenv"
+)
+
+// Addresses of the bridge (the control plane's side), the Nodes and the
+// client: all in the documentation ranges.
+var (
+	BridgeV4 = netip.MustParseAddr("192.0.2.1")
+	BridgeV6 = netip.MustParseAddr("2001:db8::1")
+	ClientV4 = netip.MustParseAddr("192.0.2.50")
+	ClientV6 = netip.MustParseAddr("2001:db8::50")
+)
+
+// NodeLabel marks the Nodes the sample pools select.
+const NodeLabel = "egress.example/gateway"
+
+// Config describes the cluster to start.
+type Config struct {
+	// Prefix names everything: the control-plane namespace is Prefix, Nodes
+	// are Prefix-n1.., the client is Prefix-client. At most 8 characters.
+	Prefix string
+	// Nodes is the number of Nodes (1..9).
+	Nodes int
+	// BinDir holds egressip-controller and egressip-agent.
+	BinDir string
+	// Log receives the processes' output; nil discards it.
+	Log io.Writer
+	// ControllerArgs are extra flags for egressip-controller.
+	ControllerArgs []string
+}
+
+// Node is one Node: a network namespace with an agent.
+type Node struct {
+	Name string // also the namespace name
+	IPv4 netip.Addr
+	IPv6 netip.Addr
+	MAC  net.HardwareAddr
+
+	mu    sync.Mutex
+	agent *exec.Cmd
+}
+
+// Cluster is a running local cluster.
+type Cluster struct {
+	Config     Config
+	Env        *testenv.Env
+	Client     client.Client
+	Kubeconfig string // admin kubeconfig, for kubectl
+	Nodes      []*Node
+	ClientNS   string
+
+	dir            string
+	agentConfig    string
+	controllerArgs []string
+	mu             sync.Mutex
+	controller     *exec.Cmd
+}
+
+// Start brings the cluster up. It must run inside the control-plane
+// namespace (see ReexecInNetNS). On error everything started is stopped.
+func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
+	if cfg.Log == nil {
+		cfg.Log = io.Discard
+	}
+	if cfg.Nodes < 1 || cfg.Nodes > 9 {
+		return nil, fmt.Errorf("nodes must be 1..9, got %d", cfg.Nodes)
+	}
+	c := &Cluster{Config: cfg, ClientNS: cfg.Prefix + "-client"}
+	defer func() {
+		if err != nil {
+			c.Stop()
+		}
+	}()
+	c.dir, err = os.MkdirTemp("", "egressip-"+cfg.Prefix+"-")
+	if err != nil {
+		return nil, fmt.Errorf("temp dir: %w", err)
+	}
+	if err := c.network(); err != nil {
+		return nil, err
+	}
+	c.Env, err = testenv.Start(testenv.WithWebhooks(), testenv.WithAPIServerAddress(BridgeV4.String()))
+	if err != nil {
+		return nil, err
+	}
+	c.Client = c.Env.Client
+	if err := c.credentials(ctx); err != nil {
+		return nil, err
+	}
+	for _, n := range c.Nodes {
+		if err := c.registerNode(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	if err := c.StartController(); err != nil {
+		return nil, err
+	}
+	for _, n := range c.Nodes {
+		if err := c.StartAgent(n); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// network creates the bridge in the control-plane namespace, one namespace
+// per Node and the client namespace, each joined by a veth pair.
+func (c *Cluster) network() error {
+	steps := [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "br0", "type", "bridge"},
+		{"addr", "add", BridgeV4.String() + "/24", "dev", "br0"},
+		{"addr", "add", BridgeV6.String() + "/64", "dev", "br0", "nodad"},
+		{"link", "set", "br0", "up"},
+	}
+	for _, s := range steps {
+		if err := run("ip", s...); err != nil {
+			return err
+		}
+	}
+	for i := 1; i <= c.Config.Nodes; i++ {
+		n := &Node{
+			Name: fmt.Sprintf("%s-n%d", c.Config.Prefix, i),
+			IPv4: netip.AddrFrom4([4]byte{192, 0, 2, byte(10 + i)}),
+			IPv6: netip.MustParseAddr(fmt.Sprintf("2001:db8::%d", 10+i)),
+		}
+		mac, err := c.host(n.Name, fmt.Sprintf("veth%d", i), n.IPv4, n.IPv6)
+		if err != nil {
+			return err
+		}
+		n.MAC = mac
+		c.Nodes = append(c.Nodes, n)
+	}
+	_, err := c.host(c.ClientNS, "vethc", ClientV4, ClientV6)
+	return err
+}
+
+// host creates namespace ns with eth0 (v4/24, v6/64, default routes via the
+// bridge) whose peer, named peer, is a port of br0. It returns eth0's MAC.
+func (c *Cluster) host(ns, peer string, v4, v6 netip.Addr) (net.HardwareAddr, error) {
+	if err := run("ip", "netns", "add", ns); err != nil {
+		return nil, err
+	}
+	steps := [][]string{
+		{"ip", "link", "add", peer, "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"ip", "link", "set", peer, "master", "br0", "up"},
+		{"ip", "-n", ns, "link", "set", "lo", "up"},
+		{"ip", "-n", ns, "addr", "add", v4.String() + "/24", "dev", "eth0"},
+		{"ip", "-n", ns, "addr", "add", v6.String() + "/64", "dev", "eth0", "nodad"},
+		{"ip", "-n", ns, "link", "set", "eth0", "up"},
+		{"ip", "-n", ns, "route", "add", "default", "via", BridgeV4.String()},
+		{"ip", "-n", ns, "-6", "route", "add", "default", "via", BridgeV6.String()},
+	}
+	for _, s := range steps {
+		if err := run(s[0], s[1:]...); err != nil {
+			return nil, err
+		}
+	}
+	return linkMAC(ns, "eth0")
+}
+
+// credentials writes an admin kubeconfig (for kubectl and the controller)
+// and one for the agents, whose user is bound to the agent's read-only role.
+func (c *Cluster) credentials(ctx context.Context) error {
+	admin, err := c.Env.AddUser(envtest.User{Name: "demo-admin", Groups: []string{"system:masters"}})
+	if err != nil {
+		return fmt.Errorf("add admin user: %w", err)
+	}
+	if c.Kubeconfig, err = c.writeKubeconfig("admin.kubeconfig", admin); err != nil {
+		return err
+	}
+	const agentUser = "system:serviceaccount:egressip-system:egressip-agent"
+	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "egressip-agent"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{"egressip.io"}, Resources: []string{"egresses", "externalippools"}, Verbs: []string{"get", "list", "watch"}},
+	}}
+	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "egressip-agent"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
+		Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: agentUser}}}
+	for _, o := range []client.Object{role, binding} {
+		if err := c.Client.Create(ctx, o); err != nil {
+			return fmt.Errorf("create %T: %w", o, err)
+		}
+	}
+	agent, err := c.Env.AddUser(envtest.User{Name: agentUser, Groups: []string{"system:serviceaccounts"}})
+	if err != nil {
+		return fmt.Errorf("add agent user: %w", err)
+	}
+	c.agentConfig, err = c.writeKubeconfig("agent.kubeconfig", agent)
+	return err
+}
+
+func (c *Cluster) writeKubeconfig(name string, u *envtest.AuthenticatedUser) (string, error) {
+	b, err := u.KubeConfig()
+	if err != nil {
+		return "", fmt.Errorf("kubeconfig %s: %w", name, err)
+	}
+	p := filepath.Join(c.dir, name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		return "", fmt.Errorf("write %s: %w", p, err)
+	}
+	return p, nil
+}
+
+// registerNode creates the Node object: labelled, Ready, with its address.
+func (c *Cluster) registerNode(ctx context.Context, n *Node) error {
+	obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{
+		NodeLabel: "true", corev1.LabelOSStable: "linux", corev1.LabelHostname: n.Name}}}
+	if err := c.Client.Create(ctx, obj); err != nil {
+		return fmt.Errorf("create Node %s: %w", n.Name, err)
+	}
+	now := metav1.Now()
+	obj.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: now, LastTransitionTime: now}}
+	obj.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: n.IPv4.String()}, {Type: corev1.NodeInternalIP, Address: n.IPv6.String()}, {Type: corev1.NodeHostName, Address: n.Name}}
+	if err := c.Client.Status().Update(ctx, obj); err != nil {
+		return fmt.Errorf("set status of Node %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+// StartController starts egressip-controller (leader election on, webhook
+// served where the API server expects it).
+func (c *Cluster) StartController() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	wo := c.Env.WebhookOptions()
+	args := append([]string{
+		"--kubeconfig", c.Kubeconfig,
+		"--leader-elect", "--leader-election-namespace", "default",
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+		"--webhook-cert-path", wo.CertDir, "--webhook-port", strconv.Itoa(wo.Port),
+	}, c.Config.ControllerArgs...)
+	cmd := exec.Command(filepath.Join(c.Config.BinDir, "egressip-controller"), args...)
+	cmd.Stdout, cmd.Stderr = prefixed(c.Config.Log, "controller"), prefixed(c.Config.Log, "controller")
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start egressip-controller: %w", err)
+	}
+	c.controller = cmd
+	go func() { _ = cmd.Wait() }()
+	return nil
+}
+
+// StopController kills the controller (SIGKILL: a crash).
+func (c *Cluster) StopController() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.controller != nil {
+		_ = c.controller.Process.Kill()
+		c.controller = nil
+	}
+}
+
+// StartAgent starts n's agent inside n's namespace.
+func (c *Cluster) StartAgent(n *Node) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cmd := exec.Command("ip", "netns", "exec", n.Name, filepath.Join(c.Config.BinDir, "egressip-agent"),
+		"--kubeconfig", c.agentConfig, "--node-name", n.Name, "--health-probe-bind-address", "0")
+	cmd.Stdout, cmd.Stderr = prefixed(c.Config.Log, n.Name), prefixed(c.Config.Log, n.Name)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start agent of %s: %w", n.Name, err)
+	}
+	n.agent = cmd
+	go func() { _ = cmd.Wait() }()
+	return nil
+}
+
+// StopAgent stops n's agent with sig (SIGKILL for a crash, SIGTERM for a
+// rolling update) and waits until it has exited.
+func (c *Cluster) StopAgent(n *Node, sig syscall.Signal) {
+	n.mu.Lock()
+	cmd := n.agent
+	n.agent = nil
+	n.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	for i := 0; i < 100 && cmd.ProcessState == nil; i++ {
+		if err := syscall.Kill(cmd.Process.Pid, 0); err != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// CrashNode simulates a power-off: the agent is killed and the Node's link
+// goes down, so it neither answers the controller nor ARP.
+func (c *Cluster) CrashNode(n *Node) error {
+	c.StopAgent(n, syscall.SIGKILL)
+	return inNS(n.Name, "link", "set", "eth0", "down")
+}
+
+// Node returns the Node named name, or nil.
+func (c *Cluster) Node(name string) *Node {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// Stop stops every process and removes the namespaces and files.
+func (c *Cluster) Stop() {
+	for _, n := range c.Nodes {
+		c.StopAgent(n, syscall.SIGKILL)
+	}
+	c.StopController()
+	if c.Env != nil {
+		_ = c.Env.Stop()
+	}
+	CleanupNamespaces(c.Config.Prefix + "-")
+	_ = run("ip", "link", "del", "br0")
+	if c.dir != "" {
+		_ = os.RemoveAll(c.dir)
+	}
+}
+
+// prefixed writes each line to w with "[name] " in front.
+func prefixed(w io.Writer, name string) io.Writer {
+	if w == io.Discard {
+		return w
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			_, _ = fmt.Fprintf(w, "[%s] %s\n", name, sc.Text())
+		}
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	return pw
+}

@@ -1,0 +1,218 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/mdlayher/arp"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+)
+
+// inNamespace runs fn on a thread switched into namespace ns; sockets that
+// fn opens stay in ns after it returns.
+func inNamespace(ns string, fn func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return fmt.Errorf("get current namespace: %w", err)
+	}
+	defer func() { _ = orig.Close() }()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		return fmt.Errorf("open namespace %s: %w", ns, err)
+	}
+	defer func() { _ = h.Close() }()
+	if err := netns.Set(h); err != nil {
+		return fmt.Errorf("enter namespace %s: %w", ns, err)
+	}
+	defer func() { _ = netns.Set(orig) }()
+	return fn()
+}
+
+// linkMAC returns the hardware address of ifname in namespace ns.
+func linkMAC(ns, ifname string) (net.HardwareAddr, error) {
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		return nil, fmt.Errorf("open namespace %s: %w", ns, err)
+	}
+	defer func() { _ = h.Close() }()
+	nh, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in %s: %w", ns, err)
+	}
+	defer nh.Close()
+	l, err := nh.LinkByName(ifname)
+	if err != nil {
+		return nil, fmt.Errorf("link %s in %s: %w", ifname, ns, err)
+	}
+	return l.Attrs().HardwareAddr, nil
+}
+
+// Ping sends one ICMP echo from the client namespace to ip and waits up to
+// timeout for the reply.
+func (c *Cluster) Ping(ip netip.Addr, timeout time.Duration) error {
+	network, proto := "ip4:icmp", 1
+	var typ icmp.Type = ipv4.ICMPTypeEcho
+	if ip.Is6() {
+		network, proto, typ = "ip6:ipv6-icmp", 58, ipv6.ICMPTypeEchoRequest
+	}
+	var conn *icmp.PacketConn
+	if err := inNamespace(c.ClientNS, func() (err error) {
+		conn, err = icmp.ListenPacket(network, "")
+		return err
+	}); err != nil {
+		return fmt.Errorf("open ICMP socket: %w", err)
+	}
+	defer func() { _ = conn.Close() }()
+	id := os.Getpid() & 0xffff
+	msg := icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("egressip")}}
+	b, err := msg.Marshal(nil)
+	if err != nil {
+		return err
+	}
+	if _, err := conn.WriteTo(b, &net.IPAddr{IP: ip.AsSlice()}); err != nil {
+		return fmt.Errorf("send echo to %s: %w", ip, err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(timeout))
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := conn.ReadFrom(buf)
+		if err != nil {
+			return fmt.Errorf("no echo reply from %s: %w", ip, err)
+		}
+		m, err := icmp.ParseMessage(proto, buf[:n])
+		if err != nil {
+			continue
+		}
+		if e, ok := m.Body.(*icmp.Echo); ok && (m.Type == ipv4.ICMPTypeEchoReply || m.Type == ipv6.ICMPTypeEchoReply) && e.ID == id && from.String() == ip.String() {
+			return nil
+		}
+	}
+}
+
+// Neighbour returns the MAC the client namespace's neighbour table holds
+// for ip (after Ping, this is what ARP or NDP resolved).
+func (c *Cluster) Neighbour(ip netip.Addr) (net.HardwareAddr, error) {
+	h, err := netns.GetFromName(c.ClientNS)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = h.Close() }()
+	nh, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return nil, err
+	}
+	defer nh.Close()
+	fam := netlink.FAMILY_V4
+	if ip.Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	neighs, err := nh.NeighList(0, fam)
+	if err != nil {
+		return nil, fmt.Errorf("list neighbours: %w", err)
+	}
+	for _, n := range neighs {
+		if n.IP.Equal(ip.AsSlice()) && len(n.HardwareAddr) > 0 && n.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE|netlink.NUD_PERMANENT) != 0 {
+			return n.HardwareAddr, nil
+		}
+	}
+	return nil, fmt.Errorf("no neighbour entry for %s", ip)
+}
+
+// FlushNeighbour forgets the client's neighbour entry for ip.
+func (c *Cluster) FlushNeighbour(ip netip.Addr) {
+	_ = inNS(c.ClientNS, "neigh", "flush", "to", ip.String())
+}
+
+// ARPReply is one answer seen by an ARPWatcher.
+type ARPReply struct {
+	At  time.Time
+	MAC string
+}
+
+// ARPWatcher asks for one IPv4 address from the client namespace every
+// interval (an ARP request, as a host whose cache expired would) and keeps
+// every reply: which MACs answered and when.
+type ARPWatcher struct {
+	mu      sync.Mutex
+	replies []ARPReply
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// WatchARP starts an ARPWatcher for ip.
+func (c *Cluster) WatchARP(ip netip.Addr, interval time.Duration) (*ARPWatcher, error) {
+	if !ip.Is4() {
+		return nil, errors.New("WatchARP takes an IPv4 address")
+	}
+	var cl *arp.Client
+	if err := inNamespace(c.ClientNS, func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		cl, err = arp.Dial(ifi)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("open ARP client: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &ARPWatcher{stop: cancel, done: make(chan struct{})}
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			_ = cl.Request(ip)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	go func() {
+		defer close(w.done)
+		defer func() { _ = cl.Close() }()
+		for ctx.Err() == nil {
+			_ = cl.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			p, _, err := cl.Read()
+			if err != nil {
+				continue
+			}
+			if p.Operation == arp.OperationReply && p.SenderIP == ip {
+				w.mu.Lock()
+				w.replies = append(w.replies, ARPReply{At: time.Now(), MAC: p.SenderHardwareAddr.String()})
+				w.mu.Unlock()
+			}
+		}
+	}()
+	return w, nil
+}
+
+// Stop ends the watch and returns every reply seen.
+func (w *ARPWatcher) Stop() []ARPReply {
+	w.stop()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]ARPReply(nil), w.replies...)
+}
+
+// Replies returns the replies seen so far.
+func (w *ARPWatcher) Replies() []ARPReply {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]ARPReply(nil), w.replies...)
+}
