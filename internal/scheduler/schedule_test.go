@@ -549,3 +549,26 @@ func TestFullPoolRefusesEveryLaterUnit(t *testing.T) {
 		}
 	}
 }
+
+// Schedule keeps no shared state: concurrent passes over one input (run
+// with -race) give the same result.
+func TestScheduleConcurrent(t *testing.T) {
+	in := benchInput(benchScenarios[1])
+	want := dump(Schedule(in))
+	got := make([]string, 4)
+	done := make(chan int)
+	for g := range got {
+		go func() {
+			got[g] = dump(Schedule(in))
+			done <- g
+		}()
+	}
+	for range got {
+		<-done
+	}
+	for g, d := range got {
+		if d != want {
+			t.Errorf("goroutine %d got a different result", g)
+		}
+	}
+}
