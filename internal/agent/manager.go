@@ -55,7 +55,7 @@ func ResolveNodeName(flagValue string, getenv func(string) string) (string, erro
 }
 
 // NewScheme returns a scheme with the built-in Kubernetes types and
-// egressip.io/v1alpha1.
+// egressip.io/v1alpha1. It fails only if registering a type fails.
 func NewScheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
