@@ -369,8 +369,8 @@ func (ck *checker) checkPriority() error {
 
 // checkBalance replays the new placements in priority order on top of the
 // kept units and checks the bounded-loads rule at each step: the receiving
-// Node is below ceil(c·k/n) in the pool unless no Node of the pool with room
-// is; and it has room.
+// Node has room, and it is below ceil(c·k/n) units of the pool, or else no
+// Node of the pool with room has fewer units of the pool than it.
 func (ck *checker) checkBalance() error {
 	load := map[string]int{}
 	type poolNode struct{ pool, node string }
@@ -397,11 +397,14 @@ func (ck *checker) checkBalance() error {
 		if b := math.Ceil(ck.c * float64(k) / float64(len(ck.fit[p]))); b < float64(k) {
 			bound = int(b)
 		}
-		if poolLoad[key(p, u.node)] >= bound {
+		if at := poolLoad[key(p, u.node)]; at >= bound {
+			// Past the bound: only onto a Node with the fewest units of
+			// the pool among those with room (so none of them is below
+			// the bound).
 			for n := range ck.fit[p] {
-				if load[n] < ck.nodes[n].capacity && poolLoad[key(p, n)] < bound {
+				if load[n] < ck.nodes[n].capacity && poolLoad[key(p, n)] < at {
 					return fmt.Errorf("replay: unit %v went to %q at %d units of pool %q (bound %d) while %q had %d and room",
-						u.id, u.node, poolLoad[key(p, u.node)], p, bound, n, poolLoad[key(p, n)])
+						u.id, u.node, at, p, bound, n, poolLoad[key(p, n)])
 				}
 			}
 		}

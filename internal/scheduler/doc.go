@@ -30,9 +30,12 @@
 //     placed so far in this pass counting this one (kept units included),
 //     and c is [Input.BalanceFactor]. This is the paper's bound with m = k,
 //     so a unit's placement never depends on newer units. Only when every
-//     Node with room is at the bound does the unit take the first Node
-//     clockwise that has room at all, so no unit is left out while an
-//     eligible Node has room.
+//     Node with room is at the bound (which takes Nodes filled by other
+//     pools: with one pool and c >= 1 some Node is always below it) does
+//     the unit go past it, to the first Node clockwise among those with
+//     room that hold the fewest units of the pool; so no unit is left out
+//     while an eligible Node has room, and a Node never goes past the
+//     bound while another Node with room holds fewer of the pool's units.
 //
 // A Node is fit for a pool when it is in [Input.Nodes] with Eligible set and
 // a Capacity above 0, and its name is in the pool's EligibleNodes. A Node

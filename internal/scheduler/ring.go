@@ -237,14 +237,15 @@ func (r *ring) firstBelow(from int, thr int32) int {
 }
 
 // pick returns the global slot of the Node that receives a unit hashing to
-// h: the first Node clockwise whose value is below bound if there is one,
-// else the first Node clockwise with room. The caller guarantees that some
-// Node of the ring has room.
+// h: the first Node clockwise whose pool load is below bound if there is
+// one, else the first Node clockwise with the smallest pool load among the
+// Nodes with room (the root of the tree holds that minimum). The caller
+// guarantees that some Node of the ring has room.
 func (r *ring) pick(h uint64, bound int32) int32 {
 	start := r.lowerBound(h)
 	thr := bound
-	if r.tree[1] >= thr {
-		thr = full
+	if least := r.tree[1]; least >= thr {
+		thr = least + 1
 	}
 	i := r.firstBelow(start, thr)
 	if i < 0 {

@@ -572,3 +572,33 @@ func TestScheduleConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// When every Node with room is at the bound (here because another pool
+// filled the rest), the unit goes to a Node with the fewest units of its
+// pool, wherever the hash points.
+func TestPastTheBoundGoesToTheLeastLoaded(t *testing.T) {
+	in := Input{
+		Pools: []Pool{pool4("p", "n1", "n2", "n3", "n4"), pool4("q", "n1", "n2")},
+		Nodes: []Node{
+			{Name: "n1", Eligible: true, Capacity: 1},
+			{Name: "n2", Eligible: true, Capacity: 1},
+			{Name: "n3", Eligible: true, Capacity: 10},
+			{Name: "n4", Eligible: true, Capacity: 10},
+		},
+		Egresses: []Egress{
+			eg("q1", 0, "q", "198.51.100.1", "n1"),
+			eg("q2", 0, "q", "198.51.100.2", "n2"),
+			eg("p1", 1, "p", "192.0.2.1", "n3"),
+			eg("p2", 1, "p", "192.0.2.2", "n3"),
+			eg("p3", 1, "p", "192.0.2.3", "n4"),
+		},
+		BalanceFactor: 1, // bound for the 4th unit of p: ceil(4/4) = 1
+	}
+	for i := 0; i < 20; i++ { // many hashes: every one must end on n4
+		in := cloneInput(in)
+		in.Egresses = append(in.Egresses, eg("new", 2, "p", fmt.Sprintf("192.0.2.%d", 100+i), ""))
+		if got := placementOf(t, run(t, in), "new").Node; got != "n4" {
+			t.Fatalf("IP %v went to %q; n4 holds fewer units of p than n3", in.Egresses[5].IP, got)
+		}
+	}
+}
