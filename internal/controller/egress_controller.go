@@ -114,6 +114,9 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	out := plan(passInput{Pools: pools.Items, Egresses: egs.Items, Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config})
 
 	r.reportCapacity(ctx, nodes.Items, out.InvalidCapacity)
+	for _, n := range out.Releasing {
+		r.Liveness.Expedite(n)
+	}
 	unplacedEgresses.Reset()
 	for _, reason := range []string{scheduler.ReasonNoEligibleNode, scheduler.ReasonCapacityExhausted, ReasonNotAssigned} {
 		unplacedEgresses.WithLabelValues(reason).Set(0)

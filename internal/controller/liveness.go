@@ -81,19 +81,67 @@ type Liveness struct {
 	// Events receives one event per change; the pass controller watches it.
 	Events chan event.GenericEvent
 
-	mu     sync.Mutex
-	agents map[string]*AgentState
+	mu        sync.Mutex
+	agents    map[string]*AgentState
+	expedited map[string]bool
+	runCtx    context.Context // the context Start runs with
+}
+
+// expediteInterval and expediteFor: how often and how long a Node that must
+// release an IP is polled, so a planned move waits about 100 ms for the
+// release to be seen instead of a whole poll interval.
+const (
+	expediteInterval = 100 * time.Millisecond
+	expediteFor      = 5 * time.Second
+)
+
+// Expedite polls node every 100 ms for up to 5 s, or until its report
+// changes: the pass calls it while it waits for node to release an IP.
+func (l *Liveness) Expedite(node string) {
+	l.mu.Lock()
+	ctx := l.runCtx
+	if ctx == nil || l.expedited[node] {
+		l.mu.Unlock()
+		return
+	}
+	l.expedited[node] = true
+	l.mu.Unlock()
+	go func() {
+		defer func() {
+			l.mu.Lock()
+			delete(l.expedited, node)
+			l.mu.Unlock()
+		}()
+		var n corev1.Node
+		if err := l.reader.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
+			return
+		}
+		addr, ok := nodeAddress(&n)
+		if !ok {
+			return
+		}
+		start := l.State(node)
+		deadline := time.Now().Add(expediteFor)
+		for time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(expediteInterval)
+			l.poll(ctx, node, addr, true)
+			if now := l.State(node); now.Dead || !sameBound(now.Report, start.Report) {
+				return
+			}
+		}
+	}()
 }
 
 // NewLiveness returns a poller reading Nodes from reader.
 func NewLiveness(reader client.Reader, cfg LivenessConfig) *Liveness {
 	cfg.defaults()
 	return &Liveness{
-		cfg:    cfg,
-		reader: reader,
-		client: report.NewClient(cfg.Port, cfg.Timeout),
-		Events: make(chan event.GenericEvent, 1),
-		agents: map[string]*AgentState{},
+		cfg:       cfg,
+		reader:    reader,
+		client:    report.NewClient(cfg.Port, cfg.Timeout),
+		Events:    make(chan event.GenericEvent, 1),
+		agents:    map[string]*AgentState{},
+		expedited: map[string]bool{},
 	}
 }
 
@@ -112,6 +160,9 @@ func (l *Liveness) State(node string) AgentState {
 
 // Start polls until ctx ends.
 func (l *Liveness) Start(ctx context.Context) error {
+	l.mu.Lock()
+	l.runCtx = ctx
+	l.mu.Unlock()
 	wait.UntilWithContext(ctx, l.pollAll, l.cfg.Interval)
 	return nil
 }

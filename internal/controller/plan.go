@@ -83,6 +83,10 @@ type passOutput struct {
 	InvalidCapacity map[string]error
 	// Unplaced counts Egresses without a Node, by reason.
 	Unplaced map[string]int
+	// Releasing lists the Nodes whose next report the pass waits for: to
+	// release an IP before a planned move completes, or to bind and announce
+	// a newly assigned one. The reconciler polls them sooner.
+	Releasing []string
 	// Finalize says, per pool, whether it must carry PoolFinalizer: every
 	// pool does, until it is being deleted and no Egress uses it.
 	Finalize map[string]bool
@@ -291,6 +295,7 @@ func plan(in passInput) passOutput {
 				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: ReasonWaitingForRelease,
 					Message: fmt.Sprintf("moving to Node %s: waiting for Node %s to release %s", target, waitFor, st.EgressIP), ObservedGeneration: e.Generation})
 				target = ""
+				out.Releasing = append(out.Releasing, waitFor)
 				if cur != "" {
 					ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeNormal, "Releasing", fmt.Sprintf("releasing %s from Node %s before moving it to Node %s (%s)", st.EgressIP, cur, p.Node, cmp.Or(moveReason[e.Name], "rebalance"))
 					ch.MoveReason = cmp.Or(moveReason[e.Name], "Release")
@@ -321,7 +326,11 @@ func plan(in passInput) passOutput {
 				ch.MoveReason = cmp.Or(moveReason[e.Name], reason)
 			}
 		}
-		meta.SetStatusCondition(&st.Conditions, readyCondition(e, st, in.Agents))
+		rc := readyCondition(e, st, in.Agents)
+		if rc.Reason == ReasonBinding {
+			out.Releasing = append(out.Releasing, st.EgressNode)
+		}
+		meta.SetStatusCondition(&st.Conditions, rc)
 		ch.Status = st
 		out.Egresses[e.Name] = ch
 	}

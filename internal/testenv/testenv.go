@@ -10,9 +10,11 @@ package testenv
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -70,6 +72,11 @@ func WithAPIServerAddress(addr string) Option {
 	return func(e *envtest.Environment, _ string) {
 		s := e.ControlPlane.GetAPIServer()
 		s.SecureServing.Address = addr
+		// envtest replaces the address with 127.0.0.1 unless a port is set.
+		if l, err := net.Listen("tcp", net.JoinHostPort(addr, "0")); err == nil {
+			s.SecureServing.Port = strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+			_ = l.Close()
+		}
 		// Without a default route the API server cannot pick an address
 		// to advertise on its own.
 		s.Configure().Set("advertise-address", addr)

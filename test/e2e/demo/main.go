@@ -257,6 +257,9 @@ func (d *demo) cordon(name string) error {
 	if dup {
 		return fmt.Errorf("after the move, %s still answered ARP for %s", from.Name, ip)
 	}
+	if _, err := d.c.WaitReady(d.ctx, 10*time.Second, name); err != nil {
+		return err
+	}
 	fmt.Printf("   no answer from %s after the move (checked %d ARP replies)\n", from.Name, len(replies))
 	d.show()
 	return nil

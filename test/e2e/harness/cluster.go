@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -121,7 +122,29 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
+	if err := c.WaitLeader(ctx, 30*time.Second); err != nil {
+		return nil, err
+	}
 	return c, nil
+}
+
+// LeaseName is the controller's leader-election Lease (namespace default).
+const LeaseName = "egressip-controller.egressip.io"
+
+// WaitLeader waits until a controller holds the leader Lease and its
+// scheduling pass has run once (the pass is what a user waits for).
+func (c *Cluster) WaitLeader(ctx context.Context, timeout time.Duration) error {
+	ok := WaitFor(ctx, timeout, func() bool {
+		var l coordinationv1.Lease
+		if err := c.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: LeaseName}, &l); err != nil {
+			return false
+		}
+		return l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" && l.Spec.RenewTime != nil && time.Since(l.Spec.RenewTime.Time) < 5*time.Second
+	})
+	if !ok {
+		return fmt.Errorf("no controller took the leader Lease within %v", timeout)
+	}
+	return nil
 }
 
 // network creates the bridge in the control-plane namespace, one namespace
