@@ -47,10 +47,11 @@
 // # Determinism
 //
 // The result depends only on the input values, never on the order of any
-// input slice, on map iteration order, or on the process: hashes are FNV-1a
-// with a fixed offset followed by a fixed 64-bit finalizer, and every sort
-// has a total order (ties in hash values are broken by Node name). Equal
-// inputs give equal results, byte for byte.
+// input slice, on map iteration order, or on the process: hashes are a
+// fixed function (8-byte words mixed by MurmurHash3's 64-bit finalizer, with
+// no per-process seed), and every sort has a total order (ties in hash
+// values are broken by Node name). Equal inputs give equal results, byte for
+// byte.
 //
 // # Cost
 //

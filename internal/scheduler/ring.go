@@ -12,25 +12,29 @@ import (
 // More points even out the arcs (and so the share of new units each Node
 // is offered first, and how a leaving Node's units spread) at the cost of
 // a bigger ring; the load bound, not the points, is what caps the load.
-const pointsPerNode = 4
+const pointsPerNode = 2
 
-// FNV-1a (64-bit) parameters: fixed, so hashes are the same in every process.
-const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
-)
-
-// hashString is FNV-1a over s. It is the identity of a name on the ring; it
-// is always passed through mix64 before use, because FNV-1a alone spreads
-// short names that differ in their last byte poorly across the high bits.
+// hashString hashes s for the ring and for Node lookups: 8 bytes at a
+// time (little endian, the last word zero-padded), each word xored into the
+// state and mixed with mix64, starting from the length so that padding
+// cannot collide with real zero bytes. It is fixed, with no per-process
+// seed, so hashes are the same in every process.
 func hashString(s string) uint64 {
-	h := uint64(fnvOffset)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= fnvPrime
+	h := uint64(len(s)) * golden
+	for len(s) >= 8 {
+		h = mix64(h ^ (uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56))
+		s = s[8:]
 	}
-	return h
+	var w uint64
+	for i := len(s) - 1; i >= 0; i-- {
+		w = w<<8 | uint64(s[i])
+	}
+	return mix64(h ^ w)
 }
+
+// golden is 2^64 divided by the golden ratio, used to spread small integers.
+const golden = 0x9e3779b97f4a7c15
 
 // mix64 is a bijective 64-bit finalizer (xor-shift and multiply by odd
 // constants, as in MurmurHash3's fmix64): every input bit affects every
@@ -43,9 +47,6 @@ func mix64(x uint64) uint64 {
 	x ^= x >> 33
 	return x
 }
-
-// golden is 2^64 divided by the golden ratio, used to spread small integers.
-const golden = 0x9e3779b97f4a7c15
 
 // pointHash is the ring position of point v of a Node (nodeHash =
 // hashString(name)) in the pool with the given salt. Salting by pool gives
@@ -73,7 +74,7 @@ type ring struct {
 	pts []point // ascending position
 	// The points of bucket b (positions whose top bits are b, that is
 	// h>>shift == b) are pts[start[b]:start[b+1]]. Positions are uniform,
-	// so a bucket holds about one point and finding a unit's place on the
+	// so a bucket holds about two points and finding a unit's place on the
 	// ring is O(1) expected.
 	shift uint
 	start []int32
@@ -101,10 +102,10 @@ func (s *state) buildRing(p int32) *ring {
 	for size < n {
 		size <<= 1
 	}
-	// Bucket sort by position (see ring): count, then place each point
-	// at the end of its bucket's range, computing the positions twice
-	// rather than storing them.
-	shift := uint(64 - bits.Len(uint(n)))
+	// Bucket sort by position (see ring) into about n/2 buckets: count,
+	// then place each point at the end of its bucket's range, computing
+	// the positions twice rather than storing them.
+	shift := uint(64 - max(bits.Len(uint(n))-1, 0))
 	r := &ring{
 		pts:   make([]point, n),
 		shift: shift,
@@ -136,6 +137,9 @@ func (s *state) buildRing(p int32) *ring {
 	copy(r.start, r.start[1:])
 	r.start[len(r.start)-1] = int32(n)
 	for b := 0; b+1 < len(r.start); b++ {
+		if r.start[b+1]-r.start[b] < 2 {
+			continue
+		}
 		sortBucket(r.pts[r.start[b]:r.start[b+1]], func(a, b point) int {
 			if a.h != b.h {
 				return cmp.Compare(a.h, b.h)
@@ -162,7 +166,7 @@ func (s *state) buildRing(p int32) *ring {
 }
 
 // sortBucket sorts the points of one bucket, by insertion (a bucket holds
-// about one point), or with slices.SortFunc when it is crowded (crafted
+// about two points), or with slices.SortFunc when it is crowded (crafted
 // names), so the worst case stays O(n log n).
 func sortBucket(pts []point, compare func(a, b point) int) {
 	if len(pts) > 16 {

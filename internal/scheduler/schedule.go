@@ -92,8 +92,12 @@ type state struct {
 	in *Input
 	c  float64
 
-	nodes   []nodeRec
-	nodeIdx map[string]int32
+	nodes []nodeRec
+	// nodeTab finds a Node by name: open addressing with linear probing
+	// on the top bits of nodeRec.hash; entries are node index + 1, 0 is
+	// free.
+	nodeTab   []int32
+	nodeShift uint
 	// moveReasons caches MoveNodeIneligible + "/" + Node.Reason by node.
 	moveReasons map[int32]string
 	pools       []poolRec
@@ -135,7 +139,9 @@ func Schedule(in Input) Result {
 func (s *state) indexNodes() {
 	in := s.in
 	s.nodes = make([]nodeRec, 0, len(in.Nodes))
-	s.nodeIdx = make(map[string]int32, len(in.Nodes))
+	tabBits := bits.Len(uint(2 * len(in.Nodes)))
+	s.nodeTab = make([]int32, 1<<tabBits)
+	s.nodeShift = uint(64 - tabBits)
 	for i := range in.Nodes {
 		n := &in.Nodes[i]
 		c := int32(min(max(n.Capacity, 0), full-1))
@@ -143,7 +149,9 @@ func (s *state) indexNodes() {
 		if !n.Eligible {
 			why = int32(i)
 		}
-		if j, ok := s.nodeIdx[n.Name]; ok {
+		h := hashString(n.Name)
+		j, at := s.lookupNode(n.Name, h)
+		if j >= 0 {
 			// Repeated name: keep the most restrictive view, which does
 			// not depend on the order of the entries: ineligible if any
 			// entry is (with the smallest Reason), the smallest capacity.
@@ -154,9 +162,30 @@ func (s *state) indexNodes() {
 			}
 			continue
 		}
-		s.nodeIdx[n.Name] = int32(len(s.nodes))
-		s.nodes = append(s.nodes, nodeRec{hash: hashString(n.Name), src: int32(i), why: why, capacity: c})
+		s.nodes = append(s.nodes, nodeRec{hash: h, src: int32(i), why: why, capacity: c})
+		s.nodeTab[at] = int32(len(s.nodes))
 	}
+}
+
+// lookupNode returns the index of the Node called name (whose hashString
+// is h), or -1 and the free table entry where it would go.
+func (s *state) lookupNode(name string, h uint64) (n int32, at uint64) {
+	mask := uint64(len(s.nodeTab) - 1)
+	for j := h >> s.nodeShift & mask; ; j = (j + 1) & mask {
+		v := s.nodeTab[j]
+		if v == 0 {
+			return -1, j
+		}
+		if s.nodes[v-1].hash == h && s.nodeName(v-1) == name {
+			return v - 1, j
+		}
+	}
+}
+
+// findNode returns the index of the Node called name, or -1.
+func (s *state) findNode(name string) int32 {
+	n, _ := s.lookupNode(name, hashString(name))
+	return n
 }
 
 func (s *state) nodeName(n int32) string { return s.in.Nodes[s.nodes[n].src].Name }
@@ -171,7 +200,7 @@ func (s *state) indexPools() {
 			s.pools[j].invalid = fmt.Sprintf("pool %q is given more than once", p.Name)
 			continue
 		}
-		r := poolRec{name: p.Name, family: p.Family, salt: mix64(hashString(p.Name))}
+		r := poolRec{name: p.Name, family: p.Family, salt: hashString(p.Name)}
 		if p.Family != IPv4 && p.Family != IPv6 {
 			r.invalid = fmt.Sprintf("pool %q has unknown IP family %d", p.Name, int(p.Family))
 		}
@@ -199,8 +228,8 @@ func (s *state) indexPools() {
 		pl.off = int32(len(s.slotNode))
 		if pl.invalid == "" {
 			for _, name := range p.EligibleNodes {
-				n, ok := s.nodeIdx[name]
-				if !ok || seen[n] == pi+1 {
+				n := s.findNode(name)
+				if n < 0 || seen[n] == pi+1 {
 					continue
 				}
 				seen[n] = pi + 1
@@ -242,11 +271,19 @@ func (s *state) indexPools() {
 // slotOf returns Node n's slot in pool p, or -1 if n is not a member.
 func (s *state) slotOf(n, p int32) int32 {
 	sl := s.nodeSlots[s.nodeSlotOff[n]:s.nodeSlotOff[n+1]]
-	i, ok := slices.BinarySearchFunc(sl, p, func(sl, p int32) int { return cmp.Compare(s.slotPool[sl], p) })
-	if !ok {
-		return -1
+	lo, hi := 0, len(sl) // binary search: slots ascend by pool
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if s.slotPool[sl[mid]] < p {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
 	}
-	return sl[i]
+	if lo < len(sl) && s.slotPool[sl[lo]] == p {
+		return sl[lo]
+	}
+	return -1
 }
 
 // sortNames returns the indexes of the Egresses ordered by name (then
@@ -265,6 +302,9 @@ func (s *state) sortNames() []int32 {
 		common = len(first)
 		for i := range eg {
 			n := eg[i].Name
+			if strings.HasPrefix(n, first[:common]) {
+				continue
+			}
 			c := 0
 			for c < common && c < len(n) && n[c] == first[c] {
 				c++
@@ -275,15 +315,9 @@ func (s *state) sortNames() []int32 {
 	buf := make([]keyed, 2*len(eg))
 	recs := buf[:len(eg)]
 	for i := range eg {
-		n := eg[i].Name
-		var k [2]uint64
-		for j := 0; j < 16; j++ {
-			k[j/8] <<= 8
-			if c := common + j; c < len(n) {
-				k[j/8] |= uint64(n[c])
-			}
-		}
-		recs[i] = keyed{hi: k[0], lo: k[1], i: int32(i)}
+		var k [16]byte
+		copy(k[:], eg[i].Name[common:])
+		recs[i] = keyed{hi: binary.BigEndian.Uint64(k[:8]), lo: binary.BigEndian.Uint64(k[8:]), i: int32(i)}
 	}
 	recs = radixSort(recs, buf[len(eg):])
 	for k := 0; k < len(recs); {
@@ -308,7 +342,7 @@ func (s *state) sortNames() []int32 {
 	s.eg = make([]egRec, len(eg))
 	for k := 0; k < len(byName); {
 		j := k + 1
-		for j < len(byName) && eg[byName[j]].Name == eg[byName[k]].Name {
+		for j < len(byName) && recs[j].hi == recs[k].hi && recs[j].lo == recs[k].lo && eg[byName[j]].Name == eg[byName[k]].Name {
 			j++
 		}
 		if j-k > 1 {
@@ -380,9 +414,7 @@ func (s *state) buildUnits(byName []int32) {
 			r.reason = rIPInvalid
 		}
 		if e.CurrentNode != "" {
-			if n, ok := s.nodeIdx[e.CurrentNode]; ok {
-				r.cur = n
-			}
+			r.cur = s.findNode(e.CurrentNode)
 		}
 		if r.reason != rPlaced {
 			continue

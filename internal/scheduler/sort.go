@@ -10,45 +10,66 @@ type keyed struct {
 // radixSort sorts a by (hi, lo), stably, using tmp (same length) as
 // scratch, and returns the sorted slice, which is a or tmp. It is an LSD
 // radix sort on bytes that skips every byte position where all keys agree,
-// so it costs O(n) per byte position that varies: names and creation times
-// usually vary in a few bytes only.
+// so it costs O(n) plus O(n) per byte position that varies: names and
+// creation times usually vary in a few bytes only.
 func radixSort(a, tmp []keyed) []keyed {
 	n := len(a)
 	if n < 2 {
 		return a
 	}
-	var count [16][256]int32
+	// Bytes where some key differs from the first one.
+	var diffHi, diffLo uint64
 	for _, r := range a {
-		for b := 0; b < 8; b++ {
-			count[b][byte(r.lo>>(8*b))]++
-			count[8+b][byte(r.hi>>(8*b))]++
+		diffHi |= r.hi ^ a[0].hi
+		diffLo |= r.lo ^ a[0].lo
+	}
+	// Histograms of those bytes only: byte b of lo is position b, byte b
+	// of hi is position 8+b.
+	var count [16][256]int32
+	var varying [16]bool
+	for b := 0; b < 8; b++ {
+		varying[b] = byte(diffLo>>(8*b)) != 0
+		varying[8+b] = byte(diffHi>>(8*b)) != 0
+	}
+	for b := 0; b < 16; b++ {
+		if !varying[b] {
+			continue
+		}
+		c := &count[b]
+		shift := uint(8 * (b % 8))
+		if b >= 8 {
+			for _, r := range a {
+				c[byte(r.hi>>shift)]++
+			}
+		} else {
+			for _, r := range a {
+				c[byte(r.lo>>shift)]++
+			}
 		}
 	}
 	src, dst := a, tmp
 	for b := 0; b < 16; b++ {
+		if !varying[b] {
+			continue
+		}
 		c := &count[b]
-		shift, hi := uint(8*(b%8)), b >= 8
-		var first uint64
-		if hi {
-			first = a[0].hi
-		} else {
-			first = a[0].lo
-		}
-		if c[byte(first>>shift)] == int32(n) {
-			continue // every key has the same byte here
-		}
 		var sum int32
 		for d := range c {
 			c[d], sum = sum, sum+c[d]
 		}
-		for _, r := range src {
-			k := r.lo
-			if hi {
-				k = r.hi
+		shift := uint(8 * (b % 8))
+		if b >= 8 {
+			for _, r := range src {
+				d := byte(r.hi >> shift)
+				dst[c[d]] = r
+				c[d]++
 			}
-			d := byte(k >> shift)
-			dst[c[d]] = r
-			c[d]++
+		} else {
+			for _, r := range src {
+				d := byte(r.lo >> shift)
+				dst[c[d]] = r
+				c[d]++
+			}
 		}
 		src, dst = dst, src
 	}
