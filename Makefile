@@ -61,6 +61,10 @@ vet: ## Run go vet against code.
 test: verify-generated vet envtest-assets ## Check generated files, vet, then run every test with -race (envtest suites on a real kube-apiserver; agent suites in network namespaces, as root).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS_DIR)" go test -race $(GO_TEST_FLAGS) ./...
 
+.PHONY: test-e2e
+test-e2e: ## Run only the end-to-end suite (root): real controller and agents in network namespaces; logs with E2E_VERBOSE=1.
+	go test -count=1 -v -timeout 20m ./test/e2e/
+
 .PHONY: verify-generated
 verify-generated: controller-gen ## Fail when `make generate manifests` would change files, or gofmt would.
 	hack/verify-generated.sh

@@ -334,6 +334,26 @@ func (c *Cluster) CrashNode(n *Node) error {
 	return inNS(n.Name, "link", "set", "eth0", "down")
 }
 
+// ReviveNode reboots a crashed Node: as after a power cycle its interface
+// comes back with only the Node's own addresses (the egress IPs it held are
+// gone with the kernel state), then its agent starts.
+func (c *Cluster) ReviveNode(n *Node) error {
+	steps := [][]string{
+		{"addr", "flush", "dev", "eth0"},
+		{"addr", "add", n.IPv4.String() + "/24", "dev", "eth0"},
+		{"addr", "add", n.IPv6.String() + "/64", "dev", "eth0", "nodad"},
+		{"link", "set", "eth0", "up"},
+		{"route", "replace", "default", "via", BridgeV4.String()},
+		{"-6", "route", "replace", "default", "via", BridgeV6.String()},
+	}
+	for _, s := range steps {
+		if err := inNS(n.Name, s...); err != nil {
+			return err
+		}
+	}
+	return c.StartAgent(n)
+}
+
 // Node returns the Node named name, or nil.
 func (c *Cluster) Node(name string) *Node {
 	for _, n := range c.Nodes {

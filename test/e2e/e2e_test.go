@@ -1,0 +1,395 @@
+// Package e2e runs egressip end to end: a local control plane, the real
+// egressip-controller and one real egressip-agent per Node, each Node a
+// network namespace on one bridge, and a client namespace that checks what
+// the network sees (ARP, NDP, ping). It needs root; `make test` runs it.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/test/e2e/harness"
+)
+
+const prefix = "ege2e"
+
+var c *harness.Cluster
+
+// runs is how many times each timed scenario runs (the note reports the
+// median).
+const runs = 5
+
+func TestMain(m *testing.M) {
+	if os.Geteuid() != 0 {
+		fmt.Println("e2e: not root: skipping (network namespaces need root; CI runs as root)")
+		os.Exit(0)
+	}
+	if err := harness.ReexecInNetNS(prefix); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	bin, err := os.MkdirTemp("", "egressip-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer func() { _ = os.RemoveAll(bin) }()
+	for _, b := range []struct{ out, pkg string }{{"egressip-controller", "./cmd/controller"}, {"egressip-agent", "./cmd/agent"}} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, b.out), b.pkg)
+		cmd.Dir = "../.."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", b.pkg, err, out)
+			return 1
+		}
+	}
+	var log *os.File
+	if os.Getenv("E2E_VERBOSE") != "" {
+		log = os.Stderr
+	}
+	cfg := harness.Config{Prefix: prefix, Nodes: 3, BinDir: bin}
+	if log != nil {
+		cfg.Log = log
+	}
+	c, err = harness.Start(context.Background(), cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
+		return 1
+	}
+	defer c.Stop()
+	ctx := context.Background()
+	for _, f := range []string{"egressip_v1alpha1_externalippool.yaml"} {
+		if _, err := c.ApplyFile(ctx, filepath.Join("../../config/samples", f)); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e:", err)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
+func newEgress(t *testing.T, name, pool, ip string) *v1.Egress {
+	t.Helper()
+	e := &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.EgressSpec{
+		AppliedTo: v1.AppliedTo{PodSelector: &metav1.LabelSelector{}}, ExternalIPPool: pool, EgressIP: ip}}
+	if err := c.Client.Create(context.Background(), e); err != nil {
+		t.Fatalf("create Egress %s: %v", name, err)
+	}
+	t.Cleanup(func() { deleteEgress(name) })
+	return e
+}
+
+func deleteEgress(name string) {
+	ctx := context.Background()
+	_ = c.Client.Delete(ctx, &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: name}})
+	harness.WaitFor(ctx, 10*time.Second, func() bool {
+		return client.IgnoreNotFound(c.Client.Get(ctx, client.ObjectKey{Name: name}, &v1.Egress{})) == nil &&
+			c.Client.Get(ctx, client.ObjectKey{Name: name}, &v1.Egress{}) != nil
+	})
+}
+
+func waitReady(t *testing.T, names ...string) map[string]*v1.Egress {
+	t.Helper()
+	got, err := c.WaitReady(context.Background(), 30*time.Second, names...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// checkReachable pings the Egress's IP from the client and checks that the
+// client resolved it to the MAC of the Node named in status.
+func checkReachable(t *testing.T, e *v1.Egress) {
+	t.Helper()
+	ip := netip.MustParseAddr(e.Status.EgressIP)
+	node := c.Node(e.Status.EgressNode)
+	if node == nil {
+		t.Fatalf("%s: unknown Node %q", e.Name, e.Status.EgressNode)
+	}
+	c.FlushNeighbour(ip)
+	if err := c.Ping(ip, 2*time.Second); err != nil {
+		t.Fatalf("%s: %v", e.Name, err)
+	}
+	mac, err := c.Neighbour(ip)
+	if err != nil {
+		t.Fatalf("%s: %v", e.Name, err)
+	}
+	if mac.String() != node.MAC.String() {
+		t.Fatalf("%s: %s resolves to %s, but its Node %s has %s", e.Name, ip, mac, node.Name, node.MAC)
+	}
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// TestFreshAssignment creates Egresses on a running cluster (IPv4 and
+// IPv6) and measures creation to Ready; each IP answers ping from the MAC of
+// the Node its status names.
+func TestFreshAssignment(t *testing.T) {
+	var times []time.Duration
+	for i := range runs {
+		for _, pool := range []string{"office-egress", "office-egress-v6"} {
+			name := fmt.Sprintf("fresh-%s-%d", pool, i)
+			start := time.Now()
+			newEgress(t, name, pool, "")
+			e := waitReady(t, name)[name]
+			if pool == "office-egress" {
+				times = append(times, time.Since(start))
+			}
+			checkReachable(t, e)
+			deleteEgress(name)
+		}
+	}
+	t.Logf("Egress creation to Ready (IPv4): median %v of %v", median(times), times)
+}
+
+// TestSharedIP: two Egresses naming one IP share one Node and one binding.
+func TestSharedIP(t *testing.T) {
+	newEgress(t, "shared-a", "office-egress", "192.0.2.110")
+	newEgress(t, "shared-b", "office-egress", "192.0.2.110")
+	got := waitReady(t, "shared-a", "shared-b")
+	if got["shared-a"].Status.EgressNode != got["shared-b"].Status.EgressNode {
+		t.Fatalf("shared IP on two Nodes: %s / %s", harness.Describe(got["shared-a"]), harness.Describe(got["shared-b"]))
+	}
+	checkReachable(t, got["shared-a"])
+}
+
+// TestPoolExhaustionAndRecovery fills a two-address pool; the third Egress
+// waits with PoolExhausted and gets the freed IP when one is deleted.
+func TestPoolExhaustionAndRecovery(t *testing.T) {
+	ctx := context.Background()
+	p := &v1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: "tiny"}, Spec: v1.ExternalIPPoolSpec{
+		IPRanges: []v1.IPRange{{Start: "192.0.2.200", End: "192.0.2.201"}}}}
+	if err := c.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Client.Delete(context.Background(), p) })
+	newEgress(t, "tiny-a", "tiny", "")
+	newEgress(t, "tiny-b", "tiny", "")
+	before := waitReady(t, "tiny-a", "tiny-b")
+	newEgress(t, "tiny-c", "tiny", "")
+	if !harness.WaitFor(ctx, 10*time.Second, func() bool {
+		e, err := c.Egress(ctx, "tiny-c")
+		cond := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated)
+		return err == nil && cond != nil && cond.Reason == "PoolExhausted"
+	}) {
+		e, _ := c.Egress(ctx, "tiny-c")
+		t.Fatalf("tiny-c not PoolExhausted: %s", harness.Describe(e))
+	}
+	deleteEgress("tiny-a")
+	e := waitReady(t, "tiny-c")["tiny-c"]
+	if e.Status.EgressIP != before["tiny-a"].Status.EgressIP {
+		t.Errorf("tiny-c got %s, want the freed %s", e.Status.EgressIP, before["tiny-a"].Status.EgressIP)
+	}
+	checkReachable(t, e)
+	if b, _ := c.Egress(ctx, "tiny-b"); b.Status.EgressNode != before["tiny-b"].Status.EgressNode {
+		t.Errorf("tiny-b moved: %s", harness.Describe(b))
+	}
+}
+
+// TestCrashFailover crashes the Node holding an IP (agent killed, link down)
+// and measures the time until the IP answers ARP from another Node.
+func TestCrashFailover(t *testing.T) {
+	ctx := context.Background()
+	var times []time.Duration
+	for i := range runs {
+		name := fmt.Sprintf("crash-%d", i)
+		newEgress(t, name, "office-egress", "")
+		e := waitReady(t, name)[name]
+		ip := netip.MustParseAddr(e.Status.EgressIP)
+		victim := c.Node(e.Status.EgressNode)
+		w, err := c.WatchARP(ip, 20*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		crashed := time.Now()
+		if err := c.CrashNode(victim); err != nil {
+			t.Fatal(err)
+		}
+		var newMAC string
+		ok := harness.WaitFor(ctx, 20*time.Second, func() bool {
+			for _, r := range w.Replies() {
+				if r.At.After(crashed) && r.MAC != victim.MAC.String() {
+					newMAC = r.MAC
+					return true
+				}
+			}
+			return false
+		})
+		took := time.Since(crashed)
+		w.Stop()
+		if !ok {
+			t.Fatalf("run %d: %s never answered from another Node after %s crashed", i, ip, victim.Name)
+		}
+		times = append(times, took)
+		e = waitReady(t, name)[name]
+		if e.Status.EgressNode == victim.Name || c.Node(e.Status.EgressNode).MAC.String() != newMAC {
+			t.Fatalf("run %d: ARP answered by %s but status says %s", i, newMAC, harness.Describe(e))
+		}
+		checkReachable(t, e)
+		if err := c.ReviveNode(victim); err != nil {
+			t.Fatal(err)
+		}
+		deleteEgress(name)
+		// Let the revived agent be seen alive again before the next run.
+		time.Sleep(2 * time.Second)
+	}
+	t.Logf("crash to ARP answered by the new Node: median %v of %v", median(times), times)
+}
+
+// TestCordonDrain cordons the Node holding an IP: a planned move, release
+// before acquire. It measures the ARP silence and checks that the old Node
+// never answers after the new one did (no duplicate).
+func TestCordonDrain(t *testing.T) {
+	ctx := context.Background()
+	var gaps []time.Duration
+	for i := range runs {
+		name := fmt.Sprintf("cordon-%d", i)
+		newEgress(t, name, "office-egress", "")
+		e := waitReady(t, name)[name]
+		ip := netip.MustParseAddr(e.Status.EgressIP)
+		from := c.Node(e.Status.EgressNode)
+		w, err := c.WatchARP(ip, 10*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		start := time.Now()
+		if err := c.Cordon(ctx, from.Name, true); err != nil {
+			t.Fatal(err)
+		}
+		var to *harness.Node
+		if !harness.WaitFor(ctx, 20*time.Second, func() bool {
+			e, err := c.Egress(ctx, name)
+			if err != nil || e.Status.EgressNode == "" || e.Status.EgressNode == from.Name {
+				return false
+			}
+			to = c.Node(e.Status.EgressNode)
+			return true
+		}) {
+			t.Fatalf("run %d: %s did not leave cordoned %s", i, name, from.Name)
+		}
+		harness.WaitFor(ctx, 5*time.Second, func() bool {
+			r := w.Replies()
+			return len(r) > 0 && r[len(r)-1].MAC == to.MAC.String()
+		})
+		time.Sleep(500 * time.Millisecond)
+		replies := w.Stop()
+		lastOld, firstNew := start, time.Time{}
+		for _, r := range replies {
+			if r.MAC == from.MAC.String() && r.At.After(lastOld) {
+				lastOld = r.At
+			}
+			if r.MAC == to.MAC.String() && firstNew.IsZero() {
+				firstNew = r.At
+			}
+		}
+		if firstNew.IsZero() {
+			t.Fatalf("run %d: no ARP answer from %s", i, to.Name)
+		}
+		for _, r := range replies {
+			if r.At.After(firstNew) && r.MAC != to.MAC.String() {
+				t.Fatalf("run %d: duplicate: %s answered for %s after %s did", i, r.MAC, ip, to.Name)
+			}
+		}
+		if lastOld.After(firstNew) {
+			t.Fatalf("run %d: old Node answered after the new one", i)
+		}
+		gaps = append(gaps, firstNew.Sub(lastOld))
+		if err := c.Cordon(ctx, from.Name, false); err != nil {
+			t.Fatal(err)
+		}
+		checkReachable(t, waitReady(t, name)[name])
+		deleteEgress(name)
+	}
+	t.Logf("planned move ARP interruption: median %v of %v", median(gaps), gaps)
+}
+
+// TestAgentRestart stops an agent with SIGTERM (a rolling update) and starts
+// it again: nothing moves, the IP answers throughout, from one MAC only.
+func TestAgentRestart(t *testing.T) {
+	newEgress(t, "agent-restart", "office-egress", "")
+	e := waitReady(t, "agent-restart")["agent-restart"]
+	ip := netip.MustParseAddr(e.Status.EgressIP)
+	n := c.Node(e.Status.EgressNode)
+	w, err := c.WatchARP(ip, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	c.StopAgent(n, syscall.SIGTERM)
+	time.Sleep(time.Second)
+	if err := c.StartAgent(n); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	replies := w.Stop()
+	var maxGap time.Duration
+	for i, r := range replies {
+		if r.MAC != n.MAC.String() {
+			t.Fatalf("%s answered by %s during the agent restart; only %s holds it", ip, r.MAC, n.Name)
+		}
+		if i > 0 {
+			maxGap = max(maxGap, r.At.Sub(replies[i-1].At))
+		}
+	}
+	if maxGap > 500*time.Millisecond {
+		t.Errorf("ARP answers stopped for %v during the agent restart", maxGap)
+	}
+	after := waitReady(t, "agent-restart")["agent-restart"]
+	if after.Status.EgressNode != n.Name || after.Status.EgressIP != e.Status.EgressIP {
+		t.Fatalf("agent restart moved the IP: %s", harness.Describe(after))
+	}
+	t.Logf("agent restart: %d ARP answers, all from %s, longest gap %v", len(replies), n.Name, maxGap)
+}
+
+// TestControllerRestart kills the controller and starts a new one: no
+// status changes and the IPs keep answering.
+func TestControllerRestart(t *testing.T) {
+	ctx := context.Background()
+	names := []string{"ctl-a", "ctl-b", "ctl-c"}
+	for _, n := range names {
+		newEgress(t, n, "office-egress", "")
+	}
+	newEgress(t, "ctl-v6", "office-egress-v6", "")
+	names = append(names, "ctl-v6")
+	before := waitReady(t, names...)
+	c.StopController()
+	time.Sleep(time.Second)
+	if err := c.StartController(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitLeader(ctx, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	for _, n := range names {
+		e, err := c.Egress(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Status.EgressNode != before[n].Status.EgressNode || e.Status.EgressIP != before[n].Status.EgressIP || !meta.IsStatusConditionTrue(e.Status.Conditions, v1.ConditionReady) {
+			t.Errorf("%s changed across a controller restart: before %s, after %s", n, harness.Describe(before[n]), harness.Describe(e))
+		}
+		checkReachable(t, e)
+	}
+}
