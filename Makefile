@@ -58,8 +58,12 @@ vet: ## Run go vet against code.
 	go vet ./...
 
 .PHONY: test
-test: verify-generated vet envtest-assets ## Check generated files, vet, then run every test with -race (envtest suites on a real kube-apiserver; agent suites in network namespaces, as root).
+test: verify-generated vet envtest-assets system-tools ## Check generated files, vet, then run every test with -race (envtest suites on a real kube-apiserver; agent suites in network namespaces, as root).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS_DIR)" go test -race $(GO_TEST_FLAGS) ./...
+
+.PHONY: system-tools
+system-tools: ## Install iproute2 when ip is missing (the agent tests, the e2e suite and the demo use it).
+	hack/ensure-tools.sh
 
 .PHONY: test-e2e
 test-e2e: ## Run only the end-to-end suite (root): real controller and agents in network namespaces; logs with E2E_VERBOSE=1.
@@ -89,7 +93,7 @@ build: manifests generate fmt vet ## Build egressip-controller and egressip-agen
 	go build -o bin/egressip-agent ./cmd/agent
 
 .PHONY: demo
-demo: build envtest-assets kubectl ## Run egressip end to end on this machine (root): control plane, controller, agents in network namespaces. DEMO_ARGS="--keep" keeps it up.
+demo: build envtest-assets kubectl system-tools ## Run egressip end to end on this machine (root): control plane, controller, agents in network namespaces. DEMO_ARGS="--keep" keeps it up.
 	go build -o bin/egressip-demo ./test/e2e/demo
 	bin/egressip-demo $(DEMO_ARGS)
 
