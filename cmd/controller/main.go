@@ -86,7 +86,11 @@ func main() {
 		ctrlOpts         controller.Options
 		leaderElectionNS string
 		enableWebhooks   bool
+		apiQPS           float64
+		apiBurst         int
 	)
+	flag.Float64Var(&apiQPS, "kube-api-qps", 50, "Requests per second the controller may send to the API server (status writes of a large pass are spread at this rate).")
+	flag.IntVar(&apiBurst, "kube-api-burst", 100, "Burst of requests above --kube-api-qps.")
 	flag.BoolVar(&enableWebhooks, "enable-webhooks", true,
 		"Serve the validating webhook (pool overlaps, egressIP outside its pool, pool updates that drop allocated IPs).")
 	flag.IntVar(&ctrlOpts.Pass.DefaultCapacity, "max-egress-ips-per-node", 255,
@@ -179,7 +183,9 @@ func main() {
 		metricsServerOptions.KeyName = metricsCertKey
 	}
 
-	mgr, err := ctrl.NewManager(ctrl.GetConfigOrDie(), ctrl.Options{
+	restConfig := ctrl.GetConfigOrDie()
+	restConfig.QPS, restConfig.Burst = float32(apiQPS), apiBurst
+	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
 		Scheme:                  scheme,
 		Metrics:                 metricsServerOptions,
 		WebhookServer:           webhookServer,
