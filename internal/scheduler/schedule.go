@@ -39,6 +39,7 @@ type poolRec struct {
 type egRec struct {
 	unit   int32 // unit index, or -1 when the Egress is not scheduled
 	cur    int32 // node index of CurrentNode, -1 when unknown or ""
+	slot   int32 // global slot of cur in the Egress's pool, -1 if none
 	reason uint8 // placement reason code when unit < 0
 	curSt  uint8 // state of CurrentNode (cur* constants)
 }
@@ -361,40 +362,24 @@ func (s *state) sameName(byName []int32, k int) bool {
 		s.in.Egresses[byName[k-1]].Name == s.in.Egresses[byName[k]].Name
 }
 
-// buildUnits validates the Egresses and groups them into units, in priority
-// order: older first (creation time in whole seconds, then nanoseconds),
-// then by name (the rank in byName). Radix-sorted on the key (seconds with
-// the sign bit flipped, nanoseconds and rank).
+// buildUnits validates the Egresses and groups them into units.
+//
+// A first loop, in input order (so memory is read sequentially), checks each
+// Egress against its pool, looks up its current Node and hashes its IP. A
+// second loop, in priority order, creates the units: older first (creation
+// time in whole seconds, then nanoseconds), then by name (the rank in
+// byName), radix-sorted on that key.
 func (s *state) buildUnits(byName []int32) {
 	eg := s.in.Egresses
-	buf := make([]keyed, 2*len(eg))
-	order := buf[:0]
-	for rank, i := range byName {
-		if s.eg[i].reason == rDuplicate {
-			continue
-		}
-		t := eg[i].Created
-		order = append(order, keyed{
-			hi: uint64(t.Unix()) ^ 1<<63,
-			lo: uint64(t.Nanosecond())<<32 | uint64(rank),
-			i:  i,
-		})
-	}
-	order = radixSort(order, buf[len(eg):len(eg)+len(order)])
-	s.units = make([]unitRec, 0, len(order))
-	// Units by (pool, IP): open addressing with linear probing on the
-	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
-	// free; it is at least twice the number of units.
-	tblBits := bits.Len(uint(2 * len(order)))
-	tbl := make([]int32, 1<<tblBits)
-	mask := uint64(len(tbl) - 1)
+	keys := make([]unitKey, len(eg))
 	lastPool, lastIdx := "", int32(-1)
-	for _, o := range order {
-		i := o.i
+	for i := range eg {
 		e := &eg[i]
 		r := &s.eg[i]
-		*r = egRec{unit: -1, cur: -1}
-		// Validate the Egress against its pool.
+		if r.reason == rDuplicate {
+			continue
+		}
+		*r = egRec{unit: -1, cur: -1, slot: -1}
 		pi := lastIdx
 		if pi < 0 || e.Pool != lastPool {
 			var ok bool
@@ -421,20 +406,7 @@ func (s *state) buildUnits(byName []int32) {
 		}
 		b := e.IP.As16()
 		hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
-		h := unitHash(s.pools[pi].salt, hi, lo)
-		var u int32
-		for j := h >> (64 - tblBits); ; j = (j + 1) & mask {
-			if v := tbl[j]; v == 0 {
-				u = int32(len(s.units))
-				tbl[j] = u + 1
-				s.units = append(s.units, unitRec{hash: h, hi: hi, lo: lo, pool: pi, cand: -1, node: -1})
-				break
-			} else if ur := &s.units[v-1]; ur.hi == hi && ur.lo == lo && ur.pool == pi {
-				u = v - 1
-				break
-			}
-		}
-		r.unit = u
+		keys[i] = unitKey{hash: unitHash(s.pools[pi].salt, hi, lo), hi: hi, lo: lo, pool: pi}
 		// The current Node's fitness for the pool.
 		switch {
 		case e.CurrentNode == "":
@@ -446,19 +418,64 @@ func (s *state) buildUnits(byName []int32) {
 		case s.nodes[r.cur].capacity <= 0:
 			r.curSt = curNoCapacity
 		default:
-			sl := s.slotOf(r.cur, pi)
-			if sl < 0 {
+			if r.slot = s.slotOf(r.cur, pi); r.slot < 0 {
 				r.curSt = curNotInPool
-				break
-			}
-			r.curSt = curValid
-			// Members come in priority order, so the first fit current
-			// Node is the oldest member's.
-			if ur := &s.units[u]; ur.cand < 0 {
-				ur.cand = sl
+			} else {
+				r.curSt = curValid
 			}
 		}
 	}
+
+	buf := make([]keyed, 2*len(eg))
+	order := buf[:0]
+	for rank, i := range byName {
+		if s.eg[i].reason != rPlaced {
+			continue
+		}
+		t := eg[i].Created
+		order = append(order, keyed{
+			hi: uint64(t.Unix()) ^ 1<<63,
+			lo: uint64(t.Nanosecond())<<32 | uint64(rank),
+			i:  i,
+		})
+	}
+	order = radixSort(order, buf[len(eg):len(eg)+len(order)])
+	s.units = make([]unitRec, 0, len(order))
+	// Units by (pool, IP): open addressing with linear probing on the
+	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
+	// free; it is at least twice the number of units.
+	tblBits := bits.Len(uint(2 * len(order)))
+	tbl := make([]int32, 1<<tblBits)
+	mask := uint64(len(tbl) - 1)
+	for _, o := range order {
+		k := &keys[o.i]
+		var u int32
+		for j := k.hash >> (64 - tblBits); ; j = (j + 1) & mask {
+			if v := tbl[j]; v == 0 {
+				u = int32(len(s.units))
+				tbl[j] = u + 1
+				s.units = append(s.units, unitRec{hash: k.hash, hi: k.hi, lo: k.lo, pool: k.pool, cand: -1, node: -1})
+				break
+			} else if ur := &s.units[v-1]; ur.hi == k.hi && ur.lo == k.lo && ur.pool == k.pool {
+				u = v - 1
+				break
+			}
+		}
+		r := &s.eg[o.i]
+		r.unit = u
+		// Members come in priority order, so the first fit current Node
+		// is the oldest member's.
+		if ur := &s.units[u]; ur.cand < 0 && r.curSt == curValid {
+			ur.cand = r.slot
+		}
+	}
+}
+
+// unitKey is an Egress's unit identity, computed before the units exist.
+type unitKey struct {
+	hash   uint64 // unitHash
+	hi, lo uint64 // the IP as 16 bytes, big endian
+	pool   int32
 }
 
 // keep is phase 1: units stay on their fit current Node, in priority order,
