@@ -291,7 +291,7 @@ func (s *state) slotOf(n, p int32) int32 {
 // input index, which only orders entries of the same name), marking
 // duplicated names.
 //
-// The sort key of a name is the 16 bytes that follow the prefix all names
+// The sort key of a name is the 12 bytes that follow the prefix all names
 // share, big endian and zero-padded. Key order never contradicts name order,
 // so a radix sort on the keys does most of the work; names whose keys tie
 // are then put in order by comparing them.
@@ -315,35 +315,36 @@ func (s *state) sortNames() []int32 {
 	}
 	buf := make([]keyed, 2*len(eg))
 	recs := buf[:len(eg)]
+	const keyBits = 0xffffffff_00000000 // lo: 4 key bytes, then the index
 	for i := range eg {
 		var k [16]byte
-		copy(k[:], eg[i].Name[common:])
-		recs[i] = keyed{hi: binary.BigEndian.Uint64(k[:8]), lo: binary.BigEndian.Uint64(k[8:]), i: int32(i)}
+		copy(k[:12], eg[i].Name[common:])
+		recs[i] = keyed{hi: binary.BigEndian.Uint64(k[:8]), lo: binary.BigEndian.Uint64(k[8:]) | uint64(i)}
 	}
-	recs = radixSort(recs, buf[len(eg):])
+	recs = radixSort(recs, buf[len(eg):], keyBits)
 	for k := 0; k < len(recs); {
 		j := k + 1
-		for j < len(recs) && recs[j].hi == recs[k].hi && recs[j].lo == recs[k].lo {
+		for j < len(recs) && recs[j].hi == recs[k].hi && recs[j].lo&keyBits == recs[k].lo&keyBits {
 			j++
 		}
 		if j-k > 1 {
 			slices.SortFunc(recs[k:j], func(a, b keyed) int {
-				if c := strings.Compare(eg[a.i].Name, eg[b.i].Name); c != 0 {
+				if c := strings.Compare(eg[a.index()].Name, eg[b.index()].Name); c != 0 {
 					return c
 				}
-				return cmp.Compare(a.i, b.i)
+				return cmp.Compare(a.index(), b.index())
 			})
 		}
 		k = j
 	}
 	byName := make([]int32, len(eg))
 	for k, r := range recs {
-		byName[k] = r.i
+		byName[k] = r.index()
 	}
 	s.eg = make([]egRec, len(eg))
 	for k := 0; k < len(byName); {
 		j := k + 1
-		for j < len(byName) && recs[j].hi == recs[k].hi && recs[j].lo == recs[k].lo && eg[byName[j]].Name == eg[byName[k]].Name {
+		for j < len(byName) && recs[j].hi == recs[k].hi && recs[j].lo&keyBits == recs[k].lo&keyBits && eg[byName[j]].Name == eg[byName[k]].Name {
 			j++
 		}
 		if j-k > 1 {
@@ -436,10 +437,9 @@ func (s *state) buildUnits(byName []int32) {
 		order = append(order, keyed{
 			hi: uint64(t.Unix()) ^ 1<<63,
 			lo: uint64(t.Nanosecond())<<32 | uint64(rank),
-			i:  i,
 		})
 	}
-	order = radixSort(order, buf[len(eg):len(eg)+len(order)])
+	order = radixSort(order, buf[len(eg):len(eg)+len(order)], ^uint64(0))
 	s.units = make([]unitRec, 0, len(order))
 	// Units by (pool, IP): open addressing with linear probing on the
 	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
@@ -448,7 +448,8 @@ func (s *state) buildUnits(byName []int32) {
 	tbl := make([]int32, 1<<tblBits)
 	mask := uint64(len(tbl) - 1)
 	for _, o := range order {
-		k := &keys[o.i]
+		i := byName[o.index()] // the payload is the rank
+		k := &keys[i]
 		var u int32
 		for j := k.hash >> (64 - tblBits); ; j = (j + 1) & mask {
 			if v := tbl[j]; v == 0 {
@@ -461,7 +462,7 @@ func (s *state) buildUnits(byName []int32) {
 				break
 			}
 		}
-		r := &s.eg[o.i]
+		r := &s.eg[i]
 		r.unit = u
 		// Members come in priority order, so the first fit current Node
 		// is the oldest member's.

@@ -1,18 +1,19 @@
 package scheduler
 
-// keyed is a sort record: a 128-bit key (hi, then lo) and the index of what
-// it stands for.
-type keyed struct {
-	hi, lo uint64
-	i      int32
-}
+// keyed is a 16-byte sort record: hi, then lo, where the low 32 bits of lo
+// carry the index of what the record stands for (see index).
+type keyed struct{ hi, lo uint64 }
 
-// radixSort sorts a by (hi, lo), stably, using tmp (same length) as
-// scratch, and returns the sorted slice, which is a or tmp. It is an LSD
-// radix sort on bytes that skips every byte position where all keys agree,
-// so it costs O(n) plus O(n) per byte position that varies: names and
-// creation times usually vary in a few bytes only.
-func radixSort(a, tmp []keyed) []keyed {
+// index is the payload of r.
+func (r keyed) index() int32 { return int32(uint32(r.lo)) }
+
+// radixSort sorts a by hi and then by the bytes of lo where loMask is 0xff
+// (loMask is made of 0x00 and 0xff bytes), stably,
+// using tmp (same length) as scratch, and returns the sorted slice, which is
+// a or tmp. It is an LSD radix sort on bytes that skips every byte position
+// where all keys agree, so it costs O(n) plus O(n) per byte position that
+// varies: names and creation times usually vary in a few bytes only.
+func radixSort(a, tmp []keyed, loMask uint64) []keyed {
 	n := len(a)
 	if n < 2 {
 		return a
@@ -23,6 +24,7 @@ func radixSort(a, tmp []keyed) []keyed {
 		diffHi |= r.hi ^ a[0].hi
 		diffLo |= r.lo ^ a[0].lo
 	}
+	diffLo &= loMask
 	// Histograms of those bytes only: byte b of lo is position b, byte b
 	// of hi is position 8+b.
 	var count [16][256]int32
