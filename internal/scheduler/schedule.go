@@ -56,9 +56,7 @@ const (
 
 // unitRec is a set of Egresses sharing one IP of one pool.
 type unitRec struct {
-	hash    uint64 // unitHash: position on the pool's ring
-	hi, lo  uint64 // the IP as 16 bytes, big endian
-	pool    int32
+	unitKey
 	cand    int32 // global slot of the Node to keep, or -1
 	node    int32 // node index after the pass, or -1
 	reason  uint8 // placement reason code when node < 0
@@ -455,9 +453,9 @@ func (s *state) buildUnits(byName []int32) {
 			if v := tbl[j]; v == 0 {
 				u = int32(len(s.units))
 				tbl[j] = u + 1
-				s.units = append(s.units, unitRec{hash: k.hash, hi: k.hi, lo: k.lo, pool: k.pool, cand: -1, node: -1})
+				s.units = append(s.units, unitRec{unitKey: *k, cand: -1, node: -1})
 				break
-			} else if ur := &s.units[v-1]; ur.hi == k.hi && ur.lo == k.lo && ur.pool == k.pool {
+			} else if ur := &s.units[v-1]; ur.unitKey == *k {
 				u = v - 1
 				break
 			}
@@ -472,9 +470,9 @@ func (s *state) buildUnits(byName []int32) {
 	}
 }
 
-// unitKey is an Egress's unit identity, computed before the units exist.
+// unitKey identifies a unit: its pool and IP, with the IP's ring hash.
 type unitKey struct {
-	hash   uint64 // unitHash
+	hash   uint64 // unitHash(pool salt, hi, lo): position on the pool's ring
 	hi, lo uint64 // the IP as 16 bytes, big endian
 	pool   int32
 }
