@@ -59,8 +59,9 @@ type Node struct {
 	IPv6 netip.Addr
 	MAC  net.HardwareAddr
 
-	mu    sync.Mutex
-	agent *exec.Cmd
+	mu        sync.Mutex
+	agent     *exec.Cmd
+	agentDone chan struct{} // closed when the agent has exited
 }
 
 // Cluster is a running local cluster.
@@ -77,6 +78,7 @@ type Cluster struct {
 	controllerArgs []string
 	mu             sync.Mutex
 	controller     *exec.Cmd
+	controllerDone chan struct{}
 }
 
 // Start brings the cluster up. It must run inside the control-plane
@@ -278,8 +280,9 @@ func (c *Cluster) StartController() error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start egressip-controller: %w", err)
 	}
-	c.controller = cmd
-	go func() { _ = cmd.Wait() }()
+	done := make(chan struct{})
+	c.controller, c.controllerDone = cmd, done
+	go func() { _ = cmd.Wait(); close(done) }()
 	return nil
 }
 
@@ -289,7 +292,8 @@ func (c *Cluster) StopController() {
 	defer c.mu.Unlock()
 	if c.controller != nil {
 		_ = c.controller.Process.Kill()
-		c.controller = nil
+		<-c.controllerDone
+		c.controller, c.controllerDone = nil, nil
 	}
 }
 
@@ -303,8 +307,9 @@ func (c *Cluster) StartAgent(n *Node) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start agent of %s: %w", n.Name, err)
 	}
-	n.agent = cmd
-	go func() { _ = cmd.Wait() }()
+	done := make(chan struct{})
+	n.agent, n.agentDone = cmd, done
+	go func() { _ = cmd.Wait(); close(done) }()
 	return nil
 }
 
@@ -312,18 +317,18 @@ func (c *Cluster) StartAgent(n *Node) error {
 // rolling update) and waits until it has exited.
 func (c *Cluster) StopAgent(n *Node, sig syscall.Signal) {
 	n.mu.Lock()
-	cmd := n.agent
-	n.agent = nil
+	cmd, done := n.agent, n.agentDone
+	n.agent, n.agentDone = nil, nil
 	n.mu.Unlock()
 	if cmd == nil {
 		return
 	}
 	_ = cmd.Process.Signal(sig)
-	for i := 0; i < 100 && cmd.ProcessState == nil; i++ {
-		if err := syscall.Kill(cmd.Process.Pid, 0); err != nil {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
 	}
 }
 
