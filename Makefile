@@ -138,6 +138,22 @@ build-installer: manifests generate kustomize ## Generate a consolidated YAML wi
 	cd config/agent && "$(KUSTOMIZE)" edit set image controller=${IMG}
 	"$(KUSTOMIZE)" build config/default > dist/install.yaml
 
+## The chart is generated from dist/install.yaml by kubebuilder's helm/v2-alpha
+## plugin. Chart.yaml, values.yaml, values.schema.json, _helpers.tpl and
+## NOTES.txt are ours and kept by the plugin. The plugin renders the agent
+## DaemonSet as a static template (templates/extras/agent.yaml); we replace it
+## with templates/agent/daemonset.yaml, which reads the agent's settings from
+## values.yaml. test/packaging checks that both installs agree.
+.PHONY: helm-chart
+helm-chart: build-installer kubebuilder ## Regenerate charts/chart from dist/install.yaml (kubebuilder helm/v2-alpha).
+	"$(KUBEBUILDER)" edit --plugins=helm/v2-alpha --output-dir=charts
+	rm -f charts/chart/templates/extras/agent.yaml
+
+.PHONY: helm-lint
+helm-lint: helm ## helm lint and helm template the chart.
+	"$(HELM_BIN)" lint --strict charts/chart
+	"$(HELM_BIN)" template egressip charts/chart --namespace egressip-system > /dev/null
+
 ##@ Deployment
 
 ifndef ignore-not-found
@@ -175,11 +191,15 @@ $(LOCALBIN):
 KUBECTL ?= kubectl
 KIND ?= kind
 KUSTOMIZE ?= $(LOCALBIN)/kustomize
+HELM_BIN ?= $(LOCALBIN)/helm
+KUBEBUILDER ?= $(LOCALBIN)/kubebuilder
 CONTROLLER_GEN ?= $(LOCALBIN)/controller-gen
 GOLANGCI_LINT = $(LOCALBIN)/golangci-lint
 
 ## Tool Versions
 KUSTOMIZE_VERSION ?= v5.8.1
+HELM_VERSION ?= v3.22.0
+KUBEBUILDER_VERSION ?= v4.16.0
 CONTROLLER_TOOLS_VERSION ?= v0.23.0
 
 GOLANGCI_LINT_VERSION ?= v2.15.0
@@ -187,6 +207,16 @@ GOLANGCI_LINT_VERSION ?= v2.15.0
 kustomize: $(KUSTOMIZE) ## Download kustomize locally if necessary.
 $(KUSTOMIZE): $(LOCALBIN)
 	$(call go-install-tool,$(KUSTOMIZE),sigs.k8s.io/kustomize/kustomize/v5,$(KUSTOMIZE_VERSION))
+
+.PHONY: helm
+helm: $(HELM_BIN) ## Download helm locally if necessary (built from the Go module proxy).
+$(HELM_BIN): $(LOCALBIN)
+	$(call go-install-tool,$(HELM_BIN),helm.sh/helm/v3/cmd/helm,$(HELM_VERSION))
+
+.PHONY: kubebuilder
+kubebuilder: $(KUBEBUILDER) ## Download the kubebuilder CLI locally if necessary (for its helm/v2-alpha plugin).
+$(KUBEBUILDER): $(LOCALBIN)
+	$(call go-install-tool,$(KUBEBUILDER),sigs.k8s.io/kubebuilder/v4,$(KUBEBUILDER_VERSION))
 
 .PHONY: controller-gen
 controller-gen: $(CONTROLLER_GEN) ## Download controller-gen locally if necessary.
@@ -265,7 +295,7 @@ endef
 ##@ Helm Deployment
 
 ## Helm binary to use for deploying the chart
-HELM ?= helm
+HELM ?= $(HELM_BIN)
 ## Namespace to deploy the Helm release
 HELM_NAMESPACE ?= egressip-system
 ## Name of the Helm release
