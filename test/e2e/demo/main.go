@@ -162,105 +162,25 @@ func (d *demo) verify(name string) error {
 }
 
 func (d *demo) crash(name string) error {
-	e, err := d.c.Egress(d.ctx, name)
+	f, err := d.c.CrashAndWait(d.ctx, name, 30*time.Second)
 	if err != nil {
 		return err
 	}
-	ip := netip.MustParseAddr(e.Status.EgressIP)
-	victim := d.c.Node(e.Status.EgressNode)
-	w, err := d.c.WatchARP(ip, 50*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	time.Sleep(300 * time.Millisecond)
-	crashed := time.Now()
-	if err := d.c.CrashNode(victim); err != nil {
-		return err
-	}
-	fmt.Printf("   %s crashed; %s was on it\n", victim.Name, ip)
-	var newMAC string
-	moved := harness.WaitFor(d.ctx, 30*time.Second, func() bool {
-		for _, r := range w.Replies() {
-			if r.At.After(crashed) && r.MAC != victim.MAC.String() {
-				newMAC = r.MAC
-				return true
-			}
-		}
-		return false
-	})
-	answered := time.Since(crashed)
-	w.Stop()
-	if !moved {
-		return fmt.Errorf("%s did not answer ARP from another Node within 30 s", ip)
-	}
-	if _, err := d.c.WaitReady(d.ctx, 10*time.Second, name); err != nil {
-		return err
-	}
-	e, _ = d.c.Egress(d.ctx, name)
-	fmt.Printf("   failover: %s answers ARP from %s (%s) %v after the crash\n", ip, newMAC, e.Status.EgressNode, answered.Round(time.Millisecond))
+	fmt.Printf("   %s crashed; %s was on it\n", f.From.Name, f.IP)
+	fmt.Printf("   failover: %s answers ARP from %s (%s) %v after the crash\n", f.IP, f.To.MAC, f.To.Name, f.Took.Round(time.Millisecond))
 	d.show()
 	return nil
 }
 
 func (d *demo) cordon(name string) error {
-	e, err := d.c.Egress(d.ctx, name)
+	m, err := d.c.CordonAndWait(d.ctx, name, 30*time.Second)
 	if err != nil {
 		return err
 	}
-	ip := netip.MustParseAddr(e.Status.EgressIP)
-	from := d.c.Node(e.Status.EgressNode)
-	w, err := d.c.WatchARP(ip, 20*time.Millisecond)
-	if err != nil {
-		return err
-	}
-	time.Sleep(300 * time.Millisecond)
-	start := time.Now()
-	if err := d.c.Cordon(d.ctx, from.Name, true); err != nil {
-		return err
-	}
-	fmt.Printf("   cordoned %s; %s was on it\n", from.Name, ip)
-	moved := harness.WaitFor(d.ctx, 30*time.Second, func() bool {
-		e, err := d.c.Egress(d.ctx, name)
-		return err == nil && e.Status.EgressNode != "" && e.Status.EgressNode != from.Name
-	})
-	if !moved {
-		return fmt.Errorf("%s did not move off the cordoned Node within 30 s", name)
-	}
-	e, _ = d.c.Egress(d.ctx, name)
-	to := d.c.Node(e.Status.EgressNode)
-	harness.WaitFor(d.ctx, 5*time.Second, func() bool {
-		r := w.Replies()
-		return len(r) > 0 && r[len(r)-1].MAC == to.MAC.String()
-	})
-	time.Sleep(500 * time.Millisecond)
-	replies := w.Stop()
-	var lastOld, firstNew time.Time
-	for _, r := range replies {
-		if r.MAC == from.MAC.String() && r.At.After(start) {
-			lastOld = r.At
-		}
-		if r.MAC == to.MAC.String() && firstNew.IsZero() {
-			firstNew = r.At
-		}
-	}
-	if lastOld.IsZero() {
-		lastOld = start
-	}
+	fmt.Printf("   cordoned %s; %s was on it\n", m.From.Name, m.IP)
 	fmt.Printf("   planned move %s -> %s done %v after the cordon; ARP silent for %v between the last answer from %s and the first from %s\n",
-		from.Name, to.Name, firstNew.Sub(start).Round(time.Millisecond), firstNew.Sub(lastOld).Round(time.Millisecond), from.Name, to.Name)
-	dup := false
-	for _, r := range replies {
-		if r.At.After(firstNew) && r.MAC != to.MAC.String() {
-			dup = true
-		}
-	}
-	if dup {
-		return fmt.Errorf("after the move, %s still answered ARP for %s", from.Name, ip)
-	}
-	if _, err := d.c.WaitReady(d.ctx, 10*time.Second, name); err != nil {
-		return err
-	}
-	fmt.Printf("   no answer from %s after the move (checked %d ARP replies)\n", from.Name, len(replies))
+		m.From.Name, m.To.Name, m.Took.Round(time.Millisecond), m.Gap.Round(time.Millisecond), m.From.Name, m.To.Name)
+	fmt.Printf("   no answer from %s after the move (checked %d ARP replies)\n", m.From.Name, m.Replies)
 	d.show()
 	return nil
 }

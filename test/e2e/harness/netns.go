@@ -38,6 +38,9 @@ func ReexecInNetNS(ns string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("network namespaces need root: run as root (the agent binds addresses and sends ARP)")
 	}
+	if out, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil && len(strings.TrimSpace(string(out))) > 0 {
+		return fmt.Errorf("namespace %s is in use by another run (processes %s); stop that run first", ns, strings.Join(strings.Fields(string(out)), " "))
+	}
 	CleanupNamespaces(ns)
 	if err := run("ip", "netns", "add", ns); err != nil {
 		return fmt.Errorf("create namespace %s: %w", ns, err)
