@@ -17,8 +17,11 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
+
+	"github.com/vishvananda/netns"
 )
 
 // EnvNetNS is set in the re-executed child to the namespace it runs in.
@@ -26,7 +29,7 @@ const EnvNetNS = "EGRESSIP_HARNESS_NETNS"
 
 // ReexecInNetNS makes the current process run inside a fresh network
 // namespace named ns. In the parent it creates ns, runs this same program
-// (same arguments) inside it with `ip netns exec`, forwards SIGINT and
+// (same arguments) inside it, forwards SIGINT and
 // SIGTERM, and after the child ends kills every process the child left
 // behind (its process group), deletes every namespace whose name starts with
 // ns, and exits with the child's status. In the child (EnvNetNS == ns) it
@@ -49,13 +52,16 @@ func ReexecInNetNS(ns string) error {
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, self}, os.Args[1:]...)...)
+	// Start the child from a thread that has entered ns: it inherits that
+	// network namespace, and (unlike `ip netns exec`) no private mount
+	// namespace, so the namespaces it adds are usable from every shell.
+	cmd := exec.Command(self, os.Args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = append(os.Environ(), EnvNetNS+"="+ns)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	if err := cmd.Start(); err != nil {
+	if err := startInNetNS(ns, cmd); err != nil {
 		CleanupNamespaces(ns)
 		return fmt.Errorf("start %s in %s: %w", self, ns, err)
 	}
@@ -109,4 +115,25 @@ func run(name string, args ...string) error {
 // inNS runs an ip(8) command inside namespace ns.
 func inNS(ns string, args ...string) error {
 	return run("ip", append([]string{"-n", ns}, args...)...)
+}
+
+// startInNetNS starts cmd from an OS thread switched into namespace ns.
+func startInNetNS(ns string, cmd *exec.Cmd) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = orig.Close() }()
+	h, err := netns.GetFromName(ns)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = h.Close() }()
+	if err := netns.Set(h); err != nil {
+		return err
+	}
+	defer func() { _ = netns.Set(orig) }()
+	return cmd.Start()
 }
