@@ -1,4 +1,5 @@
-# Build the manager binary
+# One image, two binaries: /egressip-controller (Deployment) and
+# /egressip-agent (DaemonSet). The manifests pick the binary with `command`.
 # Override BASE_IMAGE to build from another registry, e.g. docker.io/library/golang:1.26
 ARG BASE_IMAGE=golang:1.26
 FROM ${BASE_IMAGE} AS builder
@@ -6,28 +7,25 @@ ARG TARGETOS
 ARG TARGETARCH
 
 WORKDIR /workspace
-# Copy the Go Modules manifests
-COPY go.mod go.mod
-COPY go.sum go.sum
-# cache deps before building and copying source so that we don't need to re-download as much
-# and so that source changes don't invalidate our downloaded layer
+# Modules first, so a source change does not download them again.
+COPY go.mod go.sum ./
 RUN go mod download
 
-# Copy the Go source (relies on .dockerignore to filter)
-COPY . .
+COPY api/ api/
+COPY cmd/ cmd/
+COPY internal/ internal/
 
-# Build
-# the GOARCH has no default value to allow the binary to be built according to the host where the command
-# was called. For example, if we call make docker-build in a local env which has the Apple Silicon M1 SO
-# the docker BUILDPLATFORM arg will be linux/arm64 when for Apple x86 it will be linux/amd64. Therefore,
-# by leaving it empty we can ensure that the container and binary shipped on it will have the same platform.
-RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} go build -a -o manager cmd/main.go
+# Static binaries (distroless/static has no libc). TARGETARCH is left empty
+# by a plain `docker build`, which builds for the host.
+RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
+    go build -trimpath -ldflags="-s -w" -o /out/egressip-controller ./cmd/controller && \
+    CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
+    go build -trimpath -ldflags="-s -w" -o /out/egressip-agent ./cmd/agent
 
-# Use distroless as minimal base image to package the manager binary
-# Refer to https://github.com/GoogleContainerTools/distroless for more details
 FROM gcr.io/distroless/static:nonroot
 WORKDIR /
-COPY --from=builder /workspace/manager .
+COPY --from=builder /out/egressip-controller /out/egressip-agent /
+# The controller runs as this user. The agent's DaemonSet overrides it with
+# runAsUser: 0 and only CAP_NET_ADMIN and CAP_NET_RAW (see docs/security.md).
 USER 65532:65532
-
-ENTRYPOINT ["/manager"]
+ENTRYPOINT ["/egressip-controller"]
