@@ -148,6 +148,9 @@ build-installer: manifests generate kustomize ## Generate a consolidated YAML wi
 helm-chart: build-installer kubebuilder ## Regenerate charts/chart from dist/install.yaml (kubebuilder helm/v2-alpha).
 	"$(KUBEBUILDER)" edit --plugins=helm/v2-alpha --output-dir=charts
 	rm -f charts/chart/templates/extras/agent.yaml
+	@# The plugin also scaffolds a kind-based GitHub workflow; keep it only if the project tracks one.
+	git ls-files --error-unmatch .github/workflows/test-chart.yml >/dev/null 2>&1 || rm -f .github/workflows/test-chart.yml
+	rmdir .github/workflows .github 2>/dev/null || true
 
 .PHONY: helm-lint
 helm-lint: helm ## helm lint and helm template the chart.
