@@ -7,12 +7,16 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -332,4 +336,53 @@ func TestControllerRestart(t *testing.T) {
 		}
 		checkReachable(t, e)
 	}
+}
+
+// TestMetricsDocumented scrapes the controller's and every agent's metrics
+// endpoint and finds each metric that docs/metrics.md documents.
+func TestMetricsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	for _, m := range regexp.MustCompile(`egressip_(controller|agent)_[a-z_]+`).FindAllString(string(doc), -1) {
+		documented[m] = true
+	}
+	if len(documented) < 10 {
+		t.Fatalf("only %d metrics found in docs/metrics.md", len(documented))
+	}
+	newEgress(t, "metrics", "office-egress", "")
+	waitReady(t, "metrics")
+	scrape := func(url string) string {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatalf("scrape %s: %v", url, err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	endpoints := map[string]string{"controller": "http://" + harness.ControllerMetricsAddr + "/metrics"}
+	for _, n := range c.Nodes {
+		endpoints[n.Name] = fmt.Sprintf("http://%s:%d/metrics", n.IPv4, harness.AgentMetricsPort)
+	}
+	seen := map[string]bool{}
+	for who, url := range endpoints {
+		body := scrape(url)
+		for m := range documented {
+			if strings.Contains(body, m) {
+				seen[m] = true
+				if strings.HasPrefix(m, "egressip_agent_") && who == "controller" {
+					t.Errorf("agent metric %s served by the controller", m)
+				}
+			}
+		}
+	}
+	for m := range documented {
+		if !seen[m] {
+			t.Errorf("documented metric %s is served by no component", m)
+		}
+	}
+	t.Logf("%d documented metrics, all served (%d endpoints scraped)", len(documented), len(endpoints))
 }

@@ -34,6 +34,13 @@ var (
 	ClientV6 = netip.MustParseAddr("2001:db8::50")
 )
 
+// Where the processes serve plain-HTTP metrics: the controller on the
+// control-plane namespace's loopback, each agent on its Node's addresses.
+const (
+	ControllerMetricsAddr = "127.0.0.1:8080"
+	AgentMetricsPort      = 9447
+)
+
 // NodeLabel marks the Nodes the sample pools select.
 const NodeLabel = "egress.example/gateway"
 
@@ -272,7 +279,7 @@ func (c *Cluster) StartController() error {
 	args := append([]string{
 		"--kubeconfig", c.Kubeconfig,
 		"--leader-elect", "--leader-election-namespace", "default",
-		"--metrics-bind-address", "0", "--health-probe-bind-address", "0",
+		"--metrics-bind-address", ControllerMetricsAddr, "--metrics-secure=false", "--health-probe-bind-address", "0",
 		"--webhook-cert-path", wo.CertDir, "--webhook-port", strconv.Itoa(wo.Port),
 	}, c.Config.ControllerArgs...)
 	cmd := exec.Command(filepath.Join(c.Config.BinDir, "egressip-controller"), args...)
@@ -302,7 +309,8 @@ func (c *Cluster) StartAgent(n *Node) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	cmd := exec.Command("ip", "netns", "exec", n.Name, filepath.Join(c.Config.BinDir, "egressip-agent"),
-		"--kubeconfig", c.agentConfig, "--node-name", n.Name, "--health-probe-bind-address", "0")
+		"--kubeconfig", c.agentConfig, "--node-name", n.Name, "--health-probe-bind-address", "0",
+		"--metrics-bind-address", fmt.Sprintf(":%d", AgentMetricsPort))
 	cmd.Stdout, cmd.Stderr = prefixed(c.Config.Log, n.Name), prefixed(c.Config.Log, n.Name)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start agent of %s: %w", n.Name, err)
