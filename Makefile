@@ -59,7 +59,7 @@ vet: ## Run go vet against code.
 
 .PHONY: test
 test: verify-generated vet envtest-assets system-tools helm kustomize ## Check generated files, vet, then run every test with -race (envtest suites on a real kube-apiserver; agent suites in network namespaces, as root).
-	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS_DIR)" go test -race $(GO_TEST_FLAGS) ./...
+	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS_DIR)" go test -race -count=1 $(GO_TEST_FLAGS) ./...
 
 .PHONY: system-tools
 system-tools: ## Install iproute2 when ip is missing (the agent tests, the e2e suite and the demo use it).
