@@ -90,9 +90,13 @@ type Liveness struct {
 // expediteInterval and expediteFor: how often and how long a Node that must
 // release an IP is polled, so a planned move waits about 100 ms for the
 // release to be seen instead of a whole poll interval.
+// At most maxExpedited Nodes are expedited at once, so a pass that moves
+// thousands of IPs does not turn into thousands of polls every 100 ms; the
+// others wait for their regular poll.
 const (
 	expediteInterval = 100 * time.Millisecond
 	expediteFor      = 5 * time.Second
+	maxExpedited     = 16
 )
 
 // Expedite polls node every 100 ms for up to 5 s, or until its report
@@ -100,7 +104,7 @@ const (
 func (l *Liveness) Expedite(node string) {
 	l.mu.Lock()
 	ctx := l.runCtx
-	if ctx == nil || l.expedited[node] {
+	if ctx == nil || l.expedited[node] || len(l.expedited) >= maxExpedited {
 		l.mu.Unlock()
 		return
 	}
