@@ -147,15 +147,29 @@ build-installer: manifests generate kustomize ## Generate a consolidated YAML wi
 .PHONY: helm-chart
 helm-chart: build-installer kubebuilder ## Regenerate charts/chart from dist/install.yaml (kubebuilder helm/v2-alpha).
 	"$(KUBEBUILDER)" edit --plugins=helm/v2-alpha --output-dir=charts
-	rm -f charts/chart/templates/extras/agent.yaml
+	rm -f charts/chart/templates/extras/agent.yaml charts/chart/templates/extras/agent-metrics.yaml
+	@# Without cert-manager the chart makes the webhook certificate itself
+	@# (hand-written templates/webhook-certs/): mount the Secret whenever the
+	@# webhook is on, and give the webhook configuration its caBundle.
+	sed -i 's/if and \.Values\.certManager\.enabled \.Values\.webhook\.enabled }}/if .Values.webhook.enabled }}/' $(HELM_MANAGER_TPL)
+	sed -i 's/^  clientConfig:$$/  clientConfig:\n    {{- with include "egressip.webhookCABundle" $$ }}\n    caBundle: {{ . }}\n    {{- end }}/' $(HELM_WEBHOOK_TPL)
+	@test "$$(grep -c 'if .Values.webhook.enabled }}' $(HELM_MANAGER_TPL))" -ge 4 && ! grep -q 'certManager' $(HELM_MANAGER_TPL) \
+		|| { echo "$(HELM_MANAGER_TPL): the webhook certificate conditions changed, update the helm-chart target"; exit 1; }
+	@test "$$(grep -c 'egressip.webhookCABundle' $(HELM_WEBHOOK_TPL))" = "$$(grep -c '^  clientConfig:$$' $(HELM_WEBHOOK_TPL))" \
+		|| { echo "$(HELM_WEBHOOK_TPL): caBundle not inserted under every clientConfig, update the helm-chart target"; exit 1; }
 	@# The plugin also scaffolds a kind-based GitHub workflow; keep it only if the project tracks one.
 	git ls-files --error-unmatch .github/workflows/test-chart.yml >/dev/null 2>&1 || rm -f .github/workflows/test-chart.yml
 	rmdir .github/workflows .github 2>/dev/null || true
 
+HELM_MANAGER_TPL := charts/chart/templates/manager/manager.yaml
+HELM_WEBHOOK_TPL := charts/chart/templates/webhook/validating-webhook-configuration.yaml
+
 .PHONY: helm-lint
-helm-lint: helm ## helm lint and helm template the chart.
+helm-lint: helm ## helm lint and helm template the chart (with and without cert-manager).
 	"$(HELM_BIN)" lint --strict charts/chart
+	"$(HELM_BIN)" lint --strict charts/chart --set certManager.enabled=false
 	"$(HELM_BIN)" template egressip charts/chart --namespace egressip-system > /dev/null
+	"$(HELM_BIN)" template egressip charts/chart --namespace egressip-system --set certManager.enabled=false > /dev/null
 
 ##@ Deployment
 
