@@ -92,9 +92,14 @@ build: manifests generate fmt vet ## Build egressip-controller and egressip-agen
 	go build -o bin/egressip-controller ./cmd/controller
 	go build -o bin/egressip-agent ./cmd/agent
 
-.PHONY: demo
-demo: build envtest-assets kubectl system-tools ## Run egressip end to end on this machine (root): control plane, controller, agents in network namespaces. DEMO_ARGS="--keep" keeps it up.
+.PHONY: build-bins
+build-bins: ## Build egressip-controller, egressip-agent and the demo into bin/ (no code generation).
+	go build -o bin/egressip-controller ./cmd/controller
+	go build -o bin/egressip-agent ./cmd/agent
 	go build -o bin/egressip-demo ./test/e2e/demo
+
+.PHONY: demo
+demo: build-bins envtest-assets kubectl system-tools ## Run egressip end to end on this machine (root): control plane, controller, agents in network namespaces. DEMO_ARGS="--keep" keeps it up.
 	bin/egressip-demo $(DEMO_ARGS)
 
 .PHONY: run

@@ -164,6 +164,9 @@ func TestValidation(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.wantErr) {
 				t.Fatalf("want rejection containing %q, got %v", tc.wantErr, err)
 			}
+			if strings.Contains(err.Error(), "evaluating rule") {
+				t.Fatalf("a rule failed to evaluate instead of reporting its message: %v", err)
+			}
 		})
 		if tc.wantErr != "" {
 			rejected++

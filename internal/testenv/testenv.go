@@ -13,7 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 
 	"k8s.io/apimachinery/pkg/runtime"
@@ -112,6 +112,9 @@ func Start(opts ...Option) (*Env, error) {
 	}
 	cfg, err := e.Start()
 	if err != nil {
+		// Start can fail after the processes are up (a CRD the API server
+		// rejects): stop them, or they outlive the test binary.
+		_ = e.Stop()
 		return nil, fmt.Errorf("start envtest control plane from %s: %w", assets, err)
 	}
 	s := NewScheme()
@@ -163,7 +166,7 @@ func AssetsDir(root string) (string, error) {
 		return dir, nil
 	}
 	matches, _ := filepath.Glob(filepath.Join(root, "bin", "k8s", "*", "kube-apiserver"))
-	sort.Strings(matches)
+	slices.Sort(matches)
 	for i := len(matches) - 1; i >= 0; i-- {
 		dir := filepath.Dir(matches[i])
 		if _, err := os.Stat(filepath.Join(dir, "etcd")); err == nil {

@@ -23,13 +23,16 @@ import (
 )
 
 func main() {
-	nodes := flag.Int("nodes", 3, "number of Nodes (network namespaces), 2..9")
-	keep := flag.Bool("keep", false, "keep the cluster running after the demo until Ctrl-C (prints the kubeconfig for kubectl)")
-	verbose := flag.Bool("verbose", false, "show the logs of the controller and the agents")
-	binDir := flag.String("bin-dir", "bin", "directory with egressip-controller and egressip-agent")
-	samples := flag.String("samples", "config/samples", "directory with the sample pools and Egresses")
-	kubectl := flag.String("kubectl", "", "kubectl binary used to show the objects (default: the one `make envtest-assets` builds, else kubectl on PATH)")
-	flag.Parse()
+	// An own flag set: libraries register flags (such as --kubeconfig) on
+	// the global one that mean nothing here.
+	fs := flag.NewFlagSet("egressip-demo", flag.ExitOnError)
+	nodes := fs.Int("nodes", 3, "number of Nodes (network namespaces), 2..9")
+	keep := fs.Bool("keep", false, "keep the cluster running after the demo until Ctrl-C (prints the kubectl command to reach it)")
+	verbose := fs.Bool("verbose", false, "show the logs of the controller and the agents")
+	binDir := fs.String("bin-dir", "bin", "directory with egressip-controller and egressip-agent")
+	samples := fs.String("samples", "config/samples", "directory with the sample pools and Egresses")
+	kubectl := fs.String("kubectl", "", "kubectl binary that shows the objects (default: bin/k8s/*/kubectl, else kubectl on PATH)")
+	_ = fs.Parse(os.Args[1:])
 	if *nodes < 2 || *nodes > 9 {
 		fmt.Fprintln(os.Stderr, "demo: --nodes must be 2..9")
 		os.Exit(2)
@@ -39,7 +42,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer cancel()
 	d := &demo{ctx: ctx, kubectl: *kubectl}
 	var logw io.Writer
@@ -47,7 +50,11 @@ func main() {
 		logw = os.Stderr
 	}
 	err := d.run(harness.Config{Prefix: "egdemo", Nodes: *nodes, BinDir: abs(*binDir), Log: logw}, abs(*samples), *keep)
-	if err != nil {
+	switch {
+	case err != nil && ctx.Err() != nil:
+		fmt.Fprintln(os.Stderr, "demo: interrupted; everything it started is removed")
+		os.Exit(130)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "demo: FAILED:", err)
 		os.Exit(1)
 	}
@@ -82,8 +89,9 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 	fmt.Printf("   up in %v\n", time.Since(start).Round(time.Millisecond))
 
 	d.say("Applying the sample pools and Egresses from %s", samples)
-	created := time.Now()
+	var created time.Time
 	for _, f := range []string{"egressip_v1alpha1_externalippool.yaml", "egressip_v1alpha1_egress.yaml"} {
+		created = time.Now() // the Egresses are in the last file
 		names, err := c.ApplyFile(d.ctx, filepath.Join(samples, f))
 		if err != nil {
 			return err
@@ -96,7 +104,7 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 	if _, err := c.WaitReady(d.ctx, 30*time.Second, egresses...); err != nil {
 		return err
 	}
-	fmt.Printf("   all Ready %v after creation\n", time.Since(created).Round(time.Millisecond))
+	fmt.Printf("   all three Ready %v after the Egresses were created\n", time.Since(created).Round(time.Millisecond))
 	d.show()
 
 	d.say("Checking from the client namespace: each egress IP answers ping, from the MAC of the Node in its status")

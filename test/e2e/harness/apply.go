@@ -8,7 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -112,6 +112,6 @@ func Describe(e *v1.Egress) string {
 	for _, c := range e.Status.Conditions {
 		conds = append(conds, fmt.Sprintf("%s=%s(%s)", c.Type, c.Status, c.Reason))
 	}
-	sort.Strings(conds)
+	slices.Sort(conds)
 	return s + " " + strings.Join(conds, " ")
 }

@@ -82,7 +82,6 @@ type Cluster struct {
 
 	dir            string
 	agentConfig    string
-	controllerArgs []string
 	mu             sync.Mutex
 	controller     *exec.Cmd
 	controllerDone chan struct{}

@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -29,8 +30,7 @@ const EnvNetNS = "EGRESSIP_HARNESS_NETNS"
 
 // ReexecInNetNS makes the current process run inside a fresh network
 // namespace named ns. In the parent it creates ns, runs this same program
-// (same arguments) inside it, forwards SIGINT and
-// SIGTERM, and after the child ends kills every process the child left
+// (same arguments) inside it, forwards SIGINT, SIGTERM and SIGHUP, and after the child ends kills every process the child left
 // behind (its process group), deletes every namespace whose name starts with
 // ns, and exits with the child's status. In the child (EnvNetNS == ns) it
 // returns nil at once. It returns an error only when ns cannot be created.
@@ -60,7 +60,7 @@ func ReexecInNetNS(ns string) error {
 	cmd.Env = append(os.Environ(), EnvNetNS+"="+ns)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	if err := startInNetNS(ns, cmd); err != nil {
 		CleanupNamespaces(ns)
 		return fmt.Errorf("start %s in %s: %w", self, ns, err)
@@ -88,8 +88,10 @@ func ReexecInNetNS(ns string) error {
 	return nil
 }
 
-// CleanupNamespaces deletes every network namespace whose name starts with
-// prefix (left over from an interrupted run, or at the end of this one).
+// CleanupNamespaces kills every process inside, then deletes, every network
+// namespace whose name starts with prefix (left over from an interrupted run,
+// or at the end of this one). Killing by namespace also catches processes
+// that left the run's process group, such as etcd and kube-apiserver.
 func CleanupNamespaces(prefix string) {
 	out, err := exec.Command("ip", "netns", "list").Output()
 	if err != nil {
@@ -97,9 +99,17 @@ func CleanupNamespaces(prefix string) {
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		f := strings.Fields(line)
-		if len(f) > 0 && strings.HasPrefix(f[0], prefix) {
-			_ = run("ip", "netns", "del", f[0])
+		if len(f) == 0 || !strings.HasPrefix(f[0], prefix) {
+			continue
 		}
+		if pids, err := exec.Command("ip", "netns", "pids", f[0]).Output(); err == nil {
+			for _, p := range strings.Fields(string(pids)) {
+				if pid, err := strconv.Atoi(p); err == nil && pid != os.Getpid() {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
+		_ = run("ip", "netns", "del", f[0])
 	}
 }
 
