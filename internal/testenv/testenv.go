@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"testing"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -174,4 +175,21 @@ func AssetsDir(root string) (string, error) {
 		}
 	}
 	return "", errors.New("no envtest binaries: set KUBEBUILDER_ASSETS or run `make envtest-assets` (builds kube-apiserver and etcd into bin/k8s/)")
+}
+
+// Main is a TestMain body for suites that share one control plane: it
+// starts it (storing it in *env), runs the tests, stops it and exits with
+// the tests' status; it exits 1 when the control plane does not start.
+func Main(m *testing.M, env **Env, opts ...Option) {
+	e, err := Start(opts...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*env = e
+	code := m.Run()
+	if err := e.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop envtest:", err)
+	}
+	os.Exit(code)
 }
