@@ -114,7 +114,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	out := plan(passInput{Pools: pools.Items, Egresses: egs.Items, Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config})
 
 	r.reportCapacity(ctx, nodes.Items, out.InvalidCapacity)
-	for _, n := range out.Releasing {
+	for _, n := range out.Awaited {
 		r.Liveness.Expedite(n)
 	}
 	unplacedEgresses.Reset()

@@ -83,10 +83,10 @@ type passOutput struct {
 	InvalidCapacity map[string]error
 	// Unplaced counts Egresses without a Node, by reason.
 	Unplaced map[string]int
-	// Releasing lists the Nodes whose next report the pass waits for: to
+	// Awaited lists the Nodes whose next report the pass waits for: to
 	// release an IP before a planned move completes, or to bind and announce
 	// a newly assigned one. The reconciler polls them sooner.
-	Releasing []string
+	Awaited []string
 	// Finalize says, per pool, whether it must carry PoolFinalizer: every
 	// pool does, until it is being deleted and no Egress uses it.
 	Finalize map[string]bool
@@ -106,12 +106,7 @@ func plan(in passInput) passOutput {
 		Unplaced:        map[string]int{},
 	}
 	egs := slices.Clone(in.Egresses)
-	slices.SortFunc(egs, func(a, b v1.Egress) int {
-		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Name, b.Name)
-	})
+	slices.SortFunc(egs, func(a, b v1.Egress) int { return olderFirst(&a.ObjectMeta, &b.ObjectMeta) })
 
 	// Pools.
 	type poolState struct {
@@ -145,12 +140,7 @@ func plan(in passInput) passOutput {
 	for i := range in.Pools {
 		byAge = append(byAge, &in.Pools[i])
 	}
-	slices.SortFunc(byAge, func(a, b *v1.ExternalIPPool) int {
-		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.Name, b.Name)
-	})
+	slices.SortFunc(byAge, func(a, b *v1.ExternalIPPool) int { return olderFirst(&a.ObjectMeta, &b.ObjectMeta) })
 	for i, p := range byAge {
 		ps := pools[p.Name]
 		for _, older := range byAge[:i] {
@@ -295,7 +285,7 @@ func plan(in passInput) passOutput {
 				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: ReasonWaitingForRelease,
 					Message: fmt.Sprintf("moving to Node %s: waiting for Node %s to release %s", target, waitFor, st.EgressIP), ObservedGeneration: e.Generation})
 				target = ""
-				out.Releasing = append(out.Releasing, waitFor)
+				out.Awaited = append(out.Awaited, waitFor)
 				if cur != "" {
 					ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeNormal, "Releasing", fmt.Sprintf("releasing %s from Node %s before moving it to Node %s (%s)", st.EgressIP, cur, p.Node, cmp.Or(moveReason[e.Name], "rebalance"))
 					ch.MoveReason = cmp.Or(moveReason[e.Name], "Release")
@@ -328,7 +318,7 @@ func plan(in passInput) passOutput {
 		}
 		rc := readyCondition(e, st, in.Agents)
 		if rc.Reason == ReasonBinding {
-			out.Releasing = append(out.Releasing, st.EgressNode)
+			out.Awaited = append(out.Awaited, st.EgressNode)
 		}
 		meta.SetStatusCondition(&st.Conditions, rc)
 		ch.Status = st
@@ -369,6 +359,15 @@ func plan(in passInput) passOutput {
 		out.Pools[p.Name] = st
 	}
 	return out
+}
+
+// olderFirst orders objects by creationTimestamp, then name: the priority
+// order of the scheduling pass (DESIGN.md).
+func olderFirst(a, b *metav1.ObjectMeta) int {
+	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.Name, b.Name)
 }
 
 // releasePending returns the Node that must release ip before it may be
