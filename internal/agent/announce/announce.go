@@ -367,8 +367,8 @@ func sleepUntil(ctx context.Context, at time.Time) error {
 
 // Start runs Announce for ip in the background, replacing (and cancelling)
 // a run already going for the same IP, so calling Start again restarts the
-// burst, e.g. after the IP moved to another interface. It is a no-op after
-// Close.
+// burst, e.g. after the IP moved to another interface. The new run begins
+// once the replaced one has returned. It is a no-op after Close.
 func (a *Announcer) Start(ip netip.Addr, ifname string) {
 	ip = ip.Unmap()
 	a.mu.Lock()
@@ -376,8 +376,10 @@ func (a *Announcer) Start(ip netip.Addr, ifname string) {
 	if a.closed {
 		return
 	}
+	var prev <-chan struct{}
 	if old := a.running[ip]; old != nil {
 		old.cancel()
+		prev = old.done
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &run{cancel: cancel, done: make(chan struct{})}
@@ -386,6 +388,11 @@ func (a *Announcer) Start(ip netip.Addr, ifname string) {
 	go func() {
 		defer a.wg.Done()
 		defer close(r.done)
+		// The replaced run may be inside a send; wait for it so that runs for
+		// one IP never overlap and Stop's wait covers every run it replaced.
+		if prev != nil {
+			<-prev
+		}
 		_ = a.Announce(ctx, ip, ifname) // outcomes go to the counters and OnEvent
 		a.mu.Lock()
 		if a.running[ip] == r {
