@@ -1,0 +1,74 @@
+// Package datapath makes selected Pods' outbound traffic leave the cluster
+// with their Egress's IP: a flow-based VXLAN-GPE tunnel from a Pod's Node to
+// the egress Node, SNAT on the egress Node in an nftables table of our own,
+// and policy routing keyed by marks. See /docs/datapath.md.
+package datapath
+
+import "net/netip"
+
+// Role is what this Node does for one Egress.
+type Role int
+
+const (
+	// RoleNone: this Node neither holds the Egress IP nor has members of it.
+	RoleNone Role = iota
+	// RoleSource: members run here; their traffic is tunnelled to the
+	// egress IP, which another Node holds.
+	RoleSource
+	// RoleEgress: this Node holds the egress IP; it SNATs its own members'
+	// traffic and that of remote members arriving through the tunnel.
+	RoleEgress
+	// RoleFailed: the Egress has no IP or no Node; its members' traffic
+	// follows FailurePolicy.
+	RoleFailed
+)
+
+// FailurePolicy is spec.failurePolicy of an Egress.
+type FailurePolicy string
+
+const (
+	// FailurePolicyFail rejects members' external traffic while the Egress
+	// has no Node (ICMP admin-prohibited, so sockets see EHOSTUNREACH).
+	FailurePolicyFail FailurePolicy = "Fail"
+	// FailurePolicyIgnore lets members' traffic leave with the Node's IP.
+	FailurePolicyIgnore FailurePolicy = "Ignore"
+)
+
+// Member is a Pod that uses an Egress.
+type Member struct {
+	// IP is one of the Pod's IPs (status.podIPs), of the Egress's family.
+	IP netip.Addr
+	// HostIP is the IP of the Pod's Node (status.hostIPs) of the same
+	// family: the outer destination of return traffic.
+	HostIP netip.Addr
+}
+
+// Egress is one Egress as this Node's datapath needs it.
+type Egress struct {
+	// Name is the Egress's name (cluster-scoped); it keys the Node-local ID.
+	Name string
+	// IP is status.egressIP; invalid (zero) when none is allocated.
+	IP netip.Addr
+	// Role is this Node's role for the Egress.
+	Role Role
+	// FailurePolicy applies when Role is RoleFailed.
+	FailurePolicy FailurePolicy
+	// Local are members running on this Node.
+	Local []netip.Addr
+	// Remote are members on other Nodes; set only when Role is RoleEgress.
+	Remote []Member
+}
+
+// State is everything the datapath of one Node is programmed from. Applying
+// the same State twice changes nothing.
+type State struct {
+	// Egresses, in any order; names are unique.
+	Egresses []Egress
+	// NodeIPs are the internal IPs of every Node of the cluster: tunnel
+	// packets are accepted only from them, and traffic to them never takes
+	// an egress path.
+	NodeIPs []netip.Addr
+	// ClusterCIDRs are Pod and Service CIDRs and any configured exclusions:
+	// traffic to them never takes an egress path.
+	ClusterCIDRs []netip.Prefix
+}
