@@ -106,14 +106,22 @@ func (s *state) buildRing(p int32) *ring {
 	// then place each point at the end of its bucket's range, computing
 	// the positions twice rather than storing them.
 	shift := uint(64 - max(bits.Len(uint(n))-1, 0))
-	r := &ring{
-		pts:   make([]point, n),
-		shift: shift,
-		start: make([]int32, 1<<(64-shift)+1),
-		pos:   make([]int32, n),
-		size:  size,
-		tree:  make([]int32, 2*size),
+	// Rings are reused from earlier passes: the k-th ring built in a pass
+	// takes the memory of the k-th ring of the pass before.
+	var r *ring
+	if k := s.ringsBuilt; k < len(s.rings) {
+		r = s.rings[k]
+	} else {
+		r = new(ring)
+		s.rings = append(s.rings, r)
 	}
+	s.ringsBuilt++
+	r.pts = reuse(r.pts, n)
+	r.shift = shift
+	r.start = reuse(r.start, 1<<(64-shift)+1)
+	r.pos = reuse(r.pos, n)
+	r.size = size
+	r.tree = reuse(r.tree, 2*size)
 	for sl := pl.off; sl < pl.end; sl++ {
 		nh := s.nodes[s.slotNode[sl]].hash
 		for v := 0; v < pointsPerNode; v++ {

@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // nodeRec is one distinct Node. It holds no pointers (names are read
@@ -114,15 +115,45 @@ type state struct {
 
 	eg    []egRec
 	units []unitRec
+
+	// Scratch memory kept with the state between passes (see statePool):
+	// sort buffers, unit keys and table, the pools' rings.
+	keyBuf  []keyed
+	byName  []int32
+	keys    []unitKey
+	unitTab []int32
+	seen    []int32
+	done    []bool
+	rings   []*ring
+	// ringsBuilt counts the rings of rings in use by this pass.
+	ringsBuilt int
+}
+
+// statePool recycles the working memory of passes: a pass allocates only
+// its Result. Pooled states hold no reference to an Input between passes.
+var statePool = sync.Pool{New: func() any { return new(state) }}
+
+// reuse returns b resliced to n zeroed elements, allocating only when its
+// capacity is short.
+func reuse[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	b = b[:n]
+	clear(b)
+	return b
 }
 
 // Schedule runs one scheduling pass: it decides the Node of every Egress in
 // in.Egresses and reports the Egresses that leave their current Node. The
-// rules are in the package documentation. Schedule does not modify in, keeps
-// no state between calls and is safe for concurrent use; its result depends
-// only on the values in in, not on the order of its slices.
+// rules are in the package documentation. Schedule does not modify in and is
+// safe for concurrent use; its result depends only on the values in in, not
+// on the order of its slices. Between calls it keeps nothing but recycled
+// working memory (a sync.Pool), so a pass allocates about its Result only:
+// two allocations, whatever the cluster's size.
 func Schedule(in Input) Result {
-	s := &state{in: &in, c: in.BalanceFactor}
+	s := statePool.Get().(*state)
+	s.in, s.c, s.ringsBuilt = &in, in.BalanceFactor, 0
 	if !(s.c >= 1) { // 0, NaN, below 1
 		s.c = DefaultBalanceFactor
 	}
@@ -132,14 +163,26 @@ func Schedule(in Input) Result {
 	s.buildUnits(byName)
 	s.keep()
 	s.place()
-	return s.result(byName)
+	res := s.result(byName)
+	s.release()
+	return res
+}
+
+// release drops the state's references to the pass's input (names, the
+// Input itself) and returns it to statePool.
+func (s *state) release() {
+	s.in = nil
+	clear(s.moveReasons)
+	clear(s.poolIdx)
+	clear(s.pools[:cap(s.pools)]) // names and rings
+	statePool.Put(s)
 }
 
 func (s *state) indexNodes() {
 	in := s.in
-	s.nodes = make([]nodeRec, 0, len(in.Nodes))
+	s.nodes = reuse(s.nodes, len(in.Nodes))[:0]
 	tabBits := bits.Len(uint(2 * len(in.Nodes)))
-	s.nodeTab = make([]int32, 1<<tabBits)
+	s.nodeTab = reuse(s.nodeTab, 1<<tabBits)
 	s.nodeShift = uint(64 - tabBits)
 	for i := range in.Nodes {
 		n := &in.Nodes[i]
@@ -191,8 +234,10 @@ func (s *state) nodeName(n int32) string { return s.in.Nodes[s.nodes[n].src].Nam
 
 func (s *state) indexPools() {
 	in := s.in
-	s.pools = make([]poolRec, 0, len(in.Pools))
-	s.poolIdx = make(map[string]int32, len(in.Pools))
+	s.pools = reuse(s.pools, len(in.Pools))[:0]
+	if s.poolIdx == nil {
+		s.poolIdx = make(map[string]int32, len(in.Pools))
+	}
 	for i := range in.Pools {
 		p := &in.Pools[i]
 		if j, ok := s.poolIdx[p.Name]; ok {
@@ -213,9 +258,10 @@ func (s *state) indexPools() {
 	for i := range in.Pools {
 		total += len(in.Pools[i].EligibleNodes)
 	}
-	s.slotNode = make([]int32, 0, total)
-	seen := make([]int32, len(s.nodes)) // pool index + 1 that last took the Node
-	done := make([]bool, len(s.pools))
+	s.slotNode = reuse(s.slotNode, total)[:0]
+	s.seen = reuse(s.seen, len(s.nodes)) // pool index + 1 that last took the Node
+	s.done = reuse(s.done, len(s.pools))
+	seen, done := s.seen, s.done
 	for i := range in.Pools {
 		p := &in.Pools[i]
 		pi := s.poolIdx[p.Name]
@@ -240,22 +286,22 @@ func (s *state) indexPools() {
 		pl.end = int32(len(s.slotNode))
 	}
 	nslots := len(s.slotNode)
-	s.slotPool = make([]int32, nslots)
-	s.poolLoad = make([]int32, nslots)
+	s.slotPool = reuse(s.slotPool, nslots)
+	s.poolLoad = reuse(s.poolLoad, nslots)
 	for pi := range s.pools {
 		for sl := s.pools[pi].off; sl < s.pools[pi].end; sl++ {
 			s.slotPool[sl] = int32(pi)
 		}
 	}
 	// Node -> slots, by counting sort over the slots.
-	s.nodeSlotOff = make([]int32, len(s.nodes)+1)
+	s.nodeSlotOff = reuse(s.nodeSlotOff, len(s.nodes)+1)
 	for _, n := range s.slotNode {
 		s.nodeSlotOff[n+1]++
 	}
 	for n := range s.nodes {
 		s.nodeSlotOff[n+1] += s.nodeSlotOff[n]
 	}
-	s.nodeSlots = make([]int32, nslots)
+	s.nodeSlots = reuse(s.nodeSlots, nslots)
 	fill := seen // reuse: next free index per Node
 	copy(fill, s.nodeSlotOff[:len(s.nodes)])
 	// Slots are visited in pool order, but pools were laid out in
@@ -311,7 +357,8 @@ func (s *state) sortNames() []int32 {
 			common = c
 		}
 	}
-	buf := make([]keyed, 2*len(eg))
+	s.keyBuf = reuse(s.keyBuf, 2*len(eg))
+	buf := s.keyBuf
 	recs := buf[:len(eg)]
 	const keyBits = 0xffffffff_00000000 // lo: 4 key bytes, then the index
 	for i := range eg {
@@ -335,11 +382,12 @@ func (s *state) sortNames() []int32 {
 		}
 		k = j
 	}
-	byName := make([]int32, len(eg))
+	s.byName = reuse(s.byName, len(eg))
+	byName := s.byName
 	for k, r := range recs {
 		byName[k] = r.index()
 	}
-	s.eg = make([]egRec, len(eg))
+	s.eg = reuse(s.eg, len(eg))
 	for k := 0; k < len(byName); {
 		j := k + 1
 		for j < len(byName) && recs[j].hi == recs[k].hi && recs[j].lo&keyBits == recs[k].lo&keyBits && eg[byName[j]].Name == eg[byName[k]].Name {
@@ -370,7 +418,8 @@ func (s *state) sameName(byName []int32, k int) bool {
 // byName), radix-sorted on that key.
 func (s *state) buildUnits(byName []int32) {
 	eg := s.in.Egresses
-	keys := make([]unitKey, len(eg))
+	s.keys = reuse(s.keys, len(eg))
+	keys := s.keys
 	lastPool, lastIdx := "", int32(-1)
 	for i := range eg {
 		e := &eg[i]
@@ -425,7 +474,8 @@ func (s *state) buildUnits(byName []int32) {
 		}
 	}
 
-	buf := make([]keyed, 2*len(eg))
+	s.keyBuf = reuse(s.keyBuf, 2*len(eg))
+	buf := s.keyBuf
 	order := buf[:0]
 	for rank, i := range byName {
 		if s.eg[i].reason != rPlaced {
@@ -438,12 +488,13 @@ func (s *state) buildUnits(byName []int32) {
 		})
 	}
 	order = radixSort(order, buf[len(eg):len(eg)+len(order)], ^uint64(0))
-	s.units = make([]unitRec, 0, len(order))
+	s.units = reuse(s.units, len(order))[:0]
 	// Units by (pool, IP): open addressing with linear probing on the
 	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
 	// free; it is at least twice the number of units.
 	tblBits := bits.Len(uint(2 * len(order)))
-	tbl := make([]int32, 1<<tblBits)
+	s.unitTab = reuse(s.unitTab, 1<<tblBits)
+	tbl := s.unitTab
 	mask := uint64(len(tbl) - 1)
 	for _, o := range order {
 		i := byName[o.index()] // the payload is the rank
