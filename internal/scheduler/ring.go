@@ -103,8 +103,7 @@ func (s *state) buildRing(p int32) *ring {
 		size <<= 1
 	}
 	// Bucket sort by position (see ring) into about n/2 buckets: count,
-	// then place each point at the end of its bucket's range, computing
-	// the positions twice rather than storing them.
+	// then place each point at the end of its bucket's range.
 	shift := uint(64 - max(bits.Len(uint(n))-1, 0))
 	// Rings are reused from earlier passes: the k-th ring built in a pass
 	// takes the memory of the k-th ring of the pass before.
@@ -116,29 +115,30 @@ func (s *state) buildRing(p int32) *ring {
 		s.rings = append(s.rings, r)
 	}
 	s.ringsBuilt++
-	r.pts = reuse(r.pts, n)
+	r.pts = grow(r.pts, n)
 	r.shift = shift
 	r.start = reuse(r.start, 1<<(64-shift)+1)
-	r.pos = reuse(r.pos, n)
+	r.pos = grow(r.pos, n)
 	r.size = size
-	r.tree = reuse(r.tree, 2*size)
-	for sl := pl.off; sl < pl.end; sl++ {
-		nh := s.nodes[s.slotNode[sl]].hash
-		for v := 0; v < pointsPerNode; v++ {
-			r.start[pointHash(nh, pl.salt, v)>>shift+1]++
-		}
-	}
-	for b := 1; b < len(r.start); b++ {
-		r.start[b] += r.start[b-1]
-	}
+	r.tree = grow(r.tree, 2*size)
+	// The positions, hs[j*pointsPerNode+v] for point v of member j.
+	hs := s.ringHashes[:0]
 	for sl := pl.off; sl < pl.end; sl++ {
 		nh := s.nodes[s.slotNode[sl]].hash
 		for v := 0; v < pointsPerNode; v++ {
 			h := pointHash(nh, pl.salt, v)
-			b := h>>shift + 1
-			r.start[b]--
-			r.pts[r.start[b]] = point{h: h, slot: sl, v: int32(v)}
+			hs = append(hs, h)
+			r.start[h>>shift+1]++
 		}
+	}
+	s.ringHashes = hs
+	for b := 1; b < len(r.start); b++ {
+		r.start[b] += r.start[b-1]
+	}
+	for k, h := range hs {
+		b := h>>shift + 1
+		r.start[b]--
+		r.pts[r.start[b]] = point{h: h, slot: pl.off + int32(k/pointsPerNode), v: int32(k % pointsPerNode)}
 	}
 	// Each bucket's range is now start[b+1] up to start[b+2]: shift the
 	// starts down by one bucket.
@@ -162,7 +162,12 @@ func (s *state) buildRing(p int32) *ring {
 	}
 	for i, pt := range r.pts {
 		r.pos[int(pt.slot-pl.off)*pointsPerNode+int(pt.v)] = int32(i)
-		r.tree[size+i] = s.leafValue(pt.slot)
+	}
+	for j := 0; j < m; j++ {
+		val := s.leafValue(pl.off + int32(j))
+		for _, i := range r.pos[j*pointsPerNode : (j+1)*pointsPerNode] {
+			r.tree[size+int(i)] = val
+		}
 	}
 	for i := size + n; i < 2*size; i++ {
 		r.tree[i] = full

@@ -125,6 +125,8 @@ type state struct {
 	seen    []int32
 	done    []bool
 	rings   []*ring
+	// ringHashes holds a ring's point positions while it is built.
+	ringHashes []uint64
 	// ringsBuilt counts the rings of rings in use by this pass.
 	ringsBuilt int
 }
@@ -132,6 +134,15 @@ type state struct {
 // statePool recycles the working memory of passes: a pass allocates only
 // its Result. Pooled states hold no reference to an Input between passes.
 var statePool = sync.Pool{New: func() any { return new(state) }}
+
+// grow returns b resliced to n elements, allocating only when its capacity
+// is short; the elements are not cleared, so the caller overwrites them all.
+func grow[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	return b[:n]
+}
 
 // reuse returns b resliced to n zeroed elements, allocating only when its
 // capacity is short.
