@@ -144,21 +144,21 @@ func (s *state) buildRing(p int32) *ring {
 	// starts down by one bucket.
 	copy(r.start, r.start[1:])
 	r.start[len(r.start)-1] = int32(n)
-	for b := 0; b+1 < len(r.start); b++ {
-		if r.start[b+1]-r.start[b] < 2 {
-			continue
+	// Equal positions are ordered by Node name, then point, so the ring
+	// does not depend on input order.
+	tie := func(a, b point) int {
+		if a.h != b.h {
+			return cmp.Compare(a.h, b.h)
 		}
-		sortBucket(r.pts[r.start[b]:r.start[b+1]], func(a, b point) int {
-			if a.h != b.h {
-				return cmp.Compare(a.h, b.h)
-			}
-			// Equal positions: order by Node name, then point, so the
-			// ring does not depend on input order.
-			if c := strings.Compare(s.nodeName(s.slotNode[a.slot]), s.nodeName(s.slotNode[b.slot])); c != 0 {
-				return c
-			}
-			return cmp.Compare(a.v, b.v)
-		})
+		if c := strings.Compare(s.nodeName(s.slotNode[a.slot]), s.nodeName(s.slotNode[b.slot])); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.v, b.v)
+	}
+	for b := 0; b+1 < len(r.start); b++ {
+		if r.start[b+1]-r.start[b] >= 2 {
+			sortBucket(r.pts[r.start[b]:r.start[b+1]], tie)
+		}
 	}
 	for i, pt := range r.pts {
 		r.pos[int(pt.slot-pl.off)*pointsPerNode+int(pt.v)] = int32(i)
@@ -178,18 +178,31 @@ func (s *state) buildRing(p int32) *ring {
 	return r
 }
 
-// sortBucket sorts the points of one bucket, by insertion (a bucket holds
-// about two points), or with slices.SortFunc when it is crowded (crafted
-// names), so the worst case stays O(n log n).
+// sortBucket sorts the points of one bucket with compare. A bucket holds
+// about two points: they are put in position order by insertion, and
+// compare (which also breaks ties) runs only on runs of equal positions. A
+// crowded bucket (crafted names) goes to slices.SortFunc, so the worst case
+// stays O(n log n).
 func sortBucket(pts []point, compare func(a, b point) int) {
 	if len(pts) > 16 {
 		slices.SortFunc(pts, compare)
 		return
 	}
+	tied := false
 	for i := 1; i < len(pts); i++ {
-		for j := i; j > 0 && compare(pts[j-1], pts[j]) > 0; j-- {
-			pts[j-1], pts[j] = pts[j], pts[j-1]
+		p := pts[i]
+		j := i
+		for ; j > 0 && pts[j-1].h >= p.h; j-- {
+			tied = tied || pts[j-1].h == p.h
+			if pts[j-1].h == p.h {
+				break
+			}
+			pts[j] = pts[j-1]
 		}
+		pts[j] = p
+	}
+	if tied {
+		slices.SortStableFunc(pts, compare)
 	}
 }
 
