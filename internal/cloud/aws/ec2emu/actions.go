@@ -213,7 +213,7 @@ type unassignResponse struct {
 func (s *Server) dispatch(action string, f formValues) (any, *apiError) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := time.Now()
+	now := s.cfg.Now()
 	switch action {
 	case "DescribeInstances":
 		return s.describeInstances(f, now)

@@ -77,6 +77,10 @@ type Config struct {
 	// ConsistencyDelay is how long Describe* calls keep showing the state
 	// before an Assign or Unassign (EC2's eventual consistency).
 	ConsistencyDelay time.Duration
+	// Now is the clock the consistency delay is measured on; nil means
+	// time.Now. Tests pass a fake clock to see the lag deterministically
+	// (latency, throttling and signature expiry use real time).
+	Now func() time.Time
 	// Latency is added to every call that is not throttled, by action name;
 	// the key "*" applies to actions not listed.
 	Latency map[string]time.Duration
@@ -113,6 +117,9 @@ func New(cfg Config) *Server {
 	}
 	if cfg.AccessKeyID == "" {
 		cfg.AccessKeyID, cfg.SecretAccessKey = AccessKeyID, SecretAccessKey
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.InstanceTypes == nil {
 		cfg.InstanceTypes = DefaultInstanceTypes()
