@@ -163,9 +163,9 @@ type describeNetworkInterfacesResponse struct {
 type xmlInstanceType struct {
 	InstanceType string `xml:"instanceType"`
 	NetworkInfo  struct {
-		MaximumNetworkInterfaces  int `xml:"maximumNetworkInterfaces"`
-		IPv4AddressesPerInterface int `xml:"ipv4AddressesPerInterface"`
-		IPv6AddressesPerInterface int `xml:"ipv6AddressesPerInterface"`
+		MaximumNetworkInterfaces  int  `xml:"maximumNetworkInterfaces"`
+		IPv4AddressesPerInterface int  `xml:"ipv4AddressesPerInterface"`
+		IPv6AddressesPerInterface int  `xml:"ipv6AddressesPerInterface"`
 		IPv6Supported             bool `xml:"ipv6Supported"`
 	} `xml:"networkInfo"`
 }
