@@ -321,8 +321,14 @@ func TestSubnetExhaustion(t *testing.T) {
 	}
 	_, err := c.AssignPrivateIpAddresses(ctx(t), &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: &enis[1], SecondaryPrivateIpAddressCount: aws.Int32(3)})
 	wantCode(t, err, "InsufficientFreeAddressesInSubnet", 400)
-	if s.FreeAddresses(small) != 2 {
-		t.Fatalf("free addresses after a refused Assign: %d, want 2", s.FreeAddresses(small))
+	held := 0
+	for _, st := range s.Interfaces() {
+		if st.SubnetID == small {
+			held += 1 + len(st.Secondary)
+		}
+	}
+	if held != 9 || s.FreeAddresses(small) != 2 {
+		t.Fatalf("after a refused Assign: %d addresses held, %d free; want 9 and 2", held, s.FreeAddresses(small))
 	}
 }
 

@@ -2,6 +2,7 @@ package ec2emu
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -406,6 +407,20 @@ func (s *Server) Interface(id string) (InterfaceState, bool) {
 		ID: e.id, InstanceID: e.instance, SubnetID: e.subnet, MAC: e.mac,
 		DeviceIndex: e.deviceIndex, Primary: e.primary, Secondary: e.trueSecondary(),
 	}, true
+}
+
+// Interfaces returns the true state of every interface, sorted by ID.
+func (s *Server) Interfaces() []InterfaceState {
+	s.mu.Lock()
+	ids := slices.Sorted(maps.Keys(s.enis))
+	s.mu.Unlock()
+	out := make([]InterfaceState, 0, len(ids))
+	for _, id := range ids {
+		if st, ok := s.Interface(id); ok {
+			out = append(out, st)
+		}
+	}
+	return out
 }
 
 // Owner returns the interface an address is attached to now (true state),
