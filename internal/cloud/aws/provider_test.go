@@ -44,7 +44,7 @@ func newEnv(t *testing.T, cfg ec2emu.Config, opts Options) *env {
 	if opts.MaxBackoff == 0 {
 		opts.MaxBackoff = 20 * time.Millisecond
 	}
-	p, err := NewForEndpoint(emu.URL(), emu.Region(), ec2emu.AccessKeyID, ec2emu.SecretAccessKey, opts)
+	p, err := New(emu.AWSConfig(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +76,7 @@ func addrs(s ...string) []netip.Addr {
 
 func TestInterfacesUsesDeviceIndexZero(t *testing.T) {
 	e := newEnv(t, ec2emu.Config{}, Options{})
-	a := e.instance(t, "m5.large")
+	a := e.instance(t, m5large)
 	// A secondary interface listed before the primary one.
 	if _, err := e.emu.AddInterface(a.ID, ec2emu.InterfaceOptions{ListFirst: true}); err != nil {
 		t.Fatal(err)
@@ -85,12 +85,12 @@ func TestInterfacesUsesDeviceIndexZero(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := e.p.Interfaces(ctx(t), map[string]string{"node-a": a.ProviderID})
+	got, err := e.p.Interfaces(ctx(t), map[string]string{nodeA: a.ProviderID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]cloud.Interface{"node-a": {
-		Node: "node-a", InstanceID: a.ID, InstanceType: "m5.large", ID: a.PrimaryInterface,
+	want := map[string]cloud.Interface{nodeA: {
+		Node: nodeA, InstanceID: a.ID, InstanceType: m5large, ID: a.PrimaryInterface,
 		MAC: a.MAC, SubnetID: e.subnet, Limit: 10, Secondary: pods,
 	}}
 	if d := cmp.Diff(want, got, addrCmp); d != "" {
@@ -117,6 +117,14 @@ func TestAssignCountAndUnassign(t *testing.T) {
 		t.Fatalf("after Unassign the interface holds %v, want [%v]", st.Secondary, ips[2])
 	}
 }
+
+// Instance types, a Node and an unknown instance the tests use repeatedly.
+const (
+	m5large   = "m5.large"
+	c54xlarge = "c5.4xlarge"
+	nodeA     = "node-a"
+	unknownID = "i-0123456789abcdef0"
+)
 
 var addrCmp = cmp.Comparer(func(x, y netip.Addr) bool { return x == y })
 
@@ -162,8 +170,8 @@ func total(counts map[string]map[string]int) int {
 
 func TestInterfacesBatchesAndSkips(t *testing.T) {
 	e := newEnv(t, ec2emu.Config{}, Options{})
-	typesCycle := []string{"t3.medium", "m5.large", "c5.4xlarge"}
-	limit := map[string]int{"t3.medium": 6, "m5.large": 10, "c5.4xlarge": 30}
+	typesCycle := []string{"t3.medium", m5large, c54xlarge}
+	limit := map[string]int{"t3.medium": 6, m5large: 10, c54xlarge: 30}
 	ids := map[string]string{}
 	infos := map[string]ec2emu.InstanceInfo{}
 	for i := range 250 {
@@ -217,9 +225,9 @@ func TestParseProviderID(t *testing.T) {
 		in, zone, id string
 		ok           bool
 	}{
-		{"aws:///us-east-1a/i-0123456789abcdef0", "us-east-1a", "i-0123456789abcdef0", true},
+		{"aws:///us-east-1a/" + unknownID, "us-east-1a", unknownID, true},
 		{"aws:///eu-west-3c/i-0abc1234", "eu-west-3c", "i-0abc1234", true},
-		{"aws:////i-0123456789abcdef0", "", "i-0123456789abcdef0", true},
+		{"aws:////" + unknownID, "", unknownID, true},
 		{"aws://us-east-1a/i-0123456789abcdef0", "", "", false},
 		{"aws:///us-east-1a/i-0123", "", "", false},
 		{"aws:///us-east-1a/i-0123456789ABCDEF0", "", "", false},
@@ -243,7 +251,7 @@ func TestParseProviderID(t *testing.T) {
 // Assign with AllowReassignment moves them all to the new holder's ENI.
 func TestFailoverMovesTwentyIPsInOneCall(t *testing.T) {
 	e := newEnv(t, ec2emu.Config{}, Options{})
-	a, b := e.instance(t, "c5.4xlarge"), e.instance(t, "c5.4xlarge")
+	a, b := e.instance(t, c54xlarge), e.instance(t, c54xlarge)
 	ips, err := e.p.AssignCount(ctx(t), a.PrimaryInterface, 20)
 	if err != nil {
 		t.Fatal(err)
@@ -273,7 +281,7 @@ func TestErrorsMapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	medium := e.instance(t, "t3.medium")
-	big, err := e.emu.AddInstance(ec2emu.Instance{Type: "c5.4xlarge", SubnetID: small})
+	big, err := e.emu.AddInstance(ec2emu.Instance{Type: c54xlarge, SubnetID: small})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +335,7 @@ func TestErrorsMapped(t *testing.T) {
 func TestEventualConsistencyThroughProvider(t *testing.T) {
 	clock := clocktesting.NewFakeClock(time.Now())
 	e := newEnv(t, ec2emu.Config{ConsistencyDelay: 5 * time.Second, Now: clock.Now}, Options{})
-	a := e.instance(t, "m5.large")
+	a := e.instance(t, m5large)
 	ips, err := e.p.AssignCount(ctx(t), a.PrimaryInterface, 4)
 	if err != nil {
 		t.Fatal(err)
@@ -359,7 +367,7 @@ func TestEventualConsistencyThroughProvider(t *testing.T) {
 
 func TestMetricsCountAttempts(t *testing.T) {
 	e := newEnv(t, ec2emu.Config{}, Options{MaxAttempts: 5})
-	a := e.instance(t, "m5.large")
+	a := e.instance(t, m5large)
 	e.emu.FailNext("DescribeInstances", "RequestLimitExceeded", 2)
 	if _, err := e.p.Interfaces(ctx(t), map[string]string{"a": a.ProviderID}); err != nil {
 		t.Fatal(err)
@@ -404,9 +412,9 @@ func TestThrottlingStorm(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t, ec2emu.Config{Rate: 20, Burst: 20}, tc.opts)
-			var enis []string
+			enis := make([]string, 0, 4)
 			for range 4 {
-				enis = append(enis, e.instance(t, "c5.4xlarge").PrimaryInterface)
+				enis = append(enis, e.instance(t, c54xlarge).PrimaryInterface)
 			}
 			type result struct {
 				eni string

@@ -34,6 +34,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -42,6 +43,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"golang.org/x/time/rate"
 )
 
@@ -140,6 +142,16 @@ func New(cfg Config) *Server {
 // URL is the endpoint to give the SDK as BaseEndpoint.
 func (s *Server) URL() string { return s.srv.URL }
 
+// AWSConfig returns an SDK configuration for this server: its region and
+// credentials and BaseEndpoint = URL. Callers add a Retryer or APIOptions.
+func (s *Server) AWSConfig() aws.Config {
+	return aws.Config{
+		Region:       s.cfg.Region,
+		Credentials:  credentials.NewStaticCredentialsProvider(s.cfg.AccessKeyID, s.cfg.SecretAccessKey, ""),
+		BaseEndpoint: aws.String(s.URL()),
+	}
+}
+
 // Region is the region requests must be signed for.
 func (s *Server) Region() string { return s.cfg.Region }
 
@@ -149,12 +161,12 @@ func (s *Server) Close() {
 	s.srv.Close()
 }
 
-// SetThrottle replaces the token bucket: rate calls per second, burst at
-// once; rate 0 disables throttling.
-func (s *Server) SetThrottle(rate float64, burst int) {
+// SetThrottle replaces the token bucket: perSecond calls per second, burst
+// at once; perSecond 0 disables throttling.
+func (s *Server) SetThrottle(perSecond float64, burst int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.setThrottle(rate, burst)
+	s.setThrottle(perSecond, burst)
 }
 
 func (s *Server) setThrottle(r float64, burst int) {
@@ -171,9 +183,7 @@ func (s *Server) SetLatency(action string, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := make(map[string]time.Duration, len(s.cfg.Latency)+1)
-	for k, v := range s.cfg.Latency {
-		m[k] = v
-	}
+	maps.Copy(m, s.cfg.Latency)
 	m[action] = d
 	s.cfg.Latency = m
 }
@@ -204,10 +214,7 @@ func (s *Server) Counts() map[string]map[string]int {
 	defer s.mu.Unlock()
 	out := make(map[string]map[string]int, len(s.counts))
 	for a, m := range s.counts {
-		out[a] = make(map[string]int, len(m))
-		for c, n := range m {
-			out[a][c] = n
-		}
+		out[a] = maps.Clone(m)
 	}
 	return out
 }
@@ -351,7 +358,7 @@ func (s *Server) authenticate(r *http.Request, body []byte) (form formValues, ac
 // SigV4 signer and compares the result with what the client sent.
 func verifySignature(r *http.Request, body []byte, auth string, cfg Config) *apiError {
 	fields := map[string]string{}
-	for _, part := range strings.Split(strings.TrimPrefix(auth, "AWS4-HMAC-SHA256 "), ",") {
+	for part := range strings.SplitSeq(strings.TrimPrefix(auth, "AWS4-HMAC-SHA256 "), ",") {
 		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
 		fields[k] = v
 	}
@@ -374,7 +381,7 @@ func verifySignature(r *http.Request, body []byte, auth string, cfg Config) *api
 		return errorf("AuthFailure", "cannot rebuild the request: %v", err)
 	}
 	clone.ContentLength = int64(len(body))
-	for _, h := range strings.Split(fields["SignedHeaders"], ";") {
+	for h := range strings.SplitSeq(fields["SignedHeaders"], ";") {
 		if h == "host" || h == "content-length" {
 			continue
 		}

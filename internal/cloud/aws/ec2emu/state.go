@@ -126,7 +126,7 @@ type instanceState struct {
 // every subnet (network, router, DNS, future use, broadcast).
 func (s *subnetState) reserved(a netip.Addr) bool {
 	first := s.cidr.Masked().Addr()
-	for i := 0; i < 4; i++ {
+	for range 4 {
 		if a == first {
 			return true
 		}
