@@ -21,10 +21,11 @@
 // addresses attached by the API or, through UseSlots, by "another party".
 // Describe* calls see assignments only after Config.ConsistencyDelay;
 // mutations and their checks always use the true state, which tests read
-// with Interface, Owner and FreeAddresses. Config.Latency delays each
-// call, Config.Rate/Burst throttle all calls with one token bucket
-// (RequestLimitExceeded, HTTP 503), and Counts reports calls by action and
-// result code.
+// with Interface, Interfaces, Owner and FreeAddresses. Config.Latency
+// delays each call, Config.Rate/Burst throttle all calls with one token
+// bucket (or per action with Config.ActionThrottle; RequestLimitExceeded,
+// HTTP 503), FailNext injects errors, and Counts reports calls by action
+// and result code.
 package ec2emu
 
 import (
@@ -92,6 +93,16 @@ type Config struct {
 	// Burst is the bucket's size (calls admitted at once); default 1 when
 	// Rate is set.
 	Burst int
+	// ActionThrottle gives the listed actions buckets of their own instead
+	// of the shared one (EC2 meters mutating and Describe actions
+	// separately); a zero Rate exempts the action.
+	ActionThrottle map[string]Throttle
+}
+
+// Throttle is one token bucket: Rate calls per second, Burst at once.
+type Throttle struct {
+	Rate  float64
+	Burst int
 }
 
 // Server is a running emulator. All methods are safe for concurrent use.
@@ -101,6 +112,7 @@ type Server struct {
 	mu            sync.Mutex
 	cfg           Config
 	limiter       *rate.Limiter
+	perAction     map[string]*rate.Limiter // nil entry: exempt
 	seq           uint64
 	subnets       map[string]*subnetState
 	subnetOrder   []string
@@ -135,6 +147,10 @@ func New(cfg Config) *Server {
 		faults:    map[string][]string{},
 	}
 	s.setThrottle(cfg.Rate, cfg.Burst)
+	s.perAction = map[string]*rate.Limiter{}
+	for a, t := range cfg.ActionThrottle {
+		s.perAction[a] = newLimiter(t.Rate, t.Burst)
+	}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serveHTTP))
 	return s
 }
@@ -171,11 +187,22 @@ func (s *Server) SetThrottle(perSecond float64, burst int) {
 
 func (s *Server) setThrottle(r float64, burst int) {
 	s.cfg.Rate, s.cfg.Burst = r, burst
+	s.limiter = newLimiter(r, burst)
+}
+
+func newLimiter(r float64, burst int) *rate.Limiter {
 	if r <= 0 {
-		s.limiter = nil
-		return
+		return nil
 	}
-	s.limiter = rate.NewLimiter(rate.Limit(r), max(burst, 1))
+	return rate.NewLimiter(rate.Limit(r), max(burst, 1))
+}
+
+// SetActionThrottle gives one action its own token bucket (see
+// Config.ActionThrottle).
+func (s *Server) SetActionThrottle(action string, t Throttle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.perAction[action] = newLimiter(t.Rate, t.Burst)
 }
 
 // SetLatency sets the delay of one action ("*": every unlisted action).
@@ -406,7 +433,11 @@ func (s *Server) admit(ctx context.Context, action string) *apiError {
 		s.mu.Unlock()
 		return errorf(f[0], "injected %s", f[0])
 	}
-	if s.limiter != nil && !s.limiter.Allow() {
+	lim, own := s.perAction[action]
+	if !own {
+		lim = s.limiter
+	}
+	if lim != nil && !lim.Allow() {
 		s.mu.Unlock()
 		return errorf("RequestLimitExceeded", "Request limit exceeded.")
 	}

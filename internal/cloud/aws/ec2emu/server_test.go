@@ -399,6 +399,18 @@ func TestThrottleLatencyAndFaults(t *testing.T) {
 		t.Fatalf("%d of 10 calls throttled, counts %v", throttled, counts)
 	}
 
+	// Own bucket for Assign: once the shared bucket (one call per 100 s) is
+	// spent, Describe calls are throttled and Assign still passes.
+	s.SetThrottle(0.01, 1)
+	s.SetActionThrottle("AssignPrivateIpAddresses", ec2emu.Throttle{Rate: 100, Burst: 10})
+	if _, err := c.DescribeSubnets(ctx(t), &ec2.DescribeSubnetsInput{}); err != nil {
+		t.Fatalf("the fresh bucket's one call: %v", err)
+	}
+	_, err := c.AssignPrivateIpAddresses(ctx(t), &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: aws.String("eni-0123456789abcdef0"), PrivateIpAddresses: []string{"10.1.0.9"}})
+	wantCode(t, err, "InvalidNetworkInterfaceID.NotFound", 400)
+	_, err = c.DescribeSubnets(ctx(t), &ec2.DescribeSubnetsInput{})
+	wantCode(t, err, "RequestLimitExceeded", 503)
+
 	s.SetThrottle(0, 0)
 	s.SetLatency("DescribeSubnets", 150*time.Millisecond)
 	start := time.Now()
@@ -410,7 +422,7 @@ func TestThrottleLatencyAndFaults(t *testing.T) {
 	}
 
 	s.FailNext("DescribeInstances", "InternalError", 1)
-	_, err := c.DescribeInstances(ctx(t), &ec2.DescribeInstancesInput{})
+	_, err = c.DescribeInstances(ctx(t), &ec2.DescribeInstancesInput{})
 	wantCode(t, err, "InternalError", 500)
 	if _, err := c.DescribeInstances(ctx(t), &ec2.DescribeInstancesInput{}); err != nil {
 		t.Fatalf("the call after the injected fault: %v", err)
