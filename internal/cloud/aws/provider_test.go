@@ -447,7 +447,6 @@ func TestThrottlingStorm(t *testing.T) {
 					t.Errorf("unexpected error: %v", r.err)
 				}
 			}
-			t.Logf("%d succeeded, %d throttled in %v", ok, throttled, elapsed)
 			if ok < 20 || ok+throttled != 100 {
 				t.Fatalf("%d succeeded and %d throttled of 100; at least the bucket's 20 must pass", ok, throttled)
 			}
@@ -458,6 +457,7 @@ func TestThrottlingStorm(t *testing.T) {
 				t.Fatalf("3 attempts within ~100ms cannot all pass a 20/s bucket, yet none was throttled")
 			}
 			seen := e.emu.Counts()
+			t.Logf("%d succeeded, %d throttled in %v; EC2 saw %d attempts %v", ok, throttled, elapsed, total(seen), seen["AssignPrivateIpAddresses"])
 			if seen["AssignPrivateIpAddresses"][ec2emu.Success] != ok {
 				t.Fatalf("EC2 saw %d successful assigns, callers got %d", seen["AssignPrivateIpAddresses"][ec2emu.Success], ok)
 			}
