@@ -83,13 +83,19 @@ type InterfaceOptions struct {
 
 // InterfaceState is the true (never lagged) state of one network interface.
 type InterfaceState struct {
-	ID          string
-	InstanceID  string
-	SubnetID    string
-	MAC         string
+	// ID is the interface ID ("eni-...").
+	ID string
+	// InstanceID is the instance the interface is attached to.
+	InstanceID string
+	// SubnetID is the interface's subnet.
+	SubnetID string
+	// MAC is the hardware address, lower-case and colon-separated.
+	MAC string
+	// DeviceIndex is the attachment's device index (0: primary interface).
 	DeviceIndex int
-	Primary     netip.Addr
-	// Secondary are the secondary private addresses, sorted.
+	// Primary is the primary private address, which never moves.
+	Primary netip.Addr
+	// Secondary are the secondary private addresses, sorted (never nil).
 	Secondary []netip.Addr
 }
 
