@@ -22,7 +22,7 @@ type Rule []expr.Any
 // IPv4/IPv6 twin.
 const (
 	setCluster = "cluster" // interval set: destinations that never take an egress path
-	setNodes   = "nodes"   // Node IPs: the only accepted outer sources of tunnel packets
+	setNodes   = "nodes"   // Node IPs and egress IPs: the only accepted outer sources of tunnel packets
 	setEIPs    = "eips"    // egress IPs held by this Node
 	mapLocal   = "local"   // local member IP -> ct mark (ID)
 	mapRemote  = "remote"  // remote member IP -> ct mark (ID|FromTunnel)
@@ -229,10 +229,19 @@ func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
 		}
 	}
 	for _, f := range families {
+		// Tunnel packets may also come from an egress IP: IPv6 source
+		// selection (RFC 6724 rule 8, as Linux applies it) prefers an
+		// egress IP's /128 over the Node's /64 address for peers on the
+		// same subnet.
 		var nodes []netip.Addr
 		for _, ip := range st.NodeIPs {
 			if f.owns(ip) {
 				nodes = append(nodes, ip.Unmap())
+			}
+		}
+		for _, e := range st.Egresses {
+			if f.owns(e.IP) {
+				nodes = append(nodes, e.IP.Unmap())
 			}
 		}
 		slices.SortFunc(nodes, netip.Addr.Compare)
