@@ -120,16 +120,16 @@ func (b *builder) mapTo(name string) *expr.Lookup {
 
 // Expression helpers; every match loads into register 1.
 func loadMeta(k expr.MetaKey) expr.Any { return &expr.Meta{Key: k, Register: 1} }
-func eq(data []byte) expr.Any         { return &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data} }
-func neq(data []byte) expr.Any        { return &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: data} }
+func eq(data []byte) expr.Any          { return &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data} }
+func neq(data []byte) expr.Any         { return &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: data} }
 func and32(mask uint32) expr.Any {
 	return &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: native(mask), Xor: native(0)}
 }
-func iif(n string) []expr.Any     { return []expr.Any{loadMeta(expr.MetaKeyIIFNAME), eq(ifname(n))} }
-func notIif(n string) []expr.Any  { return []expr.Any{loadMeta(expr.MetaKeyIIFNAME), neq(ifname(n))} }
-func oif(n string) []expr.Any     { return []expr.Any{loadMeta(expr.MetaKeyOIFNAME), eq(ifname(n))} }
-func nfproto(p byte) []expr.Any   { return []expr.Any{loadMeta(expr.MetaKeyNFPROTO), eq([]byte{p})} }
-func l4proto(p byte) []expr.Any   { return []expr.Any{loadMeta(expr.MetaKeyL4PROTO), eq([]byte{p})} }
+func iif(n string) []expr.Any    { return []expr.Any{loadMeta(expr.MetaKeyIIFNAME), eq(ifname(n))} }
+func notIif(n string) []expr.Any { return []expr.Any{loadMeta(expr.MetaKeyIIFNAME), neq(ifname(n))} }
+func oif(n string) []expr.Any    { return []expr.Any{loadMeta(expr.MetaKeyOIFNAME), eq(ifname(n))} }
+func nfproto(p byte) []expr.Any  { return []expr.Any{loadMeta(expr.MetaKeyNFPROTO), eq([]byte{p})} }
+func l4proto(p byte) []expr.Any  { return []expr.Any{loadMeta(expr.MetaKeyL4PROTO), eq([]byte{p})} }
 func ctState(bits uint32) []expr.Any {
 	return []expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: 1}, and32(bits), neq(native(0))}
 }
