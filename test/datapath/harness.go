@@ -20,7 +20,6 @@
 package dpharness
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -535,5 +534,41 @@ func LinkStats(ns *NS, name string) (rx, tx uint64, err error) {
 	return s.RxPackets, s.TxPackets, nil
 }
 
-// ensure context import is used by helpers in other files.
-var _ = context.Background
+// ForeignRuleset renders the chains and rules of an inet table that the
+// datapath does not own (the stand-in CNI's "cni"), to prove it untouched;
+// "" when the table is absent.
+func ForeignRuleset(ns *NS, table string) (string, error) {
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns.Handle)))
+	if err != nil {
+		return "", err
+	}
+	t, err := conn.ListTableOfFamily(table, nftables.TableFamilyINet)
+	if err != nil {
+		return "", nil
+	}
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, ch := range chains {
+		if ch.Table.Name != t.Name {
+			continue
+		}
+		rules, err := conn.GetRules(t, ch)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "chain %s: %d rules\n", ch.Name, len(rules))
+		for _, r := range rules {
+			for _, e := range r.Exprs {
+				if _, ok := e.(*expr.Counter); ok {
+					continue // counters move with traffic
+				}
+				fmt.Fprintf(&b, " %T%+v", e, e)
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String(), nil
+}

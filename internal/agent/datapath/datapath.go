@@ -457,7 +457,9 @@ func (d *Datapath) syncRoutes(want []EncapRoute) error {
 		}
 		nr := &netlink.Route{
 			LinkIndex: l.Attrs().Index, Table: r.Table, Dst: prefixNet(r.Dst), Scope: netlink.SCOPE_LINK,
-			Protocol: unix.RTPROT_STATIC, MTU: r.MTU,
+			// A locked MTU: IPv6 forwarding ignores an unlocked route MTU
+			// (ip6_dst_mtu_maybe_forward) and would use the device's.
+			Protocol: unix.RTPROT_STATIC, MTU: r.MTU, MTULock: r.MTU != 0,
 			Encap: &ipEncap{ID: tunnelID, Dst: r.Outer, TTL: tunnelTTL, Flags: tunnelCsum},
 		}
 		if err := d.nl.RouteReplace(nr); err != nil {
