@@ -506,6 +506,19 @@ func (c *Cluster) PointNeighbours(n *Node, ip netip.Addr) error {
 	return errors.Join(errs...)
 }
 
+// Cut takes a Node off the bridge (its bridge port down), as a crash or a
+// pulled cable would; Heal puts it back.
+func (c *Cluster) Cut(n *Node) error {
+	_, err := c.Fab.IP("link", "set", fmt.Sprintf("b-n%d", n.Index), "down")
+	return err
+}
+
+// Heal reconnects a Node cut by Cut.
+func (c *Cluster) Heal(n *Node) error {
+	_, err := c.Fab.IP("link", "set", fmt.Sprintf("b-n%d", n.Index), "up")
+	return err
+}
+
 func (c *Cluster) nodeNS(except *Node) []*NS {
 	var out []*NS
 	for _, m := range c.Nodes {

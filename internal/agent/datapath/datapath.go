@@ -11,12 +11,12 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/go-logr/logr"
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // frActNop is FR_ACT_NOP (include/uapi/linux/fib_rules.h).
@@ -199,7 +199,7 @@ func (d *Datapath) IDs() IDs {
 func (d *Datapath) Apply(ctx context.Context, st State) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	logger := log.FromContext(ctx).WithName("datapath")
+	logger := logr.FromContextOrDiscard(ctx).WithName("datapath")
 	plan, buildErr := Build(d.cfg, st, d.ids)
 	if buildErr != nil && !errors.Is(buildErr, ErrTooManyEgresses) {
 		return buildErr
