@@ -311,10 +311,26 @@ func TestRestart(t *testing.T) {
 			t.Fatalf("no ruleset on %s", n.Name)
 		}
 	}
+	index := func(n *dp.Node) int {
+		h, err := n.Netlink()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		l, err := h.LinkByName("egx")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Attrs().Index
+	}
+	idx := index(n1)
 	for _, n := range f.c.Nodes {
 		f.open(n)
 	}
 	f.apply(specs)
+	if index(n1) != idx {
+		t.Errorf("the tunnel device was recreated by the restart")
+	}
 	for _, n := range f.c.Nodes {
 		if after := take(n); after != before[n] {
 			t.Errorf("%s differs after restart:\nbefore: %+v\nafter:  %+v", n.Name, before[n], after)

@@ -204,23 +204,15 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 	if buildErr != nil && !errors.Is(buildErr, ErrTooManyEgresses) {
 		return buildErr
 	}
-	if err := d.ensureDevice(); err != nil {
-		return err
-	}
-	if d.applied == nil || !reflect.DeepEqual(d.applied.NFT, plan.NFT) {
-		if err := d.writeTable(plan); err != nil {
-			return err
-		}
-		logger.V(1).Info("nftables table replaced", "table", d.cfg.TableName, "egresses", len(plan.IDs))
-	}
-	if err := d.syncRoutes(plan.Routes); err != nil {
-		return err
-	}
-	if err := d.syncRules(plan.Rules); err != nil {
+	if err := d.program(ctx, plan); err != nil {
+		// Part of the plan may be in place: reconcile against the kernel
+		// next time rather than against memory.
+		d.applied = nil
 		return err
 	}
 	n, err := d.cleanConntrack(plan)
 	if err != nil {
+		d.applied = nil
 		return err
 	}
 	if n > 0 {
@@ -228,6 +220,23 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 	}
 	d.ids, d.roles, d.eips, d.applied = plan.IDs, plan.Roles, plan.EIPs, &plan
 	return buildErr
+}
+
+// program writes the device, the table (when changed), routes and rules.
+func (d *Datapath) program(ctx context.Context, plan Plan) error {
+	if err := d.ensureDevice(); err != nil {
+		return err
+	}
+	if d.applied == nil || !reflect.DeepEqual(d.applied.NFT, plan.NFT) {
+		if err := d.writeTable(plan); err != nil {
+			return err
+		}
+		logr.FromContextOrDiscard(ctx).WithName("datapath").V(1).Info("nftables table replaced", "table", d.cfg.TableName, "egresses", len(plan.IDs))
+	}
+	if err := d.syncRoutes(plan.Routes); err != nil {
+		return err
+	}
+	return d.syncRules(plan.Rules)
 }
 
 // ensureDevice creates or repairs the tunnel device: flow-based VXLAN-GPE,
