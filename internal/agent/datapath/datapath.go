@@ -276,6 +276,11 @@ func (d *Datapath) ensureDevice() error {
 		return fmt.Errorf("address %s on %s: %w", d.cfg.TunnelAddr, name, err)
 	}
 	if err := inNetNS(d.ns, func() error {
+		// No IPv6 link-local address (addr_gen_mode 1, "none"): the
+		// device carries IPv6 but needs no address, MLD or ND of its own.
+		if err := writeSysctl("net/ipv6/conf/"+name+"/addr_gen_mode", "1"); err != nil {
+			return err
+		}
 		return writeSysctl("net/ipv4/conf/"+name+"/rp_filter", "2")
 	}); err != nil {
 		return err
