@@ -273,7 +273,7 @@ func routing(t *testing.T, n *dp.Node) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, l := range strings.Split(out, "\n") {
+		for l := range strings.SplitSeq(out, "\n") {
 			if strings.Contains(l, "egx") || strings.HasPrefix(l, "110") {
 				b.WriteString(l + "\n")
 			}

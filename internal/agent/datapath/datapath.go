@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -183,11 +184,7 @@ func (d *Datapath) readBack() error {
 func (d *Datapath) IDs() IDs {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make(IDs, len(d.ids))
-	for k, v := range d.ids {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(d.ids)
 }
 
 // Apply programs st: the tunnel device, the nftables table (replaced in one
@@ -252,8 +249,7 @@ func (d *Datapath) ensureDevice() error {
 			l = nil
 		}
 	} else {
-		var nf netlink.LinkNotFoundError
-		if !errors.As(err, &nf) {
+		if _, ok := errors.AsType[netlink.LinkNotFoundError](err); !ok {
 			return fmt.Errorf("find tunnel device %s: %w", name, err)
 		}
 		l = nil
@@ -398,10 +394,7 @@ func (d *Datapath) Counters(ctx context.Context) (map[string]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]uint64{}
-	for k, v := range d.rejected {
-		out[k] = v
-	}
+	out := maps.Clone(d.rejected)
 	names := map[uint16]string{}
 	for n, id := range d.ids {
 		names[id] = n

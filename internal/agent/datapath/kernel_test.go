@@ -45,7 +45,7 @@ func routingText(t *testing.T, ns *netnstest.NS) string {
 	var b strings.Builder
 	for _, args := range [][]string{{"-4", "rule"}, {"-6", "rule"}, {"-4", "route", "show", "table", "all"}, {"-6", "route", "show", "table", "all"}} {
 		out := ns.MustIP(t, args...)
-		for _, l := range strings.Split(out, "\n") {
+		for l := range strings.SplitSeq(out, "\n") {
 			if strings.Contains(l, "egx") || strings.Contains(l, "110") {
 				b.WriteString(l + "\n")
 			}
