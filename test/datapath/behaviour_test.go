@@ -209,7 +209,7 @@ func TestGuards(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer func() { _ = c.Close() }()
-				for i := 0; i < 3; i++ {
+				for range 3 {
 					if _, err := c.Write(pkt); err != nil {
 						t.Fatal(err)
 					}
@@ -268,7 +268,10 @@ func TestGuards(t *testing.T) {
 func routing(t *testing.T, n *dp.Node) string {
 	t.Helper()
 	var b strings.Builder
-	for _, args := range [][]string{{"-4", "rule"}, {"-6", "rule"}, {"-4", "route", "show", "table", "all"}, {"-6", "route", "show", "table", "all"}} {
+	for _, args := range [][]string{
+		{"-4", "rule"}, {"-6", "rule"},
+		{"-4", "route", "show", "table", "all"}, {"-6", "route", "show", "table", "all"},
+	} {
 		out, err := n.IP(args...)
 		if err != nil {
 			t.Fatal(err)
@@ -426,11 +429,13 @@ func Test200Egresses(t *testing.T) {
 	n1, n2 := f.c.Nodes[0], f.c.Nodes[1]
 	fm := families[0]
 	st := f.stateFor(n1, nil)
-	for i := 0; i < 200; i++ {
+	// 200 distinct members (no such Pods exist: only the rules matter)
+	// and 150 distinct egress IPs.
+	for i := range 200 {
 		st.Egresses = append(st.Egresses, datapath.Egress{
-			Name: fmt.Sprintf("e%03d", i), IP: netip.AddrFrom4([4]byte{192, 0, 2, byte(100 + i%50)}),
+			Name: fmt.Sprintf("e%03d", i), IP: netip.AddrFrom4([4]byte{192, 0, 2, byte(100 + i%150)}),
 			Role: datapath.RoleSource, FailurePolicy: datapath.FailurePolicyFail,
-			Local: []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(200 + i%40)})},
+			Local: []netip.Addr{netip.AddrFrom4([4]byte{198, 51, 100, byte(20 + i)})},
 		})
 	}
 	_ = n2
@@ -468,7 +473,8 @@ func Test200Egresses(t *testing.T) {
 	}
 	// Unmarked traffic: the lookup for an unselected Pod's flow matches
 	// 1100 first (local lookup aside) and lands in main.
-	r, err := h.RouteGetWithOptions(fm.ext.AsSlice(), &netlink.RouteGetOptions{SrcAddr: n1.Pods[1].IPv4.AsSlice(), Iif: n1.Pods[1].Veth})
+	r, err := h.RouteGetWithOptions(fm.ext.AsSlice(),
+		&netlink.RouteGetOptions{SrcAddr: n1.Pods[1].IPv4.AsSlice(), Iif: n1.Pods[1].Veth})
 	if err != nil || len(r) == 0 || r[0].Table != unix.RT_TABLE_MAIN {
 		t.Errorf("route of unmarked traffic: %+v, %v; want main table", r, err)
 	}
@@ -516,8 +522,8 @@ func echoSession(ctx context.Context, t *testing.T, p *dp.Pod, dst netip.Addr) (
 	return c, bufio.NewReader(c)
 }
 
-func echo(c net.Conn, r *bufio.Reader, msg string, timeout time.Duration) error {
-	_ = c.SetDeadline(time.Now().Add(timeout))
+func echo(c net.Conn, r *bufio.Reader, msg string) error {
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.WriteString(c, msg+"\n"); err != nil {
 		return err
 	}
@@ -572,9 +578,9 @@ func TestCrashFailover(t *testing.T) {
 			ctx := ctxT(t, 120*time.Second)
 			var gaps []time.Duration
 			survived := 0
-			for i := 0; i < 5; i++ {
+			for i := range 5 {
 				c, r := echoSession(ctx, t, member, fm.ext)
-				if err := echo(c, r, "before", 5*time.Second); err != nil {
+				if err := echo(c, r, "before"); err != nil {
 					t.Fatalf("crash %d: echo before: %v", i, err)
 				}
 				stream := fmt.Sprintf("crash-%d", i)
@@ -600,9 +606,10 @@ func TestCrashFailover(t *testing.T) {
 				stop()
 				gap, n := f.c.Server.MaxGap(stream)
 				gaps = append(gaps, gap)
-				err := echo(c, r, "after", 5*time.Second)
+				err := echo(c, r, "after")
 				_ = c.Close()
-				t.Logf("crash %d of %s: largest UDP gap %v over %d probes; TCP session survived: %v (%v)", i, dead.Name, gap, n, err == nil, err)
+				t.Logf("crash %d of %s: largest UDP gap %v over %d probes; TCP session survived: %v (%v)",
+					i, dead.Name, gap, n, err == nil, err)
 				if err == nil {
 					survived++
 				}
@@ -646,9 +653,9 @@ func TestPlannedMove(t *testing.T) {
 			ctx := ctxT(t, 120*time.Second)
 			var gaps []time.Duration
 			survived := 0
-			for i := 0; i < 5; i++ {
+			for i := range 5 {
 				c, r := echoSession(ctx, t, member, fm.ext)
-				if err := echo(c, r, "before", 5*time.Second); err != nil {
+				if err := echo(c, r, "before"); err != nil {
 					t.Fatalf("move %d: echo before: %v", i, err)
 				}
 				stream := fmt.Sprintf("move-%d", i)
@@ -664,9 +671,10 @@ func TestPlannedMove(t *testing.T) {
 				stop()
 				gap, n := f.c.Server.MaxGap(stream)
 				gaps = append(gaps, gap)
-				err := echo(c, r, "after", 5*time.Second)
+				err := echo(c, r, "after")
 				_ = c.Close()
-				t.Logf("move %d to %s: largest UDP gap %v over %d probes; TCP session survived: %v (%v)", i, at.Name, gap, n, err == nil, err)
+				t.Logf("move %d to %s: largest UDP gap %v over %d probes; TCP session survived: %v (%v)",
+					i, at.Name, gap, n, err == nil, err)
 				if err == nil {
 					survived++
 				}
