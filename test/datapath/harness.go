@@ -175,7 +175,11 @@ func New(t testing.TB, o Options) *Cluster {
 		o.PodsPerNode = 2
 	}
 	c := &Cluster{Prefix: "egd-" + randomHex() + "-"}
-	t.Cleanup(c.Close)
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("remove datapath harness: %v", err)
+		}
+	})
 	if err := c.build(o); err != nil {
 		t.Fatalf("build datapath harness: %v", err)
 	}
@@ -208,15 +212,20 @@ func (c *Cluster) newNS(role string) (*NS, error) {
 }
 
 // Close stops the server and deletes every namespace of the run.
-func (c *Cluster) Close() {
+func (c *Cluster) Close() error {
 	if c.Server != nil {
 		c.Server.Close()
+		c.Server = nil
 	}
+	var errs []error
 	for _, n := range c.all {
 		_ = n.Handle.Close()
-		_ = exec.Command("ip", "netns", "del", n.Name).Run()
+		if out, err := exec.Command("ip", "netns", "del", n.Name).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("ip netns del %s: %w: %s", n.Name, err, out))
+		}
 	}
 	c.all = nil
+	return errors.Join(errs...)
 }
 
 // ipAll runs several ip commands in one namespace, stopping at the first
