@@ -690,3 +690,51 @@ func TestPlannedMove(t *testing.T) {
 		})
 	}
 }
+
+// TestReleasedIPFlushed: when an Egress keeps its egress Node but gets
+// another egress IP, that Node deletes the conntrack entries SNATed to the
+// old IP (its role, hence its ID's entries, did not change), and members
+// leave with the new IP.
+func TestReleasedIPFlushed(t *testing.T) {
+	f := newFixture(t)
+	n1, n2 := f.c.Nodes[0], f.c.Nodes[1]
+	fm := families[0]
+	members := []*dp.Pod{n1.Pods[0], n2.Pods[0]}
+	f.apply([]spec{{name: "e1", ip: fm.eip, node: n2, members: members}})
+	ctx := ctxT(t, 30*time.Second)
+	for _, p := range members {
+		if got, err := dp.UDPWho(ctx, &p.NS, fm.ext); err != nil || got != fm.eip {
+			t.Fatalf("from %s: server saw %v (err %v), want %s", p.Name, got, err, fm.eip)
+		}
+	}
+	toIP := func(ip netip.Addr) int {
+		h, err := n2.Netlink()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		flows, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, fl := range flows {
+			if a, ok := netip.AddrFromSlice(fl.Reverse.DstIP); ok && a.Unmap() == ip {
+				n++
+			}
+		}
+		return n
+	}
+	if toIP(fm.eip) == 0 {
+		t.Fatalf("no conntrack entry SNATed to %s on n2 before the change", fm.eip)
+	}
+	f.apply([]spec{{name: "e1", ip: fm.eip2, node: n2, members: members}})
+	if n := toIP(fm.eip); n != 0 {
+		t.Errorf("%d conntrack entries still SNATed to the released %s", n, fm.eip)
+	}
+	for _, p := range members {
+		if got, err := dp.UDPWho(ctx, &p.NS, fm.ext); err != nil || got != fm.eip2 {
+			t.Errorf("from %s after the change: server saw %v (err %v), want %s", p.Name, got, err, fm.eip2)
+		}
+	}
+}
