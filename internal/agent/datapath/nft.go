@@ -311,9 +311,12 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 
 	// forward: clear our packet-mark bits first, reject failed Egresses'
 	// traffic, clamp MSS of SYNs entering the tunnel.
+	// Only connections we marked are touched: every packet that enters the
+	// tunnel or is rejected belongs to one, and other software's packet
+	// marks on other traffic stay as they are.
 	forward := []Rule{
-		rule(one(loadMeta(expr.MetaKeyMARK), and32(both), neq(native(0)),
-			loadMeta(expr.MetaKeyMARK), and32(^both), &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})),
+		rule(ctMarkMasked(both), one(eq(native(0)), verdict(expr.VerdictReturn, ""))),
+		rule(one(loadMeta(expr.MetaKeyMARK), and32(^both), &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})),
 		rule(ctDir(dirOriginal), ctMarkMasked(cfg.IDMask), one(b.lookup(setFailed, false), verdict(expr.VerdictJump, chainReject))),
 		rule(oif(tun), l4proto(unix.IPPROTO_TCP), one(
 			&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
