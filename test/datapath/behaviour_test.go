@@ -126,10 +126,8 @@ func TestFailurePolicy(t *testing.T) {
 			ctx := ctxT(t, 30*time.Second)
 			// Warm the Pod's gateway neighbour entry with in-cluster
 			// traffic first (proxy ARP answers only after up to
-			// proxy_delay, 0.8 s), without drawing an ICMP error: the
-			// Node rate-limits ICMP errors per destination (IPv6: one per
-			// net.ipv6.icmp.ratelimit, 1 s), so only the first rejection
-			// of a burst is immediate.
+			// proxy_delay, 0.8 s), without drawing an ICMP error (the
+			// Node rate-limits those per destination).
 			peer, err := dp.StartServer(&f.c.Nodes[0].Pods[0].NS)
 			if err != nil {
 				t.Fatal(err)
@@ -148,8 +146,8 @@ func TestFailurePolicy(t *testing.T) {
 			// IPv4 fails within a millisecond. IPv6 TCP takes one SYN
 			// retransmission (1 s) on this kernel: the ICMPv6 error for the
 			// first SYN comes back while connect() still holds the socket
-			// lock, and IPv6 TCP drops it (TcpExtLockDroppedIcmps) where
-			// IPv4 TCP keeps it; the retransmitted SYN's error aborts.
+			// lock and is dropped (TcpExtLockDroppedIcmps); the
+			// retransmitted SYN's error aborts. See docs/datapath.md.
 			limit := 500 * time.Millisecond
 			if fm.v6 {
 				limit = 2500 * time.Millisecond
