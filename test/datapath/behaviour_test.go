@@ -406,6 +406,11 @@ func TestFlipFlushesOnlyThatID(t *testing.T) {
 		{name: "e1", ip: fm.eip, node: n1, members: []*dp.Pod{a}},
 		{name: "e2", ip: fm.eip2, node: n3, members: []*dp.Pod{b}},
 	})
+	// n1 no longer tunnels e1: its source table is gone (e2's stays).
+	rt := routing(t, n1)
+	if strings.Contains(rt, fmt.Sprintf("table %d ", 50000+id1)) || !strings.Contains(rt, fmt.Sprintf("table %d ", 50000+id2)) {
+		t.Errorf("n1 routing after the flip:\n%s", rt)
+	}
 	after := conntrackMarks(t, n1)
 	t.Logf("n1 conntrack entries by ID: before %v, after %v", before, after)
 	if after[id1] != 0 {

@@ -477,7 +477,10 @@ func (d *Datapath) syncRoutes(want []EncapRoute) error {
 		if wanted[k] {
 			continue
 		}
-		if err := d.nl.RouteDel(&netlink.Route{Table: k.table, Dst: prefixNet(k.dst)}); err != nil && !errors.Is(err, unix.ESRCH) {
+		// Scope "nowhere" matches any scope (as ip-route(8) deletes); the
+		// default, universe, would not match our link-scope routes.
+		del := &netlink.Route{Table: k.table, Dst: prefixNet(k.dst), Scope: netlink.Scope(unix.RT_SCOPE_NOWHERE)}
+		if err := d.nl.RouteDel(del); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("delete route %s table %d: %w", k.dst, k.table, err)
 		}
 	}
