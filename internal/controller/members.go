@@ -14,7 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -55,48 +54,13 @@ func init() {
 	}
 }
 
-// StripPod is a cache transform (cache.TransformFunc) that keeps of a Pod
-// only what member selection reads: name, namespace, UID, resource
-// version, labels, timestamps, spec.nodeName, spec.hostNetwork and the
-// status phase and IPs. Everything else (containers, volumes, conditions,
-// managed fields) is dropped, so a cache of every Pod of a large cluster
-// stays small. Objects that are not Pods are returned unchanged.
-func StripPod(obj any) (any, error) {
-	p, ok := obj.(*corev1.Pod)
-	if !ok {
-		return obj, nil
-	}
-	return &corev1.Pod{
-		TypeMeta: p.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{
-			Name: p.Name, Namespace: p.Namespace, UID: p.UID, ResourceVersion: p.ResourceVersion,
-			Labels: p.Labels, CreationTimestamp: p.CreationTimestamp, DeletionTimestamp: p.DeletionTimestamp,
-		},
-		Spec: corev1.PodSpec{NodeName: p.Spec.NodeName, HostNetwork: p.Spec.HostNetwork},
-		Status: corev1.PodStatus{
-			Phase: p.Status.Phase, PodIP: p.Status.PodIP, PodIPs: p.Status.PodIPs,
-			HostIP: p.Status.HostIP, HostIPs: p.Status.HostIPs,
-		},
-	}, nil
-}
-
 // CacheOptions are the controller manager's cache options: Pods are cached
-// through StripPod and every object without its managedFields.
+// through selection.StripPod and every object without its managedFields.
 func CacheOptions() cache.Options {
 	return cache.Options{
-		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: StripPod}},
+		ByObject:         map[client.Object]cache.ByObject{&corev1.Pod{}: {Transform: selection.StripPod}},
 		DefaultTransform: cache.TransformStripManagedFields(),
 	}
-}
-
-// podChanged reports whether a Pod update can change selection: labels,
-// Node, host network, phase or IPs (status-only churn such as container
-// restarts or conditions does not).
-func podChanged(o, n *corev1.Pod) bool {
-	return !equality.Semantic.DeepEqual(o.Labels, n.Labels) || o.Spec.NodeName != n.Spec.NodeName ||
-		o.Spec.HostNetwork != n.Spec.HostNetwork || o.Status.Phase != n.Status.Phase ||
-		o.Status.PodIP != n.Status.PodIP || !equality.Semantic.DeepEqual(o.Status.PodIPs, n.Status.PodIPs) ||
-		o.Status.HostIP != n.Status.HostIP || !equality.Semantic.DeepEqual(o.Status.HostIPs, n.Status.HostIPs)
 }
 
 // MembersReconciler publishes, for every Egress, the Pods that use it
@@ -116,11 +80,11 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 	start := time.Now()
 	logger := log.FromContext(ctx)
 	var (
-		egs    v1.EgressList
-		pools  v1.ExternalIPPoolList
-		nss    corev1.NamespaceList
-		pods   corev1.PodList
-		sls    v1.EgressMemberSliceList
+		egs   v1.EgressList
+		pools v1.ExternalIPPoolList
+		nss   corev1.NamespaceList
+		pods  corev1.PodList
+		sls   v1.EgressMemberSliceList
 	)
 	for _, l := range []struct {
 		what string
@@ -213,7 +177,9 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 		}
 		for _, name := range ch.Delete {
 			s := objs[name]
-			errs = append(errs, r.write(ctx, "delete", s, func() error { return r.Client.Delete(ctx, s, client.Preconditions{ResourceVersion: &s.ResourceVersion}) }))
+			errs = append(errs, r.write(ctx, "delete", s, func() error {
+				return r.Client.Delete(ctx, s, client.Preconditions{ResourceVersion: &s.ResourceVersion})
+			}))
 		}
 		writes += len(ch.Create) + len(ch.Update) + len(ch.Delete)
 	}
@@ -364,7 +330,7 @@ func (r *MembersReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	pods := builder.WithPredicates(predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		o, ok1 := e.ObjectOld.(*corev1.Pod)
 		n, ok2 := e.ObjectNew.(*corev1.Pod)
-		return !ok1 || !ok2 || podChanged(o, n)
+		return !ok1 || !ok2 || selection.PodChanged(o, n)
 	}})
 	labelsOnly := builder.WithPredicates(predicate.LabelChangedPredicate{})
 	return ctrl.NewControllerManagedBy(mgr).

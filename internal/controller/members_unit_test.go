@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
@@ -163,30 +161,5 @@ func TestSliceName(t *testing.T) {
 	}
 	if n0 == n1 || n0 == sliceName(strings.Repeat("a.", 126)+"c", 0) {
 		t.Errorf("slice names collide: %q %q", n0, n1)
-	}
-}
-
-func TestStripPod(t *testing.T) {
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Labels: map[string]string{"a": "b"}, Annotations: map[string]string{"big": "x"},
-			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}}},
-		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "i"}}},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}}, HostIPs: []corev1.HostIP{{IP: "192.0.2.11"}},
-			Conditions: []corev1.PodCondition{{Type: corev1.PodReady}}},
-	}
-	out, err := StripPod(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", Labels: map[string]string{"a": "b"}},
-		Spec:       corev1.PodSpec{NodeName: "n1"},
-		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}}, HostIPs: []corev1.HostIP{{IP: "192.0.2.11"}}},
-	}
-	if diff := cmp.Diff(want, out); diff != "" {
-		t.Errorf("StripPod (-want +got):\n%s", diff)
-	}
-	if o, _ := StripPod("not a pod"); o != "not a pod" {
-		t.Errorf("StripPod changed a non-Pod: %v", o)
 	}
 }

@@ -31,13 +31,13 @@ const (
 	ReasonAnnounced         = "Announced"
 	ReasonBinding           = "Binding"
 	ReasonNotAssigned       = "NotAssigned"
+	ReasonValid             = "Valid"
+	ReasonInvalid           = "Invalid"
+	ReasonInUse             = "InUse"
 	// ReasonNoEgressNode is the Ready reason while no Node holds the
 	// Egress's IP (none allocated or none assigned); the selected Pods'
 	// traffic then follows spec.failurePolicy.
 	ReasonNoEgressNode = "NoEgressNode"
-	ReasonValid             = "Valid"
-	ReasonInvalid           = "Invalid"
-	ReasonInUse             = "InUse"
 )
 
 // Node eligibility reasons (scheduler.Node.Reason).
