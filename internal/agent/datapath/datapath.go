@@ -1,0 +1,649 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// frActNop is FR_ACT_NOP (include/uapi/linux/fib_rules.h).
+const frActNop = 3
+
+// setChunk bounds the elements per netlink message: one attribute holds at
+// most 64 KiB.
+const setChunk = 512
+
+// Datapath programs one Node's network namespace from States. It owns one
+// nftables table, the tunnel device, its routing tables and the policy
+// rules at Config.RulePriority..+2, and touches nothing else. Methods are
+// safe for concurrent use.
+type Datapath struct {
+	cfg Config
+	ns  netns.NsHandle
+	nl  *netlink.Handle
+
+	mu sync.Mutex
+	// ids, roles and eips are what is programmed (read back from the
+	// kernel by New, then the last Plan applied).
+	ids   IDs
+	roles map[string]Role
+	eips  map[string]netip.Addr
+	// applied is the last Plan applied; nil until the first Apply, which
+	// then reconciles against the kernel rather than memory.
+	applied *Plan
+	// rejected holds the rejected-packet counts harvested from tables that
+	// a later Apply replaced, by Egress name.
+	rejected map[string]uint64
+}
+
+// New opens the datapath of the namespace ns (netns.None(): the current
+// one) and reads back the Egress IDs a previous process programmed, so that
+// an Apply of the same State reproduces the same ruleset. It changes
+// nothing. It fails on an invalid cfg, when the uplink's MTU cannot be read
+// (unless cfg.UplinkMTU is set), or when the namespace cannot be opened.
+func New(cfg Config, ns netns.NsHandle) (*Datapath, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	var h *netlink.Handle
+	if ns.IsOpen() {
+		h, err = netlink.NewHandleAt(ns)
+	} else {
+		h, err = netlink.NewHandle()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open netlink: %w", err)
+	}
+	if cfg.UplinkMTU == 0 {
+		if cfg.Uplink == "" {
+			h.Close()
+			return nil, errors.New("datapath config: Uplink or UplinkMTU is required")
+		}
+		l, err := h.LinkByName(cfg.Uplink)
+		if err != nil {
+			h.Close()
+			return nil, fmt.Errorf("uplink %s: %w", cfg.Uplink, err)
+		}
+		cfg.UplinkMTU = l.Attrs().MTU
+	}
+	if cfg, err = cfg.withDefaults(); err != nil {
+		h.Close()
+		return nil, err
+	}
+	d := &Datapath{cfg: cfg, ns: ns, nl: h, rejected: map[string]uint64{}}
+	if err := d.readBack(); err != nil {
+		h.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Config returns the effective configuration (defaults and uplink MTU
+// filled in).
+func (d *Datapath) Config() Config { return d.cfg }
+
+// Close releases the netlink handle. The programmed datapath stays in
+// place for the next process; Teardown removes it.
+func (d *Datapath) Close() error {
+	d.nl.Close()
+	return nil
+}
+
+func (d *Datapath) nft() (*nftables.Conn, error) {
+	var opts []nftables.ConnOption
+	if d.ns.IsOpen() {
+		opts = append(opts, nftables.WithNetNSFd(int(d.ns)))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("open nftables: %w", err)
+	}
+	return c, nil
+}
+
+func (d *Datapath) table() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: d.cfg.TableName}
+}
+
+// readBack loads IDs, roles and held egress IPs from the table's ids and
+// snat sets. A missing table means a fresh Node.
+func (d *Datapath) readBack() error {
+	d.ids, d.roles, d.eips = IDs{}, map[string]Role{}, map[string]netip.Addr{}
+	c, err := d.nft()
+	if err != nil {
+		return err
+	}
+	t := d.table()
+	s, err := c.GetSetByName(t, setIDs)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file") {
+			return nil
+		}
+		return fmt.Errorf("read back set %s: %w", setIDs, err)
+	}
+	els, err := c.GetSetElements(s)
+	if err != nil {
+		return fmt.Errorf("read back set %s: %w", setIDs, err)
+	}
+	byMark := map[uint32]string{}
+	for _, e := range els {
+		mark, err := markOf(e.Key)
+		if err != nil {
+			return fmt.Errorf("read back set %s: %w", setIDs, err)
+		}
+		word, name, ok := strings.Cut(e.Comment, "/")
+		if !ok {
+			continue
+		}
+		for r, w := range roleWord {
+			if w == word {
+				d.roles[name] = r
+			}
+		}
+		d.ids[name] = uint16(mark >> d.cfg.idShift())
+		byMark[mark] = name
+	}
+	for _, f := range families {
+		s, err := c.GetSetByName(t, mapSNAT+f.suffix)
+		if err != nil {
+			continue
+		}
+		els, err := c.GetSetElements(s)
+		if err != nil {
+			return fmt.Errorf("read back map %s: %w", s.Name, err)
+		}
+		for _, e := range els {
+			mark, err := markOf(e.Key)
+			if err != nil {
+				continue
+			}
+			if a, ok := netip.AddrFromSlice(e.Val); ok && byMark[mark] != "" {
+				d.eips[byMark[mark]] = a
+			}
+		}
+	}
+	return nil
+}
+
+// IDs returns a copy of the programmed ID assignment.
+func (d *Datapath) IDs() IDs {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make(IDs, len(d.ids))
+	for k, v := range d.ids {
+		out[k] = v
+	}
+	return out
+}
+
+// Apply programs st: the tunnel device, the nftables table (replaced in one
+// transaction when its content changed), the encapsulating routes, the
+// policy rules, and conntrack cleanup for every Egress whose role here
+// changed and every egress IP released here. Applying the same State
+// again changes nothing. When IDs run out it programs the Egresses that
+// have one and returns an error wrapping ErrTooManyEgresses.
+func (d *Datapath) Apply(ctx context.Context, st State) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	logger := logr.FromContextOrDiscard(ctx).WithName("datapath")
+	plan, buildErr := Build(d.cfg, st, d.ids)
+	if buildErr != nil && !errors.Is(buildErr, ErrTooManyEgresses) {
+		return buildErr
+	}
+	if err := d.ensureDevice(); err != nil {
+		return err
+	}
+	if d.applied == nil || !reflect.DeepEqual(d.applied.NFT, plan.NFT) {
+		if err := d.writeTable(plan); err != nil {
+			return err
+		}
+		logger.V(1).Info("nftables table replaced", "table", d.cfg.TableName, "egresses", len(plan.IDs))
+	}
+	if err := d.syncRoutes(plan.Routes); err != nil {
+		return err
+	}
+	if err := d.syncRules(plan.Rules); err != nil {
+		return err
+	}
+	n, err := d.cleanConntrack(plan)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		logger.Info("conntrack entries deleted after role changes", "entries", n)
+	}
+	d.ids, d.roles, d.eips, d.applied = plan.IDs, plan.Roles, plan.EIPs, &plan
+	return buildErr
+}
+
+// ensureDevice creates or repairs the tunnel device: flow-based VXLAN-GPE,
+// MTU uplink-36, the link-local /32, loose rp_filter, up.
+func (d *Datapath) ensureDevice() error {
+	name, mtu := d.cfg.TunnelDevice, d.cfg.UplinkMTU-overheadV4
+	l, err := d.nl.LinkByName(name)
+	if err == nil {
+		if vx, ok := l.(*netlink.Vxlan); !ok || !vx.FlowBased || vx.Port != int(d.cfg.TunnelPort) {
+			if err := d.nl.LinkDel(l); err != nil {
+				return fmt.Errorf("replace tunnel device %s: %w", name, err)
+			}
+			l = nil
+		}
+	} else {
+		var nf netlink.LinkNotFoundError
+		if !errors.As(err, &nf) {
+			return fmt.Errorf("find tunnel device %s: %w", name, err)
+		}
+		l = nil
+	}
+	if l == nil {
+		if err := inNetNS(d.ns, func() error { return addGPEDevice(name, d.cfg.TunnelPort, mtu) }); err != nil {
+			return err
+		}
+		if l, err = d.nl.LinkByName(name); err != nil {
+			return fmt.Errorf("find tunnel device %s: %w", name, err)
+		}
+	}
+	if l.Attrs().MTU != mtu {
+		if err := d.nl.LinkSetMTU(l, mtu); err != nil {
+			return fmt.Errorf("set MTU of %s: %w", name, err)
+		}
+	}
+	addr := &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(d.cfg.TunnelAddr, 32)), Scope: unix.RT_SCOPE_LINK}
+	if err := d.nl.AddrReplace(l, addr); err != nil {
+		return fmt.Errorf("address %s on %s: %w", d.cfg.TunnelAddr, name, err)
+	}
+	if err := inNetNS(d.ns, func() error {
+		return writeSysctl("net/ipv4/conf/"+name+"/rp_filter", "2")
+	}); err != nil {
+		return err
+	}
+	if l.Attrs().Flags&(1<<0) == 0 || l.Attrs().OperState != netlink.OperUp {
+		if err := d.nl.LinkSetUp(l); err != nil {
+			return fmt.Errorf("set %s up: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// writeTable replaces the table in one transaction (add, delete, add, then
+// the content) after harvesting its rejected-packet counters.
+func (d *Datapath) writeTable(plan Plan) error {
+	if err := d.harvest(); err != nil {
+		return err
+	}
+	c, err := d.nft()
+	if err != nil {
+		return err
+	}
+	t := d.table()
+	c.AddTable(t)
+	c.DelTable(t)
+	c.AddTable(t)
+	for _, sc := range plan.NFT.Sets {
+		s := sc.Set
+		s.Table = t
+		if err := c.AddSet(&s, nil); err != nil {
+			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+		}
+		for i := 0; i < len(sc.Elements); i += setChunk {
+			if err := c.SetAddElements(&s, sc.Elements[i:min(i+setChunk, len(sc.Elements))]); err != nil {
+				return fmt.Errorf("nftables set %s: %w", s.Name, err)
+			}
+		}
+	}
+	for _, n := range plan.NFT.Counters {
+		c.AddObj(&nftables.NamedObj{Table: t, Name: n, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
+	}
+	for _, cc := range plan.NFT.Chains {
+		ch := cc.Chain
+		ch.Table = t
+		c.AddChain(&ch)
+		for _, r := range cc.Rules {
+			c.AddRule(&nftables.Rule{Table: t, Chain: &ch, Exprs: r})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("replace nftables table inet %s: %w", d.cfg.TableName, err)
+	}
+	return nil
+}
+
+// readCounters returns the table's named counters (packets), by name; an
+// absent table gives none.
+func (d *Datapath) readCounters() (map[string]uint64, error) {
+	c, err := d.nft()
+	if err != nil {
+		return nil, err
+	}
+	objs, err := c.GetNamedObjects(d.table())
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), "no such file") {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read nftables counters: %w", err)
+	}
+	out := map[string]uint64{}
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *nftables.NamedObj:
+			if ctr, ok := o.Obj.(*expr.Counter); ok {
+				out[o.Name] = ctr.Packets
+			}
+		case *nftables.CounterObj:
+			out[o.Name] = o.Packets
+		}
+	}
+	return out, nil
+}
+
+// harvest adds the current rejected counters to d.rejected before the
+// table that holds them is replaced.
+func (d *Datapath) harvest() error {
+	cur, err := d.readCounters()
+	if err != nil {
+		return err
+	}
+	names := map[uint16]string{}
+	for n, id := range d.ids {
+		names[id] = n
+	}
+	for k, v := range cur {
+		if id, ok := strings.CutPrefix(k, rejectedPrefix); ok {
+			if n, err := strconv.Atoi(id); err == nil && names[uint16(n)] != "" {
+				d.rejected[names[uint16(n)]] += v
+			}
+		}
+	}
+	return nil
+}
+
+// Counters returns the packets rejected so far under FailurePolicyFail, by
+// Egress name, for egressip_agent_packets_rejected_total{egress}; values
+// never decrease while the process runs (a restart starts from the
+// counters of the table then in place). It also reports, under the keys
+// "unknown-source", "spoofed-tunnel" and "eip-inbound" prefixed with "@",
+// the datapath's drop counters.
+func (d *Datapath) Counters(ctx context.Context) (map[string]uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	cur, err := d.readCounters()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for k, v := range d.rejected {
+		out[k] = v
+	}
+	names := map[uint16]string{}
+	for n, id := range d.ids {
+		names[id] = n
+	}
+	for k, v := range cur {
+		if id, ok := strings.CutPrefix(k, rejectedPrefix); ok {
+			if n, err := strconv.Atoi(id); err == nil && names[uint16(n)] != "" {
+				out[names[uint16(n)]] += v
+			}
+			continue
+		}
+		out["@"+k] = v
+	}
+	return out, nil
+}
+
+// routeKey identifies a route we own.
+type routeKey struct {
+	table int
+	dst   netip.Prefix
+}
+
+func (d *Datapath) ownsTable(t int) bool {
+	return t == d.cfg.ReturnTable() || (t > d.cfg.TableBase && t <= d.cfg.TableBase+int(d.cfg.maxID()))
+}
+
+// syncRoutes makes the routes of our tables equal want: against the kernel
+// on the first Apply (every wanted route replaced, since the kernel's dump
+// is not decoded enough to compare outer destinations), against the last
+// Plan afterwards.
+func (d *Datapath) syncRoutes(want []EncapRoute) error {
+	l, err := d.nl.LinkByName(d.cfg.TunnelDevice)
+	if err != nil {
+		return fmt.Errorf("find tunnel device: %w", err)
+	}
+	have := map[routeKey]*EncapRoute{}
+	if d.applied == nil {
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, err := d.nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return fmt.Errorf("list routes: %w", err)
+			}
+			for _, r := range rs {
+				if !d.ownsTable(r.Table) || r.Dst == nil {
+					continue
+				}
+				p, ok := netip.AddrFromSlice(r.Dst.IP)
+				if !ok {
+					continue
+				}
+				ones, _ := r.Dst.Mask.Size()
+				have[routeKey{r.Table, netip.PrefixFrom(p.Unmap(), ones)}] = nil // unknown outer: replace
+			}
+		}
+	} else {
+		for i := range d.applied.Routes {
+			r := &d.applied.Routes[i]
+			have[routeKey{r.Table, r.Dst}] = r
+		}
+	}
+	wanted := map[routeKey]bool{}
+	for _, r := range want {
+		k := routeKey{r.Table, r.Dst}
+		wanted[k] = true
+		if old, ok := have[k]; ok && old != nil && *old == r {
+			continue
+		}
+		nr := &netlink.Route{
+			LinkIndex: l.Attrs().Index, Table: r.Table, Dst: prefixNet(r.Dst), Scope: netlink.SCOPE_LINK,
+			// A locked MTU: IPv6 forwarding ignores an unlocked route MTU
+			// (ip6_dst_mtu_maybe_forward) and would use the device's.
+			Protocol: unix.RTPROT_STATIC, MTU: r.MTU, MTULock: r.MTU != 0,
+			Encap: &ipEncap{ID: tunnelID, Dst: r.Outer, TTL: tunnelTTL, Flags: tunnelCsum},
+		}
+		if err := d.nl.RouteReplace(nr); err != nil {
+			return fmt.Errorf("route %s table %d via %s: %w", r.Dst, r.Table, r.Outer, err)
+		}
+	}
+	for k := range have {
+		if wanted[k] {
+			continue
+		}
+		if err := d.nl.RouteDel(&netlink.Route{Table: k.table, Dst: prefixNet(k.dst)}); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("delete route %s table %d: %w", k.dst, k.table, err)
+		}
+	}
+	return nil
+}
+
+// listRules returns our policy rules (priorities base..base+2) as they are
+// in the kernel.
+func (d *Datapath) listRules() ([]PolicyRule, []netlink.Rule, error) {
+	var prs []PolicyRule
+	var raw []netlink.Rule
+	for _, fam := range []int{afInet, afInet6} {
+		rs, err := d.nl.RuleList(fam)
+		if err != nil {
+			return nil, nil, fmt.Errorf("list rules: %w", err)
+		}
+		for _, r := range rs {
+			if r.Priority < d.cfg.RulePriority || r.Priority > d.cfg.RulePriority+2 {
+				continue
+			}
+			pr := PolicyRule{Family: fam, Priority: r.Priority, Mark: r.Mark}
+			if r.Mask != nil {
+				pr.Mask = *r.Mask
+			}
+			// RuleList does not decode the action; a rule with neither a
+			// table nor a goto target is a nop.
+			switch {
+			case r.Goto > 0:
+				pr.Goto = r.Goto
+			case r.Table == unix.RT_TABLE_UNSPEC:
+				pr.Nop = true
+			default:
+				pr.Table = r.Table
+			}
+			prs = append(prs, pr)
+			raw = append(raw, r)
+		}
+	}
+	return prs, raw, nil
+}
+
+// syncRules makes our policy rules equal want: missing ones are added
+// before stale ones are deleted.
+func (d *Datapath) syncRules(want []PolicyRule) error {
+	have, raw, err := d.listRules()
+	if err != nil {
+		return err
+	}
+	for _, w := range want {
+		if slices.Contains(have, w) {
+			continue
+		}
+		r := netlink.NewRule()
+		r.Family, r.Priority = w.Family, w.Priority
+		if w.Mask != 0 {
+			mask := w.Mask
+			r.Mark, r.Mask = w.Mark, &mask
+		}
+		switch {
+		case w.Nop:
+			r.Type = frActNop
+		case w.Goto != 0:
+			r.Goto = w.Goto
+		default:
+			r.Table = w.Table
+		}
+		if err := d.nl.RuleAdd(r); err != nil {
+			return fmt.Errorf("add rule pref %d: %w", w.Priority, err)
+		}
+	}
+	for i, h := range have {
+		if slices.Contains(want, h) {
+			continue
+		}
+		if err := d.nl.RuleDel(&raw[i]); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete rule pref %d: %w", h.Priority, err)
+		}
+	}
+	return nil
+}
+
+// ctFilter selects conntrack entries by connection-mark ID or by the
+// reply-direction destination (the egress IP of an SNATed flow).
+type ctFilter struct {
+	mask  uint32
+	marks map[uint32]bool
+	ips   map[netip.Addr]bool
+}
+
+func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	if f.marks[flow.Mark&f.mask] {
+		return true
+	}
+	if a, ok := netip.AddrFromSlice(flow.Reverse.DstIP); ok && f.ips[a.Unmap()] {
+		return true
+	}
+	return false
+}
+
+// cleanConntrack deletes the entries of Egresses whose role on this Node
+// changed (local <-> tunnelled <-> failed <-> none) and of egress IPs this
+// Node no longer holds; it returns how many were deleted.
+func (d *Datapath) cleanConntrack(plan Plan) (uint, error) {
+	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}}
+	for name, id := range d.ids {
+		if nid, ok := plan.IDs[name]; !ok || nid != id || plan.Roles[name] != d.roles[name] {
+			f.marks[d.cfg.Mark(id)] = true
+		}
+	}
+	for name, ip := range d.eips {
+		if plan.EIPs[name] != ip {
+			f.ips[ip] = true
+		}
+	}
+	if len(f.marks) == 0 && len(f.ips) == 0 {
+		return 0, nil
+	}
+	var total uint
+	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
+		n, err := d.nl.ConntrackDeleteFilters(netlink.ConntrackTable, fam, f)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("delete conntrack entries: %w", err)
+		}
+	}
+	return total, nil
+}
+
+// Teardown removes everything the datapath owns: the nftables table, the
+// routes of its tables, its policy rules and the tunnel device. Absent
+// objects are not an error.
+func (d *Datapath) Teardown(ctx context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var errs []error
+	c, err := d.nft()
+	if err != nil {
+		return err
+	}
+	t := d.table()
+	c.AddTable(t)
+	c.DelTable(t)
+	if err := c.Flush(); err != nil {
+		errs = append(errs, fmt.Errorf("delete nftables table: %w", err))
+	}
+	if _, raw, err := d.listRules(); err != nil {
+		errs = append(errs, err)
+	} else {
+		for i := range raw {
+			if err := d.nl.RuleDel(&raw[i]); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = append(errs, fmt.Errorf("delete rule pref %d: %w", raw[i].Priority, err))
+			}
+		}
+	}
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := d.nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list routes: %w", err))
+			continue
+		}
+		for i := range rs {
+			if d.ownsTable(rs[i].Table) {
+				if err := d.nl.RouteDel(&rs[i]); err != nil && !errors.Is(err, unix.ESRCH) {
+					errs = append(errs, fmt.Errorf("delete route: %w", err))
+				}
+			}
+		}
+	}
+	if l, err := d.nl.LinkByName(d.cfg.TunnelDevice); err == nil {
+		if err := d.nl.LinkDel(l); err != nil {
+			errs = append(errs, fmt.Errorf("delete %s: %w", d.cfg.TunnelDevice, err))
+		}
+	}
+	d.applied, d.ids, d.roles, d.eips = nil, IDs{}, map[string]Role{}, map[string]netip.Addr{}
+	return errors.Join(errs...)
+}

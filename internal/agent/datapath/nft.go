@@ -1,0 +1,454 @@
+package datapath
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"math/big"
+	"net/netip"
+	"slices"
+	"strconv"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// Rule is the expression list of one nftables rule.
+type Rule []expr.Any
+
+// Names of the sets, maps and chains of the table. A "4"/"6" suffix is the
+// IPv4/IPv6 twin.
+const (
+	setCluster = "cluster" // interval set: destinations that never take an egress path
+	setNodes   = "nodes"   // Node IPs and egress IPs: the only accepted outer sources of tunnel packets
+	setEIPs    = "eips"    // egress IPs held by this Node
+	mapLocal   = "local"   // local member IP -> ct mark (ID)
+	mapRemote  = "remote"  // remote member IP -> ct mark (ID|FromTunnel)
+	mapSNAT    = "snat"    // ct mark (ID) -> egress IP held here
+	setFailed  = "failed"  // ct marks (ID) of Egresses whose traffic is rejected
+	// setIDs holds every assigned ID's mark with the comment "<role>/<name>":
+	// how a restarted agent reads its IDs back.
+	setIDs = "ids"
+
+	chainClassify = "classify"
+	chainSetMark  = "set-mark"
+	chainForward  = "forward"
+	chainReject   = "reject"
+	chainSNAT     = "snat"
+	chainInput    = "input"
+	chainEIPGuard = "eip-guard"
+
+	// counterUnknown counts tunnel packets dropped for an unknown inner source.
+	counterUnknown = "unknown-source"
+	// counterSpoofed counts tunnel packets dropped for an outer source that
+	// is not a Node.
+	counterSpoofed = "spoofed-tunnel"
+	// counterEIPDrop counts new inbound packets dropped at an egress IP.
+	counterEIPDrop = "eip-inbound"
+	// rejectedPrefix + ID names the counter of one failed Egress's rejected
+	// packets.
+	rejectedPrefix = "rejected-"
+)
+
+// roleWord is the role as written in the ids set's comments.
+var roleWord = map[Role]string{RoleSource: "source", RoleEgress: "egress", RoleFailed: "failed"}
+
+// fam4/fam6 parameterise the IPv4 and IPv6 twins.
+type famSpec struct {
+	suffix   string
+	nfproto  byte
+	keyType  nftables.SetDatatype
+	saddrOff uint32
+	daddrOff uint32
+	addrLen  uint32
+	natFam   uint32
+	icmp     byte // L4 protocol number of ICMP of this family
+	v6       bool
+}
+
+var families = []famSpec{
+	{suffix: "4", nfproto: unix.NFPROTO_IPV4, keyType: nftables.TypeIPAddr, saddrOff: 12, daddrOff: 16, addrLen: 4, natFam: unix.NFPROTO_IPV4, icmp: unix.IPPROTO_ICMP},
+	{suffix: "6", nfproto: unix.NFPROTO_IPV6, keyType: nftables.TypeIP6Addr, saddrOff: 8, daddrOff: 24, addrLen: 16, natFam: unix.NFPROTO_IPV6, icmp: unix.IPPROTO_ICMPV6, v6: true},
+}
+
+func (f famSpec) addr(a netip.Addr) []byte {
+	if f.v6 {
+		b := a.As16()
+		return b[:]
+	}
+	b := a.As4()
+	return b[:]
+}
+
+func (f famSpec) owns(a netip.Addr) bool { return a.IsValid() && a.Unmap().Is6() == f.v6 }
+
+// native encodes a 32-bit mark as registers hold it (host byte order).
+func native(v uint32) []byte { return binaryutil.NativeEndian.PutUint32(v) }
+
+// ifname is an interface name as nft compares it: NUL-padded to IFNAMSIZ.
+func ifname(n string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, n)
+	return b
+}
+
+// builder accumulates the ruleset.
+type builder struct {
+	cfg  Config
+	sets map[string]*SetContent
+}
+
+func (b *builder) set(name string) *nftables.Set {
+	s, ok := b.sets[name]
+	if !ok {
+		panic("datapath: unknown set " + name)
+	}
+	return &s.Set
+}
+
+func (b *builder) lookup(name string, sreg uint32, invert bool) *expr.Lookup {
+	s := b.set(name)
+	return &expr.Lookup{SourceRegister: sreg, SetName: s.Name, SetID: s.ID, Invert: invert}
+}
+
+func (b *builder) mapTo(name string) *expr.Lookup {
+	s := b.set(name)
+	return &expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetName: s.Name, SetID: s.ID}
+}
+
+// Expression helpers; every match loads into register 1.
+func loadMeta(k expr.MetaKey) expr.Any { return &expr.Meta{Key: k, Register: 1} }
+func eq(data []byte) expr.Any          { return &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data} }
+func neq(data []byte) expr.Any         { return &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: data} }
+func and32(mask uint32) expr.Any {
+	return &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: native(mask), Xor: native(0)}
+}
+func iif(n string) []expr.Any    { return []expr.Any{loadMeta(expr.MetaKeyIIFNAME), eq(ifname(n))} }
+func notIif(n string) []expr.Any { return []expr.Any{loadMeta(expr.MetaKeyIIFNAME), neq(ifname(n))} }
+func oif(n string) []expr.Any    { return []expr.Any{loadMeta(expr.MetaKeyOIFNAME), eq(ifname(n))} }
+func nfproto(p byte) []expr.Any  { return []expr.Any{loadMeta(expr.MetaKeyNFPROTO), eq([]byte{p})} }
+func l4proto(p byte) []expr.Any  { return []expr.Any{loadMeta(expr.MetaKeyL4PROTO), eq([]byte{p})} }
+func ctState(bits uint32) []expr.Any {
+	return []expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: 1}, and32(bits), neq(native(0))}
+}
+func ctDir(d byte) []expr.Any {
+	return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: 1}, eq([]byte{d})}
+}
+func ctMarkMasked(mask uint32) []expr.Any {
+	return []expr.Any{&expr.Ct{Key: expr.CtKeyMARK, Register: 1}, and32(mask)}
+}
+func payload(off, n uint32) expr.Any {
+	return &expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: n}
+}
+func udpDport(port uint16) []expr.Any {
+	return []expr.Any{
+		loadMeta(expr.MetaKeyL4PROTO), eq([]byte{unix.IPPROTO_UDP}),
+		&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		eq(binaryutil.BigEndian.PutUint16(port)),
+	}
+}
+
+// orMetaMark sets bits in the packet mark, keeping the others:
+// mark = (mark & ^bits) ^ bits.
+func orMetaMark(bits uint32) []expr.Any {
+	return []expr.Any{
+		loadMeta(expr.MetaKeyMARK),
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: native(^bits), Xor: native(bits)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+	}
+}
+
+func verdict(k expr.VerdictKind, chain string) expr.Any {
+	return &expr.Verdict{Kind: k, Chain: chain}
+}
+
+func rule(parts ...[]expr.Any) Rule {
+	var r Rule
+	for _, p := range parts {
+		r = append(r, p...)
+	}
+	return r
+}
+
+func one(e ...expr.Any) []expr.Any { return e }
+
+// buildRuleset derives the table's content. plans are sorted by name.
+func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
+	b := &builder{cfg: cfg, sets: map[string]*SetContent{}}
+	markType := nftables.TypeMark
+	add := func(s nftables.Set) {
+		b.sets[s.Name] = &SetContent{Set: s}
+	}
+	for _, f := range families {
+		add(nftables.Set{Name: setCluster + f.suffix, KeyType: f.keyType, Interval: true})
+		add(nftables.Set{Name: setNodes + f.suffix, KeyType: f.keyType})
+		add(nftables.Set{Name: setEIPs + f.suffix, KeyType: f.keyType})
+		add(nftables.Set{Name: mapLocal + f.suffix, KeyType: f.keyType, IsMap: true, DataType: markType})
+		add(nftables.Set{Name: mapRemote + f.suffix, KeyType: f.keyType, IsMap: true, DataType: markType})
+		add(nftables.Set{Name: mapSNAT + f.suffix, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian, IsMap: true, DataType: f.keyType})
+	}
+	add(nftables.Set{Name: setFailed, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian})
+	add(nftables.Set{Name: setIDs, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian})
+
+	// Elements.
+	elem := func(set string, key, val []byte) {
+		s := b.sets[set]
+		s.Elements = append(s.Elements, nftables.SetElement{Key: key, Val: val})
+	}
+	seenLocal, seenRemote := map[netip.Addr]bool{}, map[netip.Addr]bool{}
+	for _, e := range plans {
+		mark := cfg.Mark(e.id)
+		b.sets[setIDs].Elements = append(b.sets[setIDs].Elements, nftables.SetElement{Key: native(mark), Comment: roleWord[e.role] + "/" + e.Name})
+		f := families[0]
+		if e.v6 {
+			f = families[1]
+		}
+		if e.role == RoleFailed {
+			elem(setFailed, native(mark), nil)
+		}
+		for _, ip := range e.Local {
+			ip = ip.Unmap()
+			if f.owns(ip) && !seenLocal[ip] {
+				seenLocal[ip] = true
+				elem(mapLocal+f.suffix, f.addr(ip), native(mark))
+			}
+		}
+		if e.role != RoleEgress {
+			continue
+		}
+		elem(setEIPs+f.suffix, f.addr(e.IP.Unmap()), nil)
+		elem(mapSNAT+f.suffix, native(mark), f.addr(e.IP.Unmap()))
+		for _, m := range e.Remote {
+			ip := m.IP.Unmap()
+			if f.owns(ip) && !seenRemote[ip] && !seenLocal[ip] {
+				seenRemote[ip] = true
+				elem(mapRemote+f.suffix, f.addr(ip), native(mark|cfg.FromTunnel))
+			}
+		}
+	}
+	for _, f := range families {
+		// Tunnel packets may also come from an egress IP: IPv6 source
+		// selection (RFC 6724 rule 8, as Linux applies it) prefers an
+		// egress IP's /128 over the Node's /64 address for peers on the
+		// same subnet.
+		var nodes []netip.Addr
+		for _, ip := range st.NodeIPs {
+			if f.owns(ip) {
+				nodes = append(nodes, ip.Unmap())
+			}
+		}
+		for _, e := range st.Egresses {
+			if f.owns(e.IP) {
+				nodes = append(nodes, e.IP.Unmap())
+			}
+		}
+		slices.SortFunc(nodes, netip.Addr.Compare)
+		for _, ip := range slices.Compact(nodes) {
+			elem(setNodes+f.suffix, f.addr(ip), nil)
+		}
+		b.sets[setCluster+f.suffix].Elements = intervalElements(f, clusterPrefixes(f, st))
+	}
+	var counters []string
+	for _, name := range slices.Sorted(mapsKeys(b.sets)) {
+		s := b.sets[name]
+		if !s.Set.Interval {
+			slices.SortFunc(s.Elements, func(x, y nftables.SetElement) int { return slices.Compare(x.Key, y.Key) })
+		}
+	}
+
+	// Stable batch-local set IDs.
+	var sets []SetContent
+	for i, name := range slices.Sorted(mapsKeys(b.sets)) {
+		b.sets[name].Set.ID = uint32(i + 1)
+		sets = append(sets, *b.sets[name])
+	}
+
+	tun := cfg.TunnelDevice
+	both := cfg.IDMask | cfg.FromTunnel
+	const dirOriginal, dirReply = 0, 1
+
+	// classify: decide with the connection mark, then set the packet mark
+	// for the routing decision (prerouting, after kube-proxy's DNAT).
+	var classify []Rule
+	for _, f := range families {
+		classify = append(classify, rule(iif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW),
+			one(payload(f.saddrOff, f.addrLen), b.mapTo(mapRemote+f.suffix), &expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})))
+	}
+	classify = append(classify, rule(iif(tun), ctState(expr.CtStateBitNEW), ctMarkMasked(cfg.IDMask), one(eq(native(0)),
+		&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterUnknown}, verdict(expr.VerdictDrop, ""))))
+	for _, f := range families {
+		classify = append(classify, rule(notIif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW), ctDir(dirOriginal),
+			one(payload(f.daddrOff, f.addrLen), b.lookup(setCluster+f.suffix, 1, true),
+				payload(f.saddrOff, f.addrLen), b.mapTo(mapLocal+f.suffix), &expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})))
+	}
+	classify = append(classify,
+		rule(ctMarkMasked(both), one(eq(native(0)), verdict(expr.VerdictReturn, ""))),
+		rule(ctDir(dirOriginal), ctMarkMasked(cfg.FromTunnel), one(eq(native(0)), verdict(expr.VerdictJump, chainSetMark))),
+		rule(ctDir(dirReply), ctMarkMasked(cfg.FromTunnel), one(neq(native(0))), orMetaMark(cfg.FromTunnel)),
+	)
+	// set-mark copies the ID bits of the connection mark into the packet
+	// mark one bit at a time: nft can OR only constants into a register.
+	var setMark []Rule
+	for bit := uint32(1); bit != 0; bit <<= 1 {
+		if cfg.IDMask&bit != 0 {
+			setMark = append(setMark, rule(ctMarkMasked(bit), one(neq(native(0))), orMetaMark(bit)))
+		}
+	}
+
+	// forward: clear our packet-mark bits first, reject failed Egresses'
+	// traffic, clamp MSS of SYNs entering the tunnel.
+	forward := []Rule{
+		rule(one(loadMeta(expr.MetaKeyMARK), and32(both), neq(native(0)),
+			loadMeta(expr.MetaKeyMARK), and32(^both), &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})),
+		rule(ctDir(dirOriginal), ctMarkMasked(cfg.IDMask), one(b.lookup(setFailed, 1, false), verdict(expr.VerdictJump, chainReject))),
+		rule(oif(tun), l4proto(unix.IPPROTO_TCP), one(
+			&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x06}, Xor: []byte{0}},
+			eq([]byte{0x02}),
+			&expr.Rt{Register: 1, Key: expr.RtTCPMSS},
+			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 2, Size: 2},
+			&expr.Exthdr{SourceRegister: 1, Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2})),
+	}
+	var reject []Rule
+	for _, e := range plans {
+		if e.role != RoleFailed {
+			continue
+		}
+		name := rejectedPrefix + strconv.Itoa(int(e.id))
+		counters = append(counters, name)
+		reject = append(reject, rule(ctMarkMasked(cfg.IDMask), one(eq(native(cfg.Mark(e.id))),
+			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name},
+			// icmpx host-unreachable: EHOSTUNREACH for IPv4 and IPv6 alike
+			// (ICMPv6 admin-prohibited would surface as EACCES).
+			&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_HOST_UNREACH})))
+	}
+
+	// snat, ahead of any CNI masquerade (nf_nat stops at the first
+	// binding): identity SNAT into the tunnel, egress-IP SNAT out of it.
+	var snat []Rule
+	for _, f := range families {
+		snat = append(snat, rule(oif(tun), nfproto(f.nfproto), ctMarkMasked(cfg.IDMask), one(neq(native(0)),
+			payload(f.saddrOff, f.addrLen), &expr.NAT{Type: expr.NATTypeSourceNAT, Family: f.natFam, RegAddrMin: 1})))
+	}
+	for _, f := range families {
+		snat = append(snat, rule(nfproto(f.nfproto), ctMarkMasked(cfg.IDMask), one(b.mapTo(mapSNAT+f.suffix), &expr.NAT{Type: expr.NATTypeSourceNAT, Family: f.natFam, RegAddrMin: 1})))
+	}
+
+	// input: tunnel packets only from Nodes; egress IPs accept no new
+	// inbound connections and answer nothing (drop, never RST).
+	var input []Rule
+	for _, f := range families {
+		input = append(input, rule(nfproto(f.nfproto), udpDport(cfg.TunnelPort), one(payload(f.saddrOff, f.addrLen), b.lookup(setNodes+f.suffix, 1, true),
+			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterSpoofed}, verdict(expr.VerdictDrop, ""))))
+	}
+	for _, f := range families {
+		input = append(input, rule(nfproto(f.nfproto), one(payload(f.daddrOff, f.addrLen), b.lookup(setEIPs+f.suffix, 1, false), verdict(expr.VerdictJump, chainEIPGuard))))
+	}
+	guard := []Rule{
+		rule(ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), one(verdict(expr.VerdictAccept, ""))),
+		rule(udpDport(cfg.TunnelPort), one(verdict(expr.VerdictAccept, ""))),
+		rule(l4proto(unix.IPPROTO_ICMP), one(verdict(expr.VerdictAccept, ""))),
+		rule(l4proto(unix.IPPROTO_ICMPV6), one(verdict(expr.VerdictAccept, ""))),
+		rule(one(&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterEIPDrop}, verdict(expr.VerdictDrop, ""))),
+	}
+	counters = append(counters, counterUnknown, counterSpoofed, counterEIPDrop)
+	slices.Sort(counters)
+
+	filter, nat := nftables.ChainTypeFilter, nftables.ChainTypeNAT
+	prio := func(p int32) *nftables.ChainPriority { return nftables.ChainPriorityRef(nftables.ChainPriority(p)) }
+	chains := []ChainContent{
+		{Chain: nftables.Chain{Name: chainSetMark}, Rules: setMark},
+		{Chain: nftables.Chain{Name: chainReject}, Rules: reject},
+		{Chain: nftables.Chain{Name: chainEIPGuard}, Rules: guard},
+		{Chain: nftables.Chain{Name: chainClassify, Type: filter, Hooknum: nftables.ChainHookPrerouting, Priority: prio(-100 + 10)}, Rules: classify},
+		{Chain: nftables.Chain{Name: chainForward, Type: filter, Hooknum: nftables.ChainHookForward, Priority: prio(-150 - 10)}, Rules: forward},
+		{Chain: nftables.Chain{Name: chainSNAT, Type: nat, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 - 10)}, Rules: snat},
+		{Chain: nftables.Chain{Name: chainInput, Type: filter, Hooknum: nftables.ChainHookInput, Priority: prio(0 - 10)}, Rules: input},
+	}
+	return Ruleset{Sets: sets, Counters: counters, Chains: chains}
+}
+
+func mapsKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// clusterPrefixes lists the destinations of family f that never take an
+// egress path: cluster CIDRs, Node IPs, every egress IP, loopback,
+// link-local and multicast.
+func clusterPrefixes(f famSpec, st State) []netip.Prefix {
+	var ps []netip.Prefix
+	host := func(a netip.Addr) netip.Prefix { a = a.Unmap(); return netip.PrefixFrom(a, a.BitLen()) }
+	for _, p := range st.ClusterCIDRs {
+		if p.IsValid() && f.owns(p.Addr()) {
+			ps = append(ps, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()).Masked())
+		}
+	}
+	for _, a := range st.NodeIPs {
+		if f.owns(a) {
+			ps = append(ps, host(a))
+		}
+	}
+	for _, e := range st.Egresses {
+		if f.owns(e.IP) {
+			ps = append(ps, host(e.IP))
+		}
+	}
+	if f.v6 {
+		ps = append(ps, netip.MustParsePrefix("::1/128"), netip.MustParsePrefix("fe80::/10"), netip.MustParsePrefix("ff00::/8"))
+	} else {
+		ps = append(ps, netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("169.254.0.0/16"), netip.MustParsePrefix("224.0.0.0/4"))
+	}
+	return ps
+}
+
+// intervalElements turns prefixes into the elements of an nft interval set:
+// merged, sorted, each range as a start element and an exclusive end
+// element flagged IntervalEnd (omitted when the range reaches the top of
+// the address space), the encoding nft(8) uses.
+func intervalElements(f famSpec, ps []netip.Prefix) []nftables.SetElement {
+	type rng struct{ lo, hi *big.Int } // [lo, hi)
+	toInt := func(a netip.Addr) *big.Int { return new(big.Int).SetBytes(f.addr(a)) }
+	var rs []rng
+	for _, p := range ps {
+		lo := toInt(p.Masked().Addr())
+		size := new(big.Int).Lsh(big.NewInt(1), uint(p.Addr().BitLen()-p.Bits()))
+		rs = append(rs, rng{lo, new(big.Int).Add(lo, size)})
+	}
+	slices.SortFunc(rs, func(a, b rng) int { return cmp.Or(a.lo.Cmp(b.lo), a.hi.Cmp(b.hi)) })
+	var merged []rng
+	for _, r := range rs {
+		if n := len(merged); n > 0 && r.lo.Cmp(merged[n-1].hi) <= 0 {
+			if r.hi.Cmp(merged[n-1].hi) > 0 {
+				merged[n-1].hi = r.hi
+			}
+			continue
+		}
+		merged = append(merged, r)
+	}
+	top := new(big.Int).Lsh(big.NewInt(1), uint(f.addrLen*8))
+	bytesOf := func(x *big.Int) []byte { return x.FillBytes(make([]byte, f.addrLen)) }
+	var out []nftables.SetElement
+	for _, r := range merged {
+		out = append(out, nftables.SetElement{Key: bytesOf(r.lo)})
+		if r.hi.Cmp(top) < 0 {
+			out = append(out, nftables.SetElement{Key: bytesOf(r.hi), IntervalEnd: true})
+		}
+	}
+	return out
+}
+
+// markOf decodes a mark element key.
+func markOf(b []byte) (uint32, error) {
+	if len(b) != 4 {
+		return 0, fmt.Errorf("mark of %d bytes", len(b))
+	}
+	return binary.NativeEndian.Uint32(b), nil
+}

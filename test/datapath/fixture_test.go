@@ -1,0 +1,148 @@
+package dpharness_test
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/egressip/egressip/internal/agent/datapath"
+	dp "github.com/egressip/egressip/test/datapath"
+)
+
+// spec is an Egress as the tests describe it.
+type spec struct {
+	name    string
+	ip      netip.Addr // invalid: none allocated
+	node    *dp.Node   // nil: no egress Node
+	policy  datapath.FailurePolicy
+	members []*dp.Pod
+}
+
+// fixture is a harness cluster with a Datapath on every Node.
+type fixture struct {
+	t     *testing.T
+	c     *dp.Cluster
+	dps   map[*dp.Node]*datapath.Datapath
+	bound map[netip.Addr]*dp.Node
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	c := dp.New(t, dp.Options{})
+	f := &fixture{t: t, c: c, dps: map[*dp.Node]*datapath.Datapath{}, bound: map[netip.Addr]*dp.Node{}}
+	for _, n := range c.Nodes {
+		f.open(n)
+	}
+	return f
+}
+
+// open (re)creates the Datapath of a Node, as an agent start would.
+func (f *fixture) open(n *dp.Node) *datapath.Datapath {
+	f.t.Helper()
+	if old := f.dps[n]; old != nil {
+		_ = old.Close()
+	}
+	d, err := datapath.New(datapath.Config{Uplink: n.Uplink}, n.Handle)
+	if err != nil {
+		f.t.Fatalf("datapath.New on %s: %v", n.Name, err)
+	}
+	f.dps[n] = d
+	f.t.Cleanup(func() { _ = d.Close() })
+	return d
+}
+
+// stateFor computes a Node's State from the specs, as the agent would:
+// the egress Node gets RoleEgress with its local and remote members, a
+// Node with members gets RoleSource (RoleFailed when no Node holds it).
+func (f *fixture) stateFor(n *dp.Node, specs []spec) datapath.State {
+	st := datapath.State{NodeIPs: f.c.NodeIPs(), ClusterCIDRs: f.c.ClusterCIDRs()}
+	for _, s := range specs {
+		v6 := s.ip.IsValid() && s.ip.Is6()
+		e := datapath.Egress{Name: s.name, IP: s.ip, FailurePolicy: s.policy}
+		if e.FailurePolicy == "" {
+			e.FailurePolicy = datapath.FailurePolicyFail
+		}
+		for _, p := range s.members {
+			if p.Node == n {
+				e.Local = append(e.Local, p.IP(v6))
+			} else if s.node == n {
+				e.Remote = append(e.Remote, datapath.Member{IP: p.IP(v6), HostIP: p.Node.NodeIP(v6)})
+			}
+		}
+		switch {
+		case s.node == n:
+			e.Role = datapath.RoleEgress
+		case len(e.Local) == 0:
+			e.Role = datapath.RoleNone
+		case s.node == nil || !s.ip.IsValid():
+			e.Role = datapath.RoleFailed
+		default:
+			e.Role = datapath.RoleSource
+		}
+		st.Egresses = append(st.Egresses, e)
+	}
+	return st
+}
+
+// apply programs every Node and moves the egress IPs to their Nodes.
+func (f *fixture) apply(specs []spec) {
+	f.t.Helper()
+	ctx := context.Background()
+	want := map[netip.Addr]*dp.Node{}
+	for _, s := range specs {
+		if s.ip.IsValid() && s.node != nil {
+			want[s.ip] = s.node
+		}
+	}
+	// Release before acquire, as a planned move does.
+	for ip, n := range f.bound {
+		if want[ip] != n {
+			if err := f.c.UnbindEIP(n, ip); err != nil {
+				f.t.Fatal(err)
+			}
+			delete(f.bound, ip)
+		}
+	}
+	for _, n := range f.c.Nodes {
+		if err := f.dps[n].Apply(ctx, f.stateFor(n, specs)); err != nil {
+			f.t.Fatalf("Apply on %s: %v", n.Name, err)
+		}
+	}
+	for ip, n := range want {
+		if f.bound[ip] == n {
+			continue
+		}
+		if err := f.c.BindEIP(n, ip); err != nil {
+			f.t.Fatal(err)
+		}
+		if err := f.c.PointNeighbours(n, ip); err != nil {
+			f.t.Fatal(err)
+		}
+		f.bound[ip] = n
+	}
+}
+
+// applyNode programs one Node only.
+func (f *fixture) applyNode(n *dp.Node, specs []spec) {
+	f.t.Helper()
+	if err := f.dps[n].Apply(context.Background(), f.stateFor(n, specs)); err != nil {
+		f.t.Fatalf("Apply on %s: %v", n.Name, err)
+	}
+}
+
+// fam is one IP family's addresses in table-driven tests.
+type fam struct {
+	name string
+	v6   bool
+	ext  netip.Addr
+	eip  netip.Addr
+	eip2 netip.Addr
+	svc  netip.Addr
+	// tunnel MTU and the MSS it allows (MTU - IP - TCP headers)
+	mtu, mss int
+}
+
+var families = []fam{
+	{name: "ipv4", ext: dp.ExtV4, eip: netip.MustParseAddr("192.0.2.100"), eip2: netip.MustParseAddr("192.0.2.101"), svc: dp.ServiceV4, mtu: 1500 - 36, mss: 1500 - 36 - 40},
+	{name: "ipv6", v6: true, ext: dp.ExtV6, eip: netip.MustParseAddr("2001:db8::100"), eip2: netip.MustParseAddr("2001:db8::101"), svc: dp.ServiceV6, mtu: 1500 - 56, mss: 1500 - 56 - 60},
+}

@@ -1,0 +1,262 @@
+package dpharness
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Server is a TCP and UDP server inside a namespace (listening on
+// [::]:ServerPort, IPv4 peers as mapped addresses) that records the source
+// address of every connection and datagram, and the arrival times of UDP
+// probe streams.
+//
+// TCP protocol, one command line per connection:
+//
+//	WHO            -> the peer address, newline
+//	ECHO           -> echoes every line until the peer closes
+//	SINK <n>       -> reads n bytes, replies "<n>\n"
+//	SOURCE <n>     -> writes n bytes, then closes
+//
+// UDP: every datagram is answered with the peer address; a datagram
+// "probe <stream> <seq>" also records its arrival time under stream.
+type Server struct {
+	tcp net.Listener
+	udp net.PacketConn
+
+	mu      sync.Mutex
+	sources map[netip.Addr]int
+	probes  map[string][]time.Time
+	wg      sync.WaitGroup
+}
+
+// StartServer starts a Server in ns.
+func StartServer(ns *NS) (*Server, error) {
+	s := &Server{sources: map[netip.Addr]int{}, probes: map[string][]time.Time{}}
+	if err := ns.Do(func() (err error) {
+		if s.tcp, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", ServerPort)); err != nil {
+			return err
+		}
+		s.udp, err = net.ListenPacket("udp", fmt.Sprintf("[::]:%d", ServerPort))
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("start server in %s: %w", ns.Name, err)
+	}
+	s.wg.Add(2)
+	go s.serveTCP()
+	go s.serveUDP()
+	return s, nil
+}
+
+// Close stops the server.
+func (s *Server) Close() {
+	_ = s.tcp.Close()
+	_ = s.udp.Close()
+	s.wg.Wait()
+}
+
+func (s *Server) saw(a net.Addr) netip.Addr {
+	ap, _ := netip.ParseAddrPort(a.String())
+	ip := ap.Addr().Unmap()
+	s.mu.Lock()
+	s.sources[ip]++
+	s.mu.Unlock()
+	return ip
+}
+
+// Sources returns how many connections and datagrams each source address
+// made so far.
+func (s *Server) Sources() map[netip.Addr]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[netip.Addr]int{}
+	for k, v := range s.sources {
+		out[k] = v
+	}
+	return out
+}
+
+// MaxGap returns the largest interval between consecutive arrivals of a
+// probe stream, and how many probes arrived.
+func (s *Server) MaxGap(stream string) (time.Duration, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ts := s.probes[stream]
+	var max time.Duration
+	for i := 1; i < len(ts); i++ {
+		if d := ts[i].Sub(ts[i-1]); d > max {
+			max = d
+		}
+	}
+	return max, len(ts)
+}
+
+func (s *Server) serveTCP() {
+	defer s.wg.Done()
+	for {
+		c, err := s.tcp.Accept()
+		if err != nil {
+			return
+		}
+		go s.handle(c)
+	}
+}
+
+func (s *Server) handle(c net.Conn) {
+	defer func() { _ = c.Close() }()
+	ip := s.saw(c.RemoteAddr())
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return
+	}
+	cmd, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+	n, _ := strconv.ParseInt(arg, 10, 64)
+	switch cmd {
+	case "WHO":
+		_, _ = fmt.Fprintf(c, "%s\n", ip)
+	case "ECHO":
+		_, _ = io.Copy(c, r)
+	case "SINK":
+		got, _ := io.CopyN(io.Discard, r, n)
+		_, _ = fmt.Fprintf(c, "%d\n", got)
+	case "SOURCE":
+		_, _ = io.CopyN(c, zeros{}, n)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+func (s *Server) serveUDP() {
+	defer s.wg.Done()
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := s.udp.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		now := time.Now()
+		ip := s.saw(from)
+		if f := strings.Fields(string(buf[:n])); len(f) == 3 && f[0] == "probe" {
+			s.mu.Lock()
+			s.probes[f[1]] = append(s.probes[f[1]], now)
+			s.mu.Unlock()
+		}
+		_, _ = s.udp.WriteTo([]byte(ip.String()), from)
+	}
+}
+
+// dialIn opens a connection from inside ns.
+func dialIn(ctx context.Context, ns *NS, network string, dst netip.AddrPort) (net.Conn, error) {
+	var c net.Conn
+	err := ns.Do(func() (err error) {
+		d := net.Dialer{}
+		c, err = d.DialContext(ctx, network, dst.String())
+		return err
+	})
+	return c, err
+}
+
+// TCPWho connects from ns to dst:ServerPort and returns the source address
+// the server saw.
+func TCPWho(ctx context.Context, ns *NS, dst netip.Addr) (netip.Addr, error) {
+	return TCPWhoPort(ctx, ns, dst, ServerPort)
+}
+
+// TCPWhoPort is TCPWho on another port (80 reaches the ClusterIP).
+func TCPWhoPort(ctx context.Context, ns *NS, dst netip.Addr, port uint16) (netip.Addr, error) {
+	c, err := dialIn(ctx, ns, "tcp", netip.AddrPortFrom(dst, port))
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer func() { _ = c.Close() }()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(c, "WHO\n"); err != nil {
+		return netip.Addr{}, err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("read WHO reply: %w", err)
+	}
+	return netip.ParseAddr(strings.TrimSpace(line))
+}
+
+// UDPWho sends one datagram from ns to dst (retrying a few times) and
+// returns the source address the server saw.
+func UDPWho(ctx context.Context, ns *NS, dst netip.Addr) (netip.Addr, error) {
+	c, err := dialIn(ctx, ns, "udp", netip.AddrPortFrom(dst, ServerPort))
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer func() { _ = c.Close() }()
+	buf := make([]byte, 100)
+	for i := 0; i < 5; i++ {
+		if _, err := c.Write([]byte("who")); err != nil {
+			return netip.Addr{}, err
+		}
+		_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		n, err := c.Read(buf)
+		if err == nil {
+			return netip.ParseAddr(string(buf[:n]))
+		}
+		if ctx.Err() != nil {
+			return netip.Addr{}, ctx.Err()
+		}
+	}
+	return netip.Addr{}, errors.New("no UDP reply")
+}
+
+// Bulk sends n bytes from ns to the server (SINK) or receives n bytes
+// (SOURCE, when download) and returns the elapsed time.
+func Bulk(ctx context.Context, ns *NS, dst netip.Addr, n int64, download bool) (time.Duration, error) {
+	c, err := dialIn(ctx, ns, "tcp", netip.AddrPortFrom(dst, ServerPort))
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = c.Close() }()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	start := time.Now()
+	if download {
+		if _, err := fmt.Fprintf(c, "SOURCE %d\n", n); err != nil {
+			return 0, err
+		}
+		got, err := io.Copy(io.Discard, c)
+		if err != nil || got != n {
+			return 0, fmt.Errorf("downloaded %d of %d bytes: %v", got, n, err)
+		}
+		return time.Since(start), nil
+	}
+	if _, err := fmt.Fprintf(c, "SINK %d\n", n); err != nil {
+		return 0, err
+	}
+	if _, err := io.CopyN(c, zeros{}, n); err != nil {
+		return 0, err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != strconv.FormatInt(n, 10) {
+		return 0, fmt.Errorf("server got %q of %d bytes: %v", line, n, err)
+	}
+	return time.Since(start), nil
+}
+
+// Dial opens a connection from ns to dst:port.
+func Dial(ctx context.Context, ns *NS, network string, dst netip.Addr, port uint16) (net.Conn, error) {
+	return dialIn(ctx, ns, network, netip.AddrPortFrom(dst, port))
+}
