@@ -7,11 +7,14 @@
 // given an IP (status.podIPs) and a Node, and has not terminated (phase
 // Succeeded or Failed). A candidate uses an Egress when its namespace's
 // labels match spec.appliedTo.namespaceSelector (absent: every namespace) and
-// its own labels match spec.appliedTo.podSelector (absent: every Pod). When
-// several Egresses select a Pod, the oldest wins: the lowest
-// metadata.creationTimestamp, then the lowest name (the order the scheduling
-// pass gives Egresses priority in). The Egress's IP family decides which of
-// the Pod's IPs is the member.
+// its own labels match spec.appliedTo.podSelector (absent: every Pod). The
+// Egress's IP family decides which of the Pod's IPs is the member, and the
+// choice is made per family: when several Egresses of a family select a
+// Pod, the oldest wins, the lowest metadata.creationTimestamp, then the
+// lowest name (the order the scheduling pass gives Egresses priority in).
+// So a dual-stack workload uses one IPv4 and one IPv6 Egress (a pool is
+// single-family; see "Dual-stack" in the design notes). An Egress whose
+// family is not known yet (no IP, pool unknown) competes in both families.
 package selection
 
 import (
@@ -137,8 +140,8 @@ func selector(s *metav1.LabelSelector) (labels.Selector, error) {
 	return metav1.LabelSelectorAsSelector(s)
 }
 
-// Select assigns each candidate Pod to the oldest Egress that selects it
-// and returns every Egress's members. A Pod whose namespace is not in
+// Select gives each IP family of each candidate Pod to the oldest Egress of
+// that family that selects the Pod, and returns every Egress's members. A Pod whose namespace is not in
 // in.Namespaces matches only Egresses without a namespaceSelector. A Pod
 // with no IP of its Egress's family is no member (it keeps its Node's IP).
 // With family Any every Pod IP is a member. The result does not depend on
@@ -194,12 +197,27 @@ func Select(in Input) Result {
 		if !Candidate(p) {
 			continue
 		}
+		// Each family of the Pod's IPs goes to the oldest selecting
+		// Egress of that family (or of a family not known yet): a
+		// dual-stack workload uses one IPv4 and one IPv6 Egress.
+		var won [2]bool // IPv4, IPv6
 		for _, c := range forNS(p.Namespace) {
+			if won[0] && won[1] {
+				break
+			}
 			if c.pod != nil && !c.pod.Matches(labels.Set(p.Labels)) {
 				continue
 			}
-			res.Members[c.eg.Name] = append(res.Members[c.eg.Name], members(p, c.family)...)
-			break // the oldest matching Egress wins, even without an IP of its family
+			for _, m := range members(p, c.family) {
+				k := 0
+				if m.PodIP.Is6() {
+					k = 1
+				}
+				if !won[k] {
+					won[k] = true
+					res.Members[c.eg.Name] = append(res.Members[c.eg.Name], m)
+				}
+			}
 		}
 	}
 	for name, ms := range res.Members {

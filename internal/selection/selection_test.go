@@ -106,12 +106,17 @@ func TestSelect(t *testing.T) {
 		{"the family decides the Pod IP",
 			[]v1.Egress{eg("v6", 0, "2001:db8:e::1", pay, web), eg("v4", 1, "", nil, web)},
 			[]corev1.Pod{pod("pay", "w", "n1", web, "10.0.0.1", "fd00::1"), pod("other", "w", "n1", web, "10.0.0.3", "fd00::3")},
-			// v4 has no IP and no pool: family unknown, every Pod IP.
-			map[string][]string{"v6": {"pay/w=fd00::1@2001:db8::11"}, "v4": {"other/w=10.0.0.3@192.0.2.11", "other/w=fd00::3@2001:db8::11"}}},
-		{"a winner without an IP of its family keeps the Pod from younger Egresses",
-			[]v1.Egress{eg("old6", 0, "2001:db8:e::1", pay, nil), eg("young4", 1, "203.0.113.1", pay, nil)},
-			[]corev1.Pod{pod("pay", "v4only", "n1", nil, "10.0.0.1")},
-			map[string][]string{}},
+			// "v4" has no IP and no pool: family unknown, every Pod IP
+			// that no older Egress of its family took.
+			map[string][]string{"v6": {"pay/w=fd00::1@2001:db8::11"}, "v4": {"pay/w=10.0.0.1@192.0.2.11", "other/w=10.0.0.3@192.0.2.11", "other/w=fd00::3@2001:db8::11"}}},
+		{"each family has its own oldest winner",
+			[]v1.Egress{eg("old6", 0, "2001:db8:e::1", pay, nil), eg("young4", 1, "203.0.113.1", pay, nil), eg("younger4", 2, "203.0.113.2", pay, nil)},
+			[]corev1.Pod{pod("pay", "v4only", "n1", nil, "10.0.0.1"), pod("pay", "dual", "n1", nil, "10.0.0.2", "fd00::2")},
+			map[string][]string{"young4": {"pay/v4only=10.0.0.1@192.0.2.11", "pay/dual=10.0.0.2@192.0.2.11"}, "old6": {"pay/dual=fd00::2@2001:db8::11"}}},
+		{"an Egress of unknown family competes in both",
+			[]v1.Egress{eg("any", 0, "", pay, nil), eg("v6", 1, "2001:db8:e::1", pay, nil)},
+			[]corev1.Pod{pod("pay", "dual", "n1", nil, "10.0.0.2", "fd00::2")},
+			map[string][]string{"any": {"pay/dual=10.0.0.2@192.0.2.11", "pay/dual=fd00::2@2001:db8::11"}}},
 		{"an invalid selector selects nothing",
 			[]v1.Egress{func() v1.Egress {
 				e := eg("bad", 0, "203.0.113.1", nil, nil)
@@ -233,7 +238,8 @@ func randomWorld(r *rand.Rand, nEg, nNS, nPods int) world {
 	return w
 }
 
-// oracle is the rule written the slow, obvious way.
+// oracle is the rule written the slow, obvious way: "pod/family" -> the
+// oldest selecting Egress of that family.
 func oracle(w world) map[string]string {
 	nsl := map[string]map[string]string{}
 	for _, n := range w.nss {
@@ -244,28 +250,33 @@ func oracle(w world) map[string]string {
 		if !Candidate(&p) {
 			continue
 		}
-		var best *v1.Egress
-		for i := range w.egs {
-			e := &w.egs[i]
-			if s := e.Spec.AppliedTo.NamespaceSelector; s != nil {
-				l, ok := nsl[p.Namespace]
-				sel, _ := metav1.LabelSelectorAsSelector(s)
-				if !ok || !sel.Matches(labels.Set(l)) {
+		for _, fam := range []Family{IPv4, IPv6} {
+			var best *v1.Egress
+			for i := range w.egs {
+				e := &w.egs[i]
+				if f := EgressFamily(e, nil); f != Any && f != fam {
 					continue
 				}
-			}
-			if s := e.Spec.AppliedTo.PodSelector; s != nil {
-				sel, _ := metav1.LabelSelectorAsSelector(s)
-				if !sel.Matches(labels.Set(p.Labels)) {
-					continue
+				if s := e.Spec.AppliedTo.NamespaceSelector; s != nil {
+					l, ok := nsl[p.Namespace]
+					sel, _ := metav1.LabelSelectorAsSelector(s)
+					if !ok || !sel.Matches(labels.Set(l)) {
+						continue
+					}
+				}
+				if s := e.Spec.AppliedTo.PodSelector; s != nil {
+					sel, _ := metav1.LabelSelectorAsSelector(s)
+					if !sel.Matches(labels.Set(p.Labels)) {
+						continue
+					}
+				}
+				if best == nil || Older(e, best) < 0 {
+					best = e
 				}
 			}
-			if best == nil || Older(e, best) < 0 {
-				best = e
+			if best != nil {
+				out[fmt.Sprintf("%s/%s/%d", p.Namespace, p.Name, fam)] = best.Name
 			}
-		}
-		if best != nil {
-			out[p.Namespace+"/"+p.Name] = best.Name
 		}
 	}
 	return out
@@ -283,25 +294,20 @@ func TestSelectProperties(t *testing.T) {
 		seen := map[string]string{}
 		for e, ms := range got.Members {
 			for _, m := range ms {
-				if prev, dup := seen[m.Pod]; dup && prev != e {
-					t.Fatalf("seed %d: Pod %s in %s and %s", seed, m.Pod, prev, e)
+				k := fmt.Sprintf("%s/%d", m.Pod, familyOf(m.PodIP))
+				if prev, dup := seen[k]; dup {
+					t.Fatalf("seed %d: %s in %s and %s", seed, k, prev, e)
 				}
-				seen[m.Pod] = e
-				if want[m.Pod] != e {
-					t.Fatalf("seed %d: Pod %s in %s, oracle says %q", seed, m.Pod, e, want[m.Pod])
+				seen[k] = e
+				if want[k] != e {
+					t.Fatalf("seed %d: %s in %s, oracle says %q", seed, k, e, want[k])
 				}
 			}
 		}
-		for p, e := range want {
-			var fam Family
-			for i := range w.egs {
-				if w.egs[i].Name == e {
-					fam = EgressFamily(&w.egs[i], nil)
-				}
-			}
+		for k, e := range want {
 			// Every test Pod has both families, so every oracle match is a member.
-			if seen[p] != e {
-				t.Fatalf("seed %d: Pod %s should be in %s (family %d), got %q", seed, p, e, fam, seen[p])
+			if seen[k] != e {
+				t.Fatalf("seed %d: %s should be in %s, got %q", seed, k, e, seen[k])
 			}
 		}
 		sh := world{egs: append([]v1.Egress(nil), w.egs...), nss: append([]corev1.Namespace(nil), w.nss...), pods: append([]corev1.Pod(nil), w.pods...)}

@@ -31,6 +31,10 @@ func selectingEgress(t *testing.T, name, team, pool string, policy v1.FailurePol
 // expectSource waits up to 20 s until every Pod of pods (except those on
 // skip) reaches the external server from want(p).
 func expectSource(t *testing.T, what string, pods []*harness.Pod, skip *harness.Node, want func(*harness.Pod) netip.Addr) time.Duration {
+	return expectSourceFam(t, what, pods, skip, false, want)
+}
+
+func expectSourceFam(t *testing.T, what string, pods []*harness.Pod, skip *harness.Node, v6 bool, want func(*harness.Pod) netip.Addr) time.Duration {
 	t.Helper()
 	ctx := context.Background()
 	start := time.Now()
@@ -41,7 +45,7 @@ func expectSource(t *testing.T, what string, pods []*harness.Pod, skip *harness.
 			if p.Node == skip {
 				continue
 			}
-			got, err := c.Who(ctx, p, false)
+			got, err := c.Who(ctx, p, v6)
 			if err != nil || got != want(p) {
 				bad = append(bad, fmt.Sprintf("%s: saw %v (err %v), want %v", p, got, err, want(p)))
 			}
@@ -50,6 +54,13 @@ func expectSource(t *testing.T, what string, pods []*harness.Pod, skip *harness.
 		return len(bad) == 0
 	})
 	if !ok {
+		for _, n := range c.Nodes {
+			if n == skip {
+				continue
+			}
+			dump, err := c.DatapathDump(ctx, n)
+			t.Logf("datapath of %s (err %v):\n%s", n.Name, err, dump)
+		}
 		t.Fatalf("%s: %s", what, last)
 	}
 	for _, p := range pods {
@@ -80,6 +91,14 @@ func TestDatapathSourceAddress(t *testing.T) {
 	took := expectSource(t, "selected", pay, nil, func(*harness.Pod) netip.Addr { return eip })
 	t.Logf("Ready to every selected Pod seen as %s: %v", eip, took)
 	expectSource(t, "unselected, with dp-pay present", other, nil, nodeIP)
+
+	// IPv6: a second Egress from the IPv6 pool for the same Pods; their
+	// IPv4 traffic keeps dp-pay's IP.
+	selectingEgress(t, "dp-pay-v6", "e2e-pay", "office-egress-v6", "")
+	e6 := waitReady(t, "dp-pay-v6")["dp-pay-v6"]
+	eip6 := netip.MustParseAddr(e6.Status.EgressIP)
+	expectSourceFam(t, "selected, IPv6", pay, nil, true, func(*harness.Pod) netip.Addr { return eip6 })
+	expectSourceFam(t, "unselected, IPv6", other, nil, true, func(p *harness.Pod) netip.Addr { return p.Node.IPv6 })
 
 	f, err := c.CrashAndWait(ctx, "dp-pay", 20*time.Second)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/egressip/egressip/internal/agent/datapath"
 	dpharness "github.com/egressip/egressip/test/datapath"
 )
 
@@ -241,4 +242,23 @@ func (c *Cluster) Who(ctx context.Context, p *Pod, v6 bool) (netip.Addr, error) 
 // PodsIn returns the Pods of Kubernetes namespace ns, by Node order.
 func (c *Cluster) PodsIn(ns string) []*Pod {
 	return slices.DeleteFunc(slices.Clone(c.Pods), func(p *Pod) bool { return p.Namespace != ns })
+}
+
+// DatapathDump renders the datapath nftables table of Node n (see
+// datapath.Dump), for test failure reports. It opens the engine read-only:
+// New changes nothing.
+func (c *Cluster) DatapathDump(ctx context.Context, n *Node) (string, error) {
+	h, err := netns.GetFromName(n.Name)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = h.Close() }()
+	cfg := datapath.DefaultConfig()
+	cfg.Uplink = "eth0"
+	d, err := datapath.New(cfg, h)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = d.Close() }()
+	return d.Dump(ctx)
 }
