@@ -124,15 +124,40 @@ func TestFailurePolicy(t *testing.T) {
 				{name: "ign", ip: fm.eip2, policy: datapath.FailurePolicyIgnore, members: []*dp.Pod{ignPod}},
 			})
 			ctx := ctxT(t, 30*time.Second)
+			// Warm the Pod's gateway neighbour entry with in-cluster
+			// traffic first (proxy ARP answers only after up to
+			// proxy_delay, 0.8 s), without drawing an ICMP error (the
+			// Node rate-limits those per destination).
+			peer, err := dp.StartServer(&f.c.Nodes[0].Pods[0].NS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(peer.Close)
+			if _, err := dp.TCPWho(ctx, &failPod.NS, f.c.Nodes[0].Pods[0].IP(fm.v6)); err != nil {
+				t.Fatalf("in-cluster warm-up from the failed Egress's member: %v", err)
+			}
 			start := time.Now()
-			_, err := dp.TCPWho(ctx, &failPod.NS, fm.ext)
+			_, err = dp.TCPWho(ctx, &failPod.NS, fm.ext)
 			took := time.Since(start)
 			t.Logf("Fail: connect error %v after %v", err, took)
 			if !errors.Is(err, unix.EHOSTUNREACH) {
 				t.Errorf("Fail: connect error %v, want EHOSTUNREACH", err)
 			}
-			if took > 2*time.Second { // measured in milliseconds; generous for a loaded machine
-				t.Errorf("Fail: rejection took %v", took)
+			// IPv4 fails within a millisecond. IPv6 TCP takes one SYN
+			// retransmission (1 s) on this kernel: the ICMPv6 error for the
+			// first SYN comes back while connect() still holds the socket
+			// lock and is dropped (TcpExtLockDroppedIcmps); the
+			// retransmitted SYN's error aborts. See docs/datapath.md.
+			limit := 500 * time.Millisecond
+			if fm.v6 {
+				limit = 2500 * time.Millisecond
+			}
+			if took > limit {
+				t.Errorf("Fail: TCP rejection took %v (limit %v)", took, limit)
+			}
+			// UDP of a failed Egress never leaves the Node.
+			if got, err := dp.UDPWho(ctxT(t, 3*time.Second), &failPod.NS, fm.ext); err == nil {
+				t.Errorf("Fail: a UDP datagram reached the server from %s", got)
 			}
 			got, err := dp.UDPWho(ctx, &ignPod.NS, fm.ext)
 			if err != nil || got != n3.NodeIP(fm.v6) {
@@ -182,7 +207,7 @@ func TestGuards(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer func() { _ = c.Close() }()
-				for i := 0; i < 3; i++ {
+				for range 3 {
 					if _, err := c.Write(pkt); err != nil {
 						t.Fatal(err)
 					}
@@ -241,12 +266,15 @@ func TestGuards(t *testing.T) {
 func routing(t *testing.T, n *dp.Node) string {
 	t.Helper()
 	var b strings.Builder
-	for _, args := range [][]string{{"-4", "rule"}, {"-6", "rule"}, {"-4", "route", "show", "table", "all"}, {"-6", "route", "show", "table", "all"}} {
+	for _, args := range [][]string{
+		{"-4", "rule"}, {"-6", "rule"},
+		{"-4", "route", "show", "table", "all"}, {"-6", "route", "show", "table", "all"},
+	} {
 		out, err := n.IP(args...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, l := range strings.Split(out, "\n") {
+		for l := range strings.SplitSeq(out, "\n") {
 			if strings.Contains(l, "egx") || strings.HasPrefix(l, "110") {
 				b.WriteString(l + "\n")
 			}
@@ -284,10 +312,26 @@ func TestRestart(t *testing.T) {
 			t.Fatalf("no ruleset on %s", n.Name)
 		}
 	}
+	index := func(n *dp.Node) int {
+		h, err := n.Netlink()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		l, err := h.LinkByName("egx")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Attrs().Index
+	}
+	idx := index(n1)
 	for _, n := range f.c.Nodes {
 		f.open(n)
 	}
 	f.apply(specs)
+	if index(n1) != idx {
+		t.Errorf("the tunnel device was recreated by the restart")
+	}
 	for _, n := range f.c.Nodes {
 		if after := take(n); after != before[n] {
 			t.Errorf("%s differs after restart:\nbefore: %+v\nafter:  %+v", n.Name, before[n], after)
@@ -362,6 +406,11 @@ func TestFlipFlushesOnlyThatID(t *testing.T) {
 		{name: "e1", ip: fm.eip, node: n1, members: []*dp.Pod{a}},
 		{name: "e2", ip: fm.eip2, node: n3, members: []*dp.Pod{b}},
 	})
+	// n1 no longer tunnels e1: its source table is gone (e2's stays).
+	rt := routing(t, n1)
+	if strings.Contains(rt, fmt.Sprintf("table %d ", 50000+id1)) || !strings.Contains(rt, fmt.Sprintf("table %d ", 50000+id2)) {
+		t.Errorf("n1 routing after the flip:\n%s", rt)
+	}
 	after := conntrackMarks(t, n1)
 	t.Logf("n1 conntrack entries by ID: before %v, after %v", before, after)
 	if after[id1] != 0 {
@@ -383,11 +432,13 @@ func Test200Egresses(t *testing.T) {
 	n1, n2 := f.c.Nodes[0], f.c.Nodes[1]
 	fm := families[0]
 	st := f.stateFor(n1, nil)
-	for i := 0; i < 200; i++ {
+	// 200 distinct members (no such Pods exist: only the rules matter)
+	// and 150 distinct egress IPs.
+	for i := range 200 {
 		st.Egresses = append(st.Egresses, datapath.Egress{
-			Name: fmt.Sprintf("e%03d", i), IP: netip.AddrFrom4([4]byte{192, 0, 2, byte(100 + i%50)}),
+			Name: fmt.Sprintf("e%03d", i), IP: netip.AddrFrom4([4]byte{192, 0, 2, byte(100 + i%150)}),
 			Role: datapath.RoleSource, FailurePolicy: datapath.FailurePolicyFail,
-			Local: []netip.Addr{netip.AddrFrom4([4]byte{203, 0, 113, byte(200 + i%40)})},
+			Local: []netip.Addr{netip.AddrFrom4([4]byte{198, 51, 100, byte(20 + i)})},
 		})
 	}
 	_ = n2
@@ -425,7 +476,8 @@ func Test200Egresses(t *testing.T) {
 	}
 	// Unmarked traffic: the lookup for an unselected Pod's flow matches
 	// 1100 first (local lookup aside) and lands in main.
-	r, err := h.RouteGetWithOptions(fm.ext.AsSlice(), &netlink.RouteGetOptions{SrcAddr: n1.Pods[1].IPv4.AsSlice(), Iif: n1.Pods[1].Veth})
+	r, err := h.RouteGetWithOptions(fm.ext.AsSlice(),
+		&netlink.RouteGetOptions{SrcAddr: n1.Pods[1].IPv4.AsSlice(), Iif: n1.Pods[1].Veth})
 	if err != nil || len(r) == 0 || r[0].Table != unix.RT_TABLE_MAIN {
 		t.Errorf("route of unmarked traffic: %+v, %v; want main table", r, err)
 	}
@@ -473,8 +525,8 @@ func echoSession(ctx context.Context, t *testing.T, p *dp.Pod, dst netip.Addr) (
 	return c, bufio.NewReader(c)
 }
 
-func echo(c net.Conn, r *bufio.Reader, msg string, timeout time.Duration) error {
-	_ = c.SetDeadline(time.Now().Add(timeout))
+func echo(c net.Conn, r *bufio.Reader, msg string) error {
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.WriteString(c, msg+"\n"); err != nil {
 		return err
 	}
@@ -529,9 +581,9 @@ func TestCrashFailover(t *testing.T) {
 			ctx := ctxT(t, 120*time.Second)
 			var gaps []time.Duration
 			survived := 0
-			for i := 0; i < 5; i++ {
+			for i := range 5 {
 				c, r := echoSession(ctx, t, member, fm.ext)
-				if err := echo(c, r, "before", 5*time.Second); err != nil {
+				if err := echo(c, r, "before"); err != nil {
 					t.Fatalf("crash %d: echo before: %v", i, err)
 				}
 				stream := fmt.Sprintf("crash-%d", i)
@@ -557,9 +609,10 @@ func TestCrashFailover(t *testing.T) {
 				stop()
 				gap, n := f.c.Server.MaxGap(stream)
 				gaps = append(gaps, gap)
-				err := echo(c, r, "after", 5*time.Second)
+				err := echo(c, r, "after")
 				_ = c.Close()
-				t.Logf("crash %d of %s: largest UDP gap %v over %d probes; TCP session survived: %v (%v)", i, dead.Name, gap, n, err == nil, err)
+				t.Logf("crash %d of %s: largest UDP gap %v over %d probes; TCP session survived: %v (%v)",
+					i, dead.Name, gap, n, err == nil, err)
 				if err == nil {
 					survived++
 				}
@@ -603,9 +656,9 @@ func TestPlannedMove(t *testing.T) {
 			ctx := ctxT(t, 120*time.Second)
 			var gaps []time.Duration
 			survived := 0
-			for i := 0; i < 5; i++ {
+			for i := range 5 {
 				c, r := echoSession(ctx, t, member, fm.ext)
-				if err := echo(c, r, "before", 5*time.Second); err != nil {
+				if err := echo(c, r, "before"); err != nil {
 					t.Fatalf("move %d: echo before: %v", i, err)
 				}
 				stream := fmt.Sprintf("move-%d", i)
@@ -621,9 +674,10 @@ func TestPlannedMove(t *testing.T) {
 				stop()
 				gap, n := f.c.Server.MaxGap(stream)
 				gaps = append(gaps, gap)
-				err := echo(c, r, "after", 5*time.Second)
+				err := echo(c, r, "after")
 				_ = c.Close()
-				t.Logf("move %d to %s: largest UDP gap %v over %d probes; TCP session survived: %v (%v)", i, at.Name, gap, n, err == nil, err)
+				t.Logf("move %d to %s: largest UDP gap %v over %d probes; TCP session survived: %v (%v)",
+					i, at.Name, gap, n, err == nil, err)
 				if err == nil {
 					survived++
 				}
@@ -637,5 +691,53 @@ func TestPlannedMove(t *testing.T) {
 				t.Errorf("TCP session survived only %d of 5 moves", survived)
 			}
 		})
+	}
+}
+
+// TestReleasedIPFlushed: when an Egress keeps its egress Node but gets
+// another egress IP, that Node deletes the conntrack entries SNATed to the
+// old IP (its role, hence its ID's entries, did not change), and members
+// leave with the new IP.
+func TestReleasedIPFlushed(t *testing.T) {
+	f := newFixture(t)
+	n1, n2 := f.c.Nodes[0], f.c.Nodes[1]
+	fm := families[0]
+	members := []*dp.Pod{n1.Pods[0], n2.Pods[0]}
+	f.apply([]spec{{name: "e1", ip: fm.eip, node: n2, members: members}})
+	ctx := ctxT(t, 30*time.Second)
+	for _, p := range members {
+		if got, err := dp.UDPWho(ctx, &p.NS, fm.ext); err != nil || got != fm.eip {
+			t.Fatalf("from %s: server saw %v (err %v), want %s", p.Name, got, err, fm.eip)
+		}
+	}
+	toIP := func(ip netip.Addr) int {
+		h, err := n2.Netlink()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Close()
+		flows, err := h.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, fl := range flows {
+			if a, ok := netip.AddrFromSlice(fl.Reverse.DstIP); ok && a.Unmap() == ip {
+				n++
+			}
+		}
+		return n
+	}
+	if toIP(fm.eip) == 0 {
+		t.Fatalf("no conntrack entry SNATed to %s on n2 before the change", fm.eip)
+	}
+	f.apply([]spec{{name: "e1", ip: fm.eip2, node: n2, members: members}})
+	if n := toIP(fm.eip); n != 0 {
+		t.Errorf("%d conntrack entries still SNATed to the released %s", n, fm.eip)
+	}
+	for _, p := range members {
+		if got, err := dp.UDPWho(ctx, &p.NS, fm.ext); err != nil || got != fm.eip2 {
+			t.Errorf("from %s after the change: server saw %v (err %v), want %s", p.Name, got, err, fm.eip2)
+		}
 	}
 }

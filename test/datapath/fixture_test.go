@@ -37,7 +37,7 @@ func newFixture(t *testing.T) *fixture {
 }
 
 // open (re)creates the Datapath of a Node, as an agent start would.
-func (f *fixture) open(n *dp.Node) *datapath.Datapath {
+func (f *fixture) open(n *dp.Node) {
 	f.t.Helper()
 	if old := f.dps[n]; old != nil {
 		_ = old.Close()
@@ -48,7 +48,6 @@ func (f *fixture) open(n *dp.Node) *datapath.Datapath {
 	}
 	f.dps[n] = d
 	f.t.Cleanup(func() { _ = d.Close() })
-	return d
 }
 
 // stateFor computes a Node's State from the specs, as the agent would:
@@ -143,6 +142,14 @@ type fam struct {
 }
 
 var families = []fam{
-	{name: "ipv4", ext: dp.ExtV4, eip: netip.MustParseAddr("192.0.2.100"), eip2: netip.MustParseAddr("192.0.2.101"), svc: dp.ServiceV4, mtu: 1500 - 36, mss: 1500 - 36 - 40},
-	{name: "ipv6", v6: true, ext: dp.ExtV6, eip: netip.MustParseAddr("2001:db8::100"), eip2: netip.MustParseAddr("2001:db8::101"), svc: dp.ServiceV6, mtu: 1500 - 56, mss: 1500 - 56 - 60},
+	{
+		name: "ipv4", ext: dp.ExtV4, svc: dp.ServiceV4,
+		eip: netip.MustParseAddr("192.0.2.100"), eip2: netip.MustParseAddr("192.0.2.101"),
+		mtu: 1500 - 36, mss: 1500 - 36 - 40,
+	},
+	{
+		name: "ipv6", v6: true, ext: dp.ExtV6, svc: dp.ServiceV6,
+		eip: netip.MustParseAddr("2001:db8::100"), eip2: netip.MustParseAddr("2001:db8::101"),
+		mtu: 1500 - 56, mss: 1500 - 56 - 60,
+	},
 }

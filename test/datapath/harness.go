@@ -175,7 +175,11 @@ func New(t testing.TB, o Options) *Cluster {
 		o.PodsPerNode = 2
 	}
 	c := &Cluster{Prefix: "egd-" + randomHex() + "-"}
-	t.Cleanup(c.Close)
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("remove datapath harness: %v", err)
+		}
+	})
 	if err := c.build(o); err != nil {
 		t.Fatalf("build datapath harness: %v", err)
 	}
@@ -208,15 +212,20 @@ func (c *Cluster) newNS(role string) (*NS, error) {
 }
 
 // Close stops the server and deletes every namespace of the run.
-func (c *Cluster) Close() {
+func (c *Cluster) Close() error {
 	if c.Server != nil {
 		c.Server.Close()
+		c.Server = nil
 	}
+	var errs []error
 	for _, n := range c.all {
 		_ = n.Handle.Close()
-		_ = exec.Command("ip", "netns", "del", n.Name).Run()
+		if out, err := exec.Command("ip", "netns", "del", n.Name).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("ip netns del %s: %w: %s", n.Name, err, out))
+		}
 	}
 	c.all = nil
+	return errors.Join(errs...)
 }
 
 // ipAll runs several ip commands in one namespace, stopping at the first
@@ -333,7 +342,11 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	); err != nil {
 		return nil, err
 	}
-	for _, kv := range [][2]string{{"net/ipv4/conf/all/rp_filter", "1"}, {"net/ipv4/conf/default/rp_filter", "1"}, {"net/ipv4/conf/eth0/rp_filter", "1"}} {
+	for _, kv := range [][2]string{
+		{"net/ipv4/conf/all/rp_filter", "1"},
+		{"net/ipv4/conf/default/rp_filter", "1"},
+		{"net/ipv4/conf/eth0/rp_filter", "1"},
+	} {
 		if err := ns.Sysctl(kv[0], kv[1]); err != nil {
 			return nil, err
 		}
@@ -390,7 +403,10 @@ func prefixMatch(off, n uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
 }
 
 func nfproto(p byte) []expr.Any {
-	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}},
+	}
 }
 
 // installCNI adds the stand-in CNI's table "inet cni" on a Node:
@@ -406,7 +422,10 @@ func (c *Cluster) installCNI(n *Node) error {
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	pre := conn.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-	oifEth0 := []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("eth0")}}
+	oifEth0 := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("eth0")},
+	}
 	target := c.Nodes[0].Pods[len(c.Nodes[0].Pods)-1]
 	for _, f := range []struct {
 		proto           byte

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"strconv"
@@ -77,11 +78,7 @@ func (s *Server) saw(a net.Addr) netip.Addr {
 func (s *Server) Sources() map[netip.Addr]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[netip.Addr]int{}
-	for k, v := range s.sources {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(s.sources)
 }
 
 // MaxGap returns the largest interval between consecutive arrivals of a
@@ -205,7 +202,7 @@ func UDPWho(ctx context.Context, ns *NS, dst netip.Addr) (netip.Addr, error) {
 	}
 	defer func() { _ = c.Close() }()
 	buf := make([]byte, 100)
-	for i := 0; i < 5; i++ {
+	for range 5 {
 		if _, err := c.Write([]byte("who")); err != nil {
 			return netip.Addr{}, err
 		}

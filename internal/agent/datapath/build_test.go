@@ -61,7 +61,7 @@ func TestBuildDeterministic(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	for i := 0; i < 20; i++ {
+	for i := range 20 {
 		got, err := Build(cfg, shuffled(st, r), nil)
 		if err != nil {
 			t.Fatal(err)
@@ -173,7 +173,7 @@ func TestIntervalElements(t *testing.T) {
 // here (with remote members), a third sourced here, a third failed.
 func bigState(n, pods int) State {
 	st := State{ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12")}}
-	for i := 0; i < 100; i++ {
+	for i := range 100 {
 		st.NodeIPs = append(st.NodeIPs, netip.AddrFrom4([4]byte{192, 168, byte(i / 250), byte(i%250 + 1)}))
 	}
 	perEgress := max(pods/n, 1)
@@ -182,22 +182,22 @@ func bigState(n, pods int) State {
 		pod++
 		return netip.AddrFrom4([4]byte{10, byte(pod >> 16), byte(pod >> 8), byte(pod)})
 	}
-	for i := 0; i < n; i++ {
+	for i := range n {
 		e := Egress{Name: fmt.Sprintf("egress-%04d", i), IP: netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), FailurePolicy: FailurePolicyFail}
 		switch i % 3 {
 		case 0:
 			e.Role = RoleEgress
-			for j := 0; j < perEgress; j++ {
+			for j := range perEgress {
 				e.Remote = append(e.Remote, Member{IP: podIP(), HostIP: st.NodeIPs[j%len(st.NodeIPs)]})
 			}
 		case 1:
 			e.Role = RoleSource
-			for j := 0; j < perEgress; j++ {
+			for range perEgress {
 				e.Local = append(e.Local, podIP())
 			}
 		default:
 			e.Role, e.IP = RoleFailed, netip.Addr{}
-			for j := 0; j < perEgress; j++ {
+			for range perEgress {
 				e.Local = append(e.Local, podIP())
 			}
 		}

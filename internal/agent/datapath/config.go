@@ -134,11 +134,7 @@ func (c Config) idShift() int { return bits.TrailingZeros32(c.IDMask) }
 
 // maxID is the largest Node-local Egress ID the mask can carry.
 func (c Config) maxID() uint16 {
-	m := c.IDMask >> c.idShift()
-	if m > 0xffff {
-		m = 0xffff
-	}
-	return uint16(m)
+	return uint16(min(c.IDMask>>c.idShift(), 0xffff))
 }
 
 // Mark is the connection mark of Egress ID id (without FromTunnel).

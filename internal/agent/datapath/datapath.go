@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -183,11 +184,7 @@ func (d *Datapath) readBack() error {
 func (d *Datapath) IDs() IDs {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := make(IDs, len(d.ids))
-	for k, v := range d.ids {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(d.ids)
 }
 
 // Apply programs st: the tunnel device, the nftables table (replaced in one
@@ -204,23 +201,15 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 	if buildErr != nil && !errors.Is(buildErr, ErrTooManyEgresses) {
 		return buildErr
 	}
-	if err := d.ensureDevice(); err != nil {
-		return err
-	}
-	if d.applied == nil || !reflect.DeepEqual(d.applied.NFT, plan.NFT) {
-		if err := d.writeTable(plan); err != nil {
-			return err
-		}
-		logger.V(1).Info("nftables table replaced", "table", d.cfg.TableName, "egresses", len(plan.IDs))
-	}
-	if err := d.syncRoutes(plan.Routes); err != nil {
-		return err
-	}
-	if err := d.syncRules(plan.Rules); err != nil {
+	if err := d.program(ctx, plan); err != nil {
+		// Part of the plan may be in place: reconcile against the kernel
+		// next time rather than against memory.
+		d.applied = nil
 		return err
 	}
 	n, err := d.cleanConntrack(plan)
 	if err != nil {
+		d.applied = nil
 		return err
 	}
 	if n > 0 {
@@ -228,6 +217,23 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 	}
 	d.ids, d.roles, d.eips, d.applied = plan.IDs, plan.Roles, plan.EIPs, &plan
 	return buildErr
+}
+
+// program writes the device, the table (when changed), routes and rules.
+func (d *Datapath) program(ctx context.Context, plan Plan) error {
+	if err := d.ensureDevice(); err != nil {
+		return err
+	}
+	if d.applied == nil || !reflect.DeepEqual(d.applied.NFT, plan.NFT) {
+		if err := d.writeTable(plan); err != nil {
+			return err
+		}
+		logr.FromContextOrDiscard(ctx).WithName("datapath").V(1).Info("nftables table replaced", "table", d.cfg.TableName, "egresses", len(plan.IDs))
+	}
+	if err := d.syncRoutes(plan.Routes); err != nil {
+		return err
+	}
+	return d.syncRules(plan.Rules)
 }
 
 // ensureDevice creates or repairs the tunnel device: flow-based VXLAN-GPE,
@@ -243,8 +249,7 @@ func (d *Datapath) ensureDevice() error {
 			l = nil
 		}
 	} else {
-		var nf netlink.LinkNotFoundError
-		if !errors.As(err, &nf) {
+		if _, ok := errors.AsType[netlink.LinkNotFoundError](err); !ok {
 			return fmt.Errorf("find tunnel device %s: %w", name, err)
 		}
 		l = nil
@@ -267,6 +272,11 @@ func (d *Datapath) ensureDevice() error {
 		return fmt.Errorf("address %s on %s: %w", d.cfg.TunnelAddr, name, err)
 	}
 	if err := inNetNS(d.ns, func() error {
+		// No IPv6 link-local address (addr_gen_mode 1, "none"): the
+		// device carries IPv6 but needs no address, MLD or ND of its own.
+		if err := writeSysctl("net/ipv6/conf/"+name+"/addr_gen_mode", "1"); err != nil {
+			return err
+		}
 		return writeSysctl("net/ipv4/conf/"+name+"/rp_filter", "2")
 	}); err != nil {
 		return err
@@ -384,10 +394,7 @@ func (d *Datapath) Counters(ctx context.Context) (map[string]uint64, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]uint64{}
-	for k, v := range d.rejected {
-		out[k] = v
-	}
+	out := maps.Clone(d.rejected)
 	names := map[uint16]string{}
 	for n, id := range d.ids {
 		names[id] = n
@@ -470,7 +477,10 @@ func (d *Datapath) syncRoutes(want []EncapRoute) error {
 		if wanted[k] {
 			continue
 		}
-		if err := d.nl.RouteDel(&netlink.Route{Table: k.table, Dst: prefixNet(k.dst)}); err != nil && !errors.Is(err, unix.ESRCH) {
+		// Scope "nowhere" matches any scope (as ip-route(8) deletes); the
+		// default, universe, would not match our link-scope routes.
+		del := &netlink.Route{Table: k.table, Dst: prefixNet(k.dst), Scope: netlink.Scope(unix.RT_SCOPE_NOWHERE)}
+		if err := d.nl.RouteDel(del); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("delete route %s table %d: %w", k.dst, k.table, err)
 		}
 	}

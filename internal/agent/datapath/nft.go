@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math/big"
 	"net/netip"
 	"slices"
@@ -108,9 +109,9 @@ func (b *builder) set(name string) *nftables.Set {
 	return &s.Set
 }
 
-func (b *builder) lookup(name string, sreg uint32, invert bool) *expr.Lookup {
+func (b *builder) lookup(name string, invert bool) *expr.Lookup {
 	s := b.set(name)
-	return &expr.Lookup{SourceRegister: sreg, SetName: s.Name, SetID: s.ID, Invert: invert}
+	return &expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID, Invert: invert}
 }
 
 func (b *builder) mapTo(name string) *expr.Lookup {
@@ -177,6 +178,20 @@ func one(e ...expr.Any) []expr.Any { return e }
 // buildRuleset derives the table's content. plans are sorted by name.
 func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
 	b := &builder{cfg: cfg, sets: map[string]*SetContent{}}
+	b.addSets(st, plans)
+	// Stable batch-local set IDs.
+	var sets []SetContent
+	for i, name := range slices.Sorted(maps.Keys(b.sets)) {
+		b.sets[name].Set.ID = uint32(i + 1)
+		sets = append(sets, *b.sets[name])
+	}
+	chains, counters := b.chains(plans)
+	return Ruleset{Sets: sets, Counters: counters, Chains: chains}
+}
+
+// addSets declares the sets and maps and fills in their elements.
+func (b *builder) addSets(st State, plans []egressPlan) {
+	cfg := b.cfg
 	markType := nftables.TypeMark
 	add := func(s nftables.Set) {
 		b.sets[s.Name] = &SetContent{Set: s}
@@ -250,21 +265,18 @@ func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
 		}
 		b.sets[setCluster+f.suffix].Elements = intervalElements(f, clusterPrefixes(f, st))
 	}
-	var counters []string
-	for _, name := range slices.Sorted(mapsKeys(b.sets)) {
-		s := b.sets[name]
+	for _, s := range b.sets {
 		if !s.Set.Interval {
 			slices.SortFunc(s.Elements, func(x, y nftables.SetElement) int { return slices.Compare(x.Key, y.Key) })
 		}
 	}
+}
 
-	// Stable batch-local set IDs.
-	var sets []SetContent
-	for i, name := range slices.Sorted(mapsKeys(b.sets)) {
-		b.sets[name].Set.ID = uint32(i + 1)
-		sets = append(sets, *b.sets[name])
-	}
-
+// chains builds the chains (jump targets first) and lists the named
+// counters their rules use.
+func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
+	cfg := b.cfg
+	var counters []string
 	tun := cfg.TunnelDevice
 	both := cfg.IDMask | cfg.FromTunnel
 	const dirOriginal, dirReply = 0, 1
@@ -280,7 +292,7 @@ func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
 		&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterUnknown}, verdict(expr.VerdictDrop, ""))))
 	for _, f := range families {
 		classify = append(classify, rule(notIif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW), ctDir(dirOriginal),
-			one(payload(f.daddrOff, f.addrLen), b.lookup(setCluster+f.suffix, 1, true),
+			one(payload(f.daddrOff, f.addrLen), b.lookup(setCluster+f.suffix, true),
 				payload(f.saddrOff, f.addrLen), b.mapTo(mapLocal+f.suffix), &expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})))
 	}
 	classify = append(classify,
@@ -299,10 +311,13 @@ func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
 
 	// forward: clear our packet-mark bits first, reject failed Egresses'
 	// traffic, clamp MSS of SYNs entering the tunnel.
+	// Only connections we marked are touched: every packet that enters the
+	// tunnel or is rejected belongs to one, and other software's packet
+	// marks on other traffic stay as they are.
 	forward := []Rule{
-		rule(one(loadMeta(expr.MetaKeyMARK), and32(both), neq(native(0)),
-			loadMeta(expr.MetaKeyMARK), and32(^both), &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})),
-		rule(ctDir(dirOriginal), ctMarkMasked(cfg.IDMask), one(b.lookup(setFailed, 1, false), verdict(expr.VerdictJump, chainReject))),
+		rule(ctMarkMasked(both), one(eq(native(0)), verdict(expr.VerdictReturn, ""))),
+		rule(one(loadMeta(expr.MetaKeyMARK), and32(^both), &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})),
+		rule(ctDir(dirOriginal), ctMarkMasked(cfg.IDMask), one(b.lookup(setFailed, false), verdict(expr.VerdictJump, chainReject))),
 		rule(oif(tun), l4proto(unix.IPPROTO_TCP), one(
 			&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x06}, Xor: []byte{0}},
@@ -340,11 +355,11 @@ func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
 	// inbound connections and answer nothing (drop, never RST).
 	var input []Rule
 	for _, f := range families {
-		input = append(input, rule(nfproto(f.nfproto), udpDport(cfg.TunnelPort), one(payload(f.saddrOff, f.addrLen), b.lookup(setNodes+f.suffix, 1, true),
+		input = append(input, rule(nfproto(f.nfproto), udpDport(cfg.TunnelPort), one(payload(f.saddrOff, f.addrLen), b.lookup(setNodes+f.suffix, true),
 			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterSpoofed}, verdict(expr.VerdictDrop, ""))))
 	}
 	for _, f := range families {
-		input = append(input, rule(nfproto(f.nfproto), one(payload(f.daddrOff, f.addrLen), b.lookup(setEIPs+f.suffix, 1, false), verdict(expr.VerdictJump, chainEIPGuard))))
+		input = append(input, rule(nfproto(f.nfproto), one(payload(f.daddrOff, f.addrLen), b.lookup(setEIPs+f.suffix, false), verdict(expr.VerdictJump, chainEIPGuard))))
 	}
 	guard := []Rule{
 		rule(ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), one(verdict(expr.VerdictAccept, ""))),
@@ -357,7 +372,7 @@ func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
 	slices.Sort(counters)
 
 	filter, nat := nftables.ChainTypeFilter, nftables.ChainTypeNAT
-	prio := func(p int32) *nftables.ChainPriority { return nftables.ChainPriorityRef(nftables.ChainPriority(p)) }
+	prio := func(p int32) *nftables.ChainPriority { return new(nftables.ChainPriority(p)) }
 	chains := []ChainContent{
 		{Chain: nftables.Chain{Name: chainSetMark}, Rules: setMark},
 		{Chain: nftables.Chain{Name: chainReject}, Rules: reject},
@@ -367,17 +382,7 @@ func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
 		{Chain: nftables.Chain{Name: chainSNAT, Type: nat, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 - 10)}, Rules: snat},
 		{Chain: nftables.Chain{Name: chainInput, Type: filter, Hooknum: nftables.ChainHookInput, Priority: prio(0 - 10)}, Rules: input},
 	}
-	return Ruleset{Sets: sets, Counters: counters, Chains: chains}
-}
-
-func mapsKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
+	return chains, counters
 }
 
 // clusterPrefixes lists the destinations of family f that never take an
