@@ -59,6 +59,11 @@ func manyLabels(n int) map[string]string {
 	return m
 }
 
+func withPodExpr(e *v1.Egress, rs ...metav1.LabelSelectorRequirement) *v1.Egress {
+	e.Spec.AppliedTo.PodSelector = &metav1.LabelSelector{MatchExpressions: rs}
+	return e
+}
+
 func withPolicy(e *v1.Egress, p v1.FailurePolicy) *v1.Egress {
 	e.Spec.FailurePolicy = p
 	return e
@@ -127,6 +132,8 @@ func TestValidation(t *testing.T) {
 		{"vlan 4094", pool("ok-vlan", subnet("203.0.113.1", 24, 4094), cidr("203.0.113.0/28")), ""},
 		{"egress with named ip", egress("ok-named", "office-egress", "192.0.2.5"), ""},
 		{"egress without ip", egress("ok-alloc", "office-egress", ""), ""},
+		{"selector expressions", withPodExpr(egress("ok-expr", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"db"}},
+			metav1.LabelSelectorRequirement{Key: "tier", Operator: metav1.LabelSelectorOpDoesNotExist}), ""},
 		{"egress ipv6", egress("ok-v6", "v6-pool", "2001:db8::5"), ""},
 
 		// Rejected: ranges.
@@ -175,6 +182,9 @@ func TestValidation(t *testing.T) {
 		{"pool name empty", egress("bad-pool-empty", "", ""), "spec.externalIPPool"},
 		{"appliedTo empty", &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "bad-applied"}, Spec: v1.EgressSpec{ExternalIPPool: "office-egress"}}, "appliedTo needs a namespaceSelector, a podSelector, or both"},
 		{"egress name too long", egress(strings.Repeat("e", 254), "office-egress", ""), "metadata.name: Invalid value"},
+		{"selector operator unknown", withPodExpr(egress("bad-op", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: "Near", Values: []string{"x"}}), "podSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"},
+		{"selector In without values", withPodExpr(egress("bad-in", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpIn}), "podSelector.matchExpressions: In and NotIn need at least one value"},
+		{"selector Exists with values", withPodExpr(egress("bad-exists", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpExists, Values: []string{"x"}}), "podSelector.matchExpressions: Exists and DoesNotExist take no values"},
 		{"failurePolicy unknown", withPolicy(egress("bad-policy", "office-egress", ""), "Drop"), `spec.failurePolicy: Unsupported value: "Drop"`},
 
 		// EgressMemberSlice.
