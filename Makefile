@@ -99,7 +99,7 @@ build-bins: ## Build egressip-controller, egressip-agent and the demo into bin/ 
 	go build -o bin/egressip-demo ./test/e2e/demo
 
 .PHONY: demo
-demo: build-bins envtest-assets kubectl system-tools ## Run egressip end to end on this machine (root): control plane, controller, agents in network namespaces. DEMO_ARGS="--keep" keeps it up.
+demo: build-bins envtest-assets kubectl system-tools ## Run egressip end to end on this machine (root): control plane, controller, agents and Pods in network namespaces, an external server showing the Pods' source addresses. DEMO_ARGS="--keep" keeps it up.
 	bin/egressip-demo $(DEMO_ARGS)
 
 .PHONY: run

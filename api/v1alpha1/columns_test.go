@@ -142,7 +142,7 @@ func TestPrinterColumns(t *testing.T) {
 		}
 	}
 	check("egresses", "columns", []string{"Name", "Egress-IP", "Node", "Ready", "Age"},
-		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress"}, []string{"Pool"})
+		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress", "Failure-Policy": "Fail"}, []string{"Pool", "Failure-Policy"})
 	check("externalippools", "columns", []string{"Name", "Total", "Used", "Age"},
 		map[string]any{"Total": float64(14), "Used": float64(2)}, nil)
 }

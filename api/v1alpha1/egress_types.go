@@ -50,6 +50,9 @@ type AppliedTo struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) <= 64",message="namespaceSelector.matchLabels may have at most 64 entries"
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) <= 32",message="namespaceSelector.matchExpressions may have at most 32 entries"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="namespaceSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['In', 'NotIn']) || (has(e.values) && size(e.values) > 0))",message="namespaceSelector.matchExpressions: In and NotIn need at least one value"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['Exists', 'DoesNotExist']) || !has(e.values) || size(e.values) == 0)",message="namespaceSelector.matchExpressions: Exists and DoesNotExist take no values"
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 
 	// PodSelector selects Pods within the selected namespaces; absent means
@@ -57,6 +60,9 @@ type AppliedTo struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) <= 64",message="podSelector.matchLabels may have at most 64 entries"
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) <= 32",message="podSelector.matchExpressions may have at most 32 entries"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="podSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['In', 'NotIn']) || (has(e.values) && size(e.values) > 0))",message="podSelector.matchExpressions: In and NotIn need at least one value"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['Exists', 'DoesNotExist']) || !has(e.values) || size(e.values) == 0)",message="podSelector.matchExpressions: Exists and DoesNotExist take no values"
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
 }
 
@@ -86,7 +92,34 @@ type EgressSpec struct {
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="egressIP must be written in canonical form (lower case, shortest IPv6 form, for example 2001:db8::5)"
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip(self).isGlobalUnicast()",message="egressIP must be a unicast address (not loopback, link-local, multicast or unspecified)"
 	EgressIP string `json:"egressIP,omitempty"`
+
+	// FailurePolicy says what happens to the selected Pods' traffic to
+	// destinations outside the cluster while no Node holds the egress IP
+	// (no IP allocated, no eligible Node, or a failover in progress): Fail
+	// rejects it at once (the sender sees ICMP administratively prohibited,
+	// EHOSTUNREACH on a socket), Ignore lets it leave with the IP of the
+	// Pod's Node, as if no Egress selected the Pod. The names and the
+	// default follow the admission webhooks' failurePolicy: Fail is safe for
+	// allow-lists, Ignore keeps traffic flowing. Either way the Egress shows
+	// Ready=False with reason NoEgressNode.
+	// +optional
+	// +kubebuilder:default=Fail
+	FailurePolicy FailurePolicy `json:"failurePolicy,omitempty"`
 }
+
+// FailurePolicy is what an Egress's Pods get while it has no egress Node:
+// Fail or Ignore.
+// +kubebuilder:validation:Enum=Fail;Ignore
+type FailurePolicy string
+
+const (
+	// FailurePolicyFail rejects the selected Pods' external traffic while
+	// the Egress has no egress Node. The default.
+	FailurePolicyFail FailurePolicy = "Fail"
+	// FailurePolicyIgnore lets the selected Pods' external traffic leave
+	// with their Node's IP while the Egress has no egress Node.
+	FailurePolicyIgnore FailurePolicy = "Ignore"
+)
 
 // EgressStatus is the observed state of an Egress, written by the
 // controller.
@@ -125,6 +158,7 @@ type EgressStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Bound and announced on the Node"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.externalIPPool`,priority=1,description="ExternalIPPool"
+// +kubebuilder:printcolumn:name="Failure-Policy",type=string,JSONPath=`.spec.failurePolicy`,priority=1,description="What the Pods get while no Node holds the IP"
 type Egress struct {
 	metav1.TypeMeta `json:",inline"`
 

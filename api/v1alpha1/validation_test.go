@@ -1,6 +1,7 @@
 package v1alpha1_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -58,6 +59,53 @@ func manyLabels(n int) map[string]string {
 	return m
 }
 
+func withPodExpr(e *v1.Egress, rs ...metav1.LabelSelectorRequirement) *v1.Egress {
+	e.Spec.AppliedTo.PodSelector = &metav1.LabelSelector{MatchExpressions: rs}
+	return e
+}
+
+func withPolicy(e *v1.Egress, p v1.FailurePolicy) *v1.Egress {
+	e.Spec.FailurePolicy = p
+	return e
+}
+
+func slice(name, egress string, ms ...v1.EgressMember) *v1.EgressMemberSlice {
+	return &v1.EgressMemberSlice{ObjectMeta: metav1.ObjectMeta{Name: name}, Egress: egress, Members: ms}
+}
+
+// members returns n distinct IPv4 members.
+func members(n int) []v1.EgressMember {
+	ms := make([]v1.EgressMember, n)
+	for i := range ms {
+		ms[i] = v1.EgressMember{PodIP: fmt.Sprintf("10.0.%d.%d", i/250, i%250+1), HostIP: "192.0.2.11"}
+	}
+	return ms
+}
+
+// TestFailurePolicyDefault checks that the API server fills in Fail, the
+// documented default, and keeps an explicit Ignore.
+func TestFailurePolicyDefault(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		set, want v1.FailurePolicy
+	}{{"", v1.FailurePolicyFail}, {v1.FailurePolicyIgnore, v1.FailurePolicyIgnore}, {v1.FailurePolicyFail, v1.FailurePolicyFail}} {
+		e := withPolicy(egress("policy-"+strings.ToLower(string(cmp.Or(tc.set, "unset"))), "office-egress", ""), tc.set)
+		if err := env.Client.Create(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		var got v1.Egress
+		if err := env.Client.Get(ctx, client.ObjectKeyFromObject(e), &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Spec.FailurePolicy != tc.want {
+			t.Errorf("failurePolicy %q: stored %q, want %q", tc.set, got.Spec.FailurePolicy, tc.want)
+		}
+		if err := env.Client.Delete(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestValidation creates each object on the real API server and checks that
 // it is accepted, or rejected with the rule's message.
 func TestValidation(t *testing.T) {
@@ -84,6 +132,8 @@ func TestValidation(t *testing.T) {
 		{"vlan 4094", pool("ok-vlan", subnet("203.0.113.1", 24, 4094), cidr("203.0.113.0/28")), ""},
 		{"egress with named ip", egress("ok-named", "office-egress", "192.0.2.5"), ""},
 		{"egress without ip", egress("ok-alloc", "office-egress", ""), ""},
+		{"selector expressions", withPodExpr(egress("ok-expr", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"db"}},
+			metav1.LabelSelectorRequirement{Key: "tier", Operator: metav1.LabelSelectorOpDoesNotExist}), ""},
 		{"egress ipv6", egress("ok-v6", "v6-pool", "2001:db8::5"), ""},
 
 		// Rejected: ranges.
@@ -132,6 +182,19 @@ func TestValidation(t *testing.T) {
 		{"pool name empty", egress("bad-pool-empty", "", ""), "spec.externalIPPool"},
 		{"appliedTo empty", &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "bad-applied"}, Spec: v1.EgressSpec{ExternalIPPool: "office-egress"}}, "appliedTo needs a namespaceSelector, a podSelector, or both"},
 		{"egress name too long", egress(strings.Repeat("e", 254), "office-egress", ""), "metadata.name: Invalid value"},
+		{"selector operator unknown", withPodExpr(egress("bad-op", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: "Near", Values: []string{"x"}}), "podSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"},
+		{"selector In without values", withPodExpr(egress("bad-in", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpIn}), "podSelector.matchExpressions: In and NotIn need at least one value"},
+		{"selector Exists with values", withPodExpr(egress("bad-exists", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpExists, Values: []string{"x"}}), "podSelector.matchExpressions: Exists and DoesNotExist take no values"},
+		{"failurePolicy unknown", withPolicy(egress("bad-policy", "office-egress", ""), "Drop"), `spec.failurePolicy: Unsupported value: "Drop"`},
+
+		// EgressMemberSlice.
+		{"slice of 100", slice("ok-slice-100", "payments", members(100)...), ""},
+		{"slice ipv6", slice("ok-slice-v6", "payments", v1.EgressMember{PodIP: "fd00::5", HostIP: "2001:db8::11"}), ""},
+		{"slice of 101", slice("bad-slice-101", "payments", members(101)...), "must have at most 100 items"},
+		{"slice podIP not an ip", slice("bad-slice-ip", "payments", v1.EgressMember{PodIP: "pod", HostIP: "192.0.2.11"}), "podIP must be an IPv4 or IPv6 address"},
+		{"slice hostIP not canonical", slice("bad-slice-host", "payments", v1.EgressMember{PodIP: "fd00::5", HostIP: "2001:DB8::11"}), "hostIP must be written in canonical form"},
+		{"slice duplicate podIP", slice("bad-slice-dup", "payments", v1.EgressMember{PodIP: "10.0.0.1", HostIP: "192.0.2.11"}, v1.EgressMember{PodIP: "10.0.0.1", HostIP: "192.0.2.12"}), "Duplicate value"},
+		{"slice without egress", slice("bad-slice-noegress", ""), "egress"},
 	}
 	rejected := 0
 	for _, tc := range cases {

@@ -4,11 +4,14 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
+	"strings"
 
 	// Client auth plugins (OIDC, exec, ...) for out-of-cluster kubeconfigs.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
@@ -17,6 +20,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/egressip/egressip/internal/agent"
+	"github.com/egressip/egressip/internal/agent/datapath"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -43,6 +47,16 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "0", "Address the Prometheus metrics are served on over plain HTTP, for example :9447. 0 turns it off.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":9446", "Address /healthz and /readyz are served on. 0 turns it off.")
 	fs.StringVar(&o.NetNSPath, "netns", "", "Bind and announce in the network namespace at this path (e.g. /run/netns/node1) instead of the agent's own. For tests and the local end-to-end setup.")
+	var (
+		withDatapath                  bool
+		clusterCIDRs, svcCIDRs, excls cidrList
+		dpUplink                      string
+	)
+	fs.BoolVar(&withDatapath, "datapath", false, "Also program the datapath that makes selected Pods' traffic leave with their Egress's IP (a VXLAN-GPE tunnel device, an nftables table and policy routing of egressip's own). The chart turns it on.")
+	fs.Var(&clusterCIDRs, "cluster-cidrs", "Comma-separated Pod CIDRs, never sent through an egress IP. Default: every Node's spec.podCIDRs.")
+	fs.Var(&svcCIDRs, "service-cidrs", "Comma-separated Service CIDRs, never sent through an egress IP (traffic to a ClusterIP is matched after kube-proxy's DNAT, so this matters for Services without endpoints or with external ones).")
+	fs.Var(&excls, "exclude-cidrs", "Comma-separated further destinations never sent through an egress IP (for example a corporate network reached without NAT).")
+	fs.StringVar(&dpUplink, "datapath-uplink", "", "Interface toward the other Nodes, whose MTU sizes the tunnel. Default: --interface, else the interface of the default route.")
 	// --kubeconfig, as every controller-runtime binary has it (registered
 	// on the default flag set by controller-runtime's config package).
 	if kf := flag.CommandLine.Lookup("kubeconfig"); kf != nil {
@@ -76,9 +90,56 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	o.REST = cfg
+	if withDatapath {
+		dc := datapath.DefaultConfig()
+		dc.Uplink = cmp.Or(dpUplink, o.Interface)
+		eng, err := agent.NewEngine(o.NetNSPath, dc)
+		if err != nil {
+			log.Error(err, "cannot start the datapath")
+			return 1
+		}
+		defer func() { _ = eng.Close() }()
+		o.Datapath = eng
+		o.CIDRs = agent.CIDRs{ClusterCIDRs: clusterCIDRs.list, ServiceCIDRs: svcCIDRs.list, ExcludeCIDRs: excls.list}
+		log.Info("datapath on", "uplink", eng.Config().Uplink, "uplinkMTU", eng.Config().UplinkMTU, "clusterCIDRs", cmp.Or(clusterCIDRs.String(), "Nodes' podCIDRs"), "serviceCIDRs", svcCIDRs.String(), "excludeCIDRs", excls.String())
+	}
 	if err := agent.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "agent failed")
 		return 1
 	}
 	return 0
+}
+
+// cidrList is a flag holding comma-separated CIDRs; a nil list means the
+// flag was not given. Host bits must be zero (10.0.0.0/8, not 10.1.2.3/8).
+type cidrList struct{ list []netip.Prefix }
+
+func (c *cidrList) String() string {
+	if c == nil {
+		return ""
+	}
+	s := make([]string, len(c.list))
+	for i, p := range c.list {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func (c *cidrList) Set(v string) error {
+	c.list = []netip.Prefix{}
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			return fmt.Errorf("%q is not a CIDR: %w", f, err)
+		}
+		if p != p.Masked() {
+			return fmt.Errorf("%q has host bits set (did you mean %s?)", f, p.Masked())
+		}
+		c.list = append(c.list, p)
+	}
+	return nil
 }

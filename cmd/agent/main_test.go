@@ -141,6 +141,34 @@ func TestBadFlagFails(t *testing.T) {
 	}
 }
 
+func TestBadCIDRFlagFails(t *testing.T) {
+	for _, v := range []string{"10.0.0.0/33", "10.1.2.3/8", "banana"} {
+		p := startAgentProc(t, []string{"NODE_NAME=n1"}, "--service-cidrs", "10.96.0.0/12,"+v)
+		if code := p.wait(t, 30*time.Second); code != 2 {
+			t.Fatalf("--service-cidrs ...,%s: exit code %d, want 2", v, code)
+		}
+		if !strings.Contains(p.stderr.String(), "service-cidrs") || !strings.Contains(p.stderr.String(), v) {
+			t.Errorf("stderr does not name the flag and the bad value %q:\n%s", v, p.stderr.String())
+		}
+	}
+}
+
+func TestCIDRList(t *testing.T) {
+	var c cidrList
+	if c.list != nil {
+		t.Fatal("an unset flag must read as nil (use the Nodes' podCIDRs)")
+	}
+	if err := c.Set(" 10.0.0.0/8, fd00::/48 ,"); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.String(); got != "10.0.0.0/8,fd00::/48" {
+		t.Errorf("String() = %q", got)
+	}
+	if err := c.Set(""); err != nil || c.list == nil || len(c.list) != 0 {
+		t.Errorf("an empty value must give an empty, non-nil list: %v %v", c.list, err)
+	}
+}
+
 func freePort(t *testing.T) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/bind"
@@ -232,5 +234,42 @@ func TestRESTMapperNeedsNoAPIServer(t *testing.T) {
 	}
 	if _, err := m.RESTMapping(v1alpha1.GroupVersion.WithKind("Pod").GroupKind(), "v1alpha1"); err == nil {
 		t.Error("a kind the agent does not read is mapped")
+	}
+}
+
+func TestDatapathCacheOptionsSelectOnlyThisNodesPods(t *testing.T) {
+	o := DatapathCacheOptions("worker-3")
+	var sawPod bool
+	for obj, by := range o.ByObject {
+		switch obj.(type) {
+		case *corev1.Pod:
+			sawPod = true
+			if by.Field == nil || by.Field.String() != "spec.nodeName=worker-3" {
+				t.Errorf("Pod field selector = %v, want spec.nodeName=worker-3", by.Field)
+			}
+			if by.Transform == nil {
+				t.Error("Pods are cached unstripped")
+			}
+		case *v1alpha1.Egress:
+			t.Error("with the datapath every Egress is needed; the Egress informer must not be restricted")
+		}
+	}
+	if !sawPod {
+		t.Fatal("Pods are not restricted to this Node")
+	}
+	if !o.ReaderFailOnMissingInformer {
+		t.Error("reads of uncached types must fail, not start a cluster-wide informer")
+	}
+	m := DatapathRESTMapper()
+	for _, gvk := range []schema.GroupVersionKind{
+		v1alpha1.GroupVersion.WithKind("EgressMemberSlice"), corev1.SchemeGroupVersion.WithKind("Pod"),
+		corev1.SchemeGroupVersion.WithKind("Node"), corev1.SchemeGroupVersion.WithKind("Namespace"),
+	} {
+		if _, err := m.RESTMapping(gvk.GroupKind(), gvk.Version); err != nil {
+			t.Errorf("%s: %v", gvk.Kind, err)
+		}
+	}
+	if _, err := RESTMapper().RESTMapping(corev1.SchemeGroupVersion.WithKind("Pod").GroupKind(), "v1"); err == nil {
+		t.Error("without the datapath, Pods are mapped")
 	}
 }

@@ -13,6 +13,14 @@
 // interface. Every event maps to one work key, the Node, so any number of
 // changes coalesce into one reconcile that recomputes the whole desired set.
 //
+// With the datapath (RunOptions.Datapath, --datapath=true) the cache holds
+// every Egress instead (DatapathCacheOptions), since each Node's role for an
+// Egress depends on which Node holds it; the binding reconcile still binds
+// only the IPs whose status names this Node (computeDesired filters). A
+// second controller, DatapathReconciler, computes the Node's datapath.State
+// from the Egresses, pools, this Node's Pods, the Namespaces, the Nodes and
+// the EgressMemberSlices, and applies it when it changes.
+//
 // # Reconciling
 //
 // One reconcile:

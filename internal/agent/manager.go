@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -32,6 +34,7 @@ import (
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/report"
+	"github.com/egressip/egressip/internal/selection"
 )
 
 // ControllerName names the agent's controller in logs and in
@@ -83,6 +86,42 @@ func CacheOptions(node string) cache.Options {
 	}
 }
 
+// DatapathCacheOptions is CacheOptions for an agent that also programs
+// the datapath (DatapathReconciler): every Egress (their status gives the
+// roles: which Node holds each IP), the pools, every Namespace, every Node
+// (addresses and Pod CIDRs only), the EgressMemberSlices, and this Node's
+// Pods alone (listed and watched with the field selector
+// spec.nodeName=<node>, reduced by selection.StripPod), so no agent holds
+// the cluster's Pods. All slices are cached rather than those of the
+// Egresses this Node holds: a failover then needs no new List before the
+// new egress Node can return remote members' traffic, and a slice carries
+// only {podIP, hostIP} pairs of selected Pods (about 60 bytes each).
+func DatapathCacheOptions(node string) cache.Options {
+	return cache.Options{
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Pod{}:  {Field: fields.OneTermEqualSelector("spec.nodeName", node), Transform: selection.StripPod},
+			&corev1.Node{}: {Transform: stripNode},
+		},
+		ReaderFailOnMissingInformer: true,
+		DefaultTransform:            cache.TransformStripManagedFields(),
+	}
+}
+
+// stripNode keeps of a Node its name, resource version, Pod CIDRs and
+// addresses (a cache transform).
+func stripNode(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Node{
+		TypeMeta:   n.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
+		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
+	}, nil
+}
+
 // RESTMapper maps the only kinds the agent reads, Egress and
 // ExternalIPPool, both cluster-scoped, without asking the API server. The
 // default mapper runs discovery when the manager is created, which would
@@ -90,9 +129,26 @@ func CacheOptions(node string) cache.Options {
 // API server is unreachable. Reading any other kind fails with a "no
 // matches for kind" error.
 func RESTMapper() meta.RESTMapper {
-	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion})
+	return restMapper(false)
+}
+
+// DatapathRESTMapper is RESTMapper plus the kinds DatapathReconciler
+// reads: EgressMemberSlice, Node and Namespace (cluster-scoped) and Pod
+// (namespaced).
+func DatapathRESTMapper() meta.RESTMapper {
+	return restMapper(true)
+}
+
+func restMapper(withDatapath bool) meta.RESTMapper {
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion})
 	for _, kind := range []string{"Egress", "ExternalIPPool"} {
 		m.Add(v1alpha1.GroupVersion.WithKind(kind), meta.RESTScopeRoot)
+	}
+	if withDatapath {
+		m.Add(v1alpha1.GroupVersion.WithKind("EgressMemberSlice"), meta.RESTScopeRoot)
+		m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)
+		m.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
+		m.Add(corev1.SchemeGroupVersion.WithKind("Pod"), meta.RESTScopeNamespace)
 	}
 	return m
 }
@@ -104,6 +160,16 @@ func RESTMapper() meta.RESTMapper {
 // (metrics, health probes, logger) are used as given. It fails when the
 // scheme cannot be built or the manager cannot be created from cfg.
 func NewManager(cfg *rest.Config, node string, opts manager.Options) (manager.Manager, error) {
+	return newManager(cfg, node, false, opts)
+}
+
+// NewDatapathManager is NewManager with DatapathCacheOptions and
+// DatapathRESTMapper, for an agent that runs a DatapathReconciler too.
+func NewDatapathManager(cfg *rest.Config, node string, opts manager.Options) (manager.Manager, error) {
+	return newManager(cfg, node, true, opts)
+}
+
+func newManager(cfg *rest.Config, node string, withDatapath bool, opts manager.Options) (manager.Manager, error) {
 	if opts.Scheme == nil {
 		s, err := NewScheme()
 		if err != nil {
@@ -112,9 +178,12 @@ func NewManager(cfg *rest.Config, node string, opts manager.Options) (manager.Ma
 		opts.Scheme = s
 	}
 	opts.Cache = CacheOptions(node)
+	if withDatapath {
+		opts.Cache = DatapathCacheOptions(node)
+	}
 	opts.LeaderElection = false
 	if opts.MapperProvider == nil {
-		opts.MapperProvider = func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return RESTMapper(), nil }
+		opts.MapperProvider = func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return restMapper(withDatapath), nil }
 	}
 	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
@@ -218,6 +287,12 @@ type RunOptions struct {
 	// HealthProbeBindAddress serves /healthz and /readyz; "0" or empty
 	// turns it off.
 	HealthProbeBindAddress string
+	// Datapath, when set, is the engine a DatapathReconciler programs
+	// beside the bindings (the manager then caches what it needs, see
+	// DatapathCacheOptions); nil runs the bindings alone.
+	Datapath Datapath
+	// CIDRs are the destinations kept off egress paths (Datapath only).
+	CIDRs CIDRs
 }
 
 // Run runs the agent until ctx is done: it creates the Agent (New), starts
@@ -260,7 +335,11 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		}
 		return s
 	}
-	mgr, err := NewManager(o.REST, o.NodeName, manager.Options{
+	newMgr := NewManager
+	if o.Datapath != nil {
+		newMgr = NewDatapathManager
+	}
+	mgr, err := newMgr(o.REST, o.NodeName, manager.Options{
 		Metrics:                metricsserver.Options{BindAddress: off(o.MetricsBindAddress)},
 		HealthProbeBindAddress: off(o.HealthProbeBindAddress),
 	})
@@ -269,6 +348,12 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	}
 	if err := a.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("agent: set up controller: %w", err)
+	}
+	if o.Datapath != nil {
+		dr := &DatapathReconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod}
+		if err := dr.SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("agent: set up datapath controller: %w", err)
+		}
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("agent: add health check: %w", err)

@@ -287,17 +287,31 @@ var (
 type Options struct {
 	Pass     PassConfig
 	Liveness LivenessConfig
+	// MaxMembersPerSlice bounds the members of one EgressMemberSlice;
+	// 0 means v1alpha1.MaxMembersPerSlice (100), also the largest allowed.
+	MaxMembersPerSlice int
 }
 
-// Setup registers the scheduling pass and the agent liveness poller with
-// mgr. The poller and the pass run only on the elected leader.
+// Setup registers the scheduling pass, the agent liveness poller and the
+// member slice publication with mgr; mgr's cache should be built with
+// CacheOptions (Pods stripped). They run only on the elected leader.
 func Setup(mgr ctrl.Manager, o Options) error {
 	if o.Pass.DefaultCapacity <= 0 {
 		return fmt.Errorf("default capacity must be positive, got %d", o.Pass.DefaultCapacity)
+	}
+	if o.MaxMembersPerSlice < 0 || o.MaxMembersPerSlice > v1.MaxMembersPerSlice {
+		return fmt.Errorf("members per slice must be between 1 and %d, got %d", v1.MaxMembersPerSlice, o.MaxMembersPerSlice)
 	}
 	collectorOnce.Do(func() { metrics.Registry.MustRegister(collector) })
 	collector.set(mgr.GetCache(), o.Pass.DefaultCapacity)
 	l := NewLiveness(mgr.GetClient(), o.Liveness)
 	r := &PassReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass}
-	return r.SetupWithManager(mgr)
+	if err := r.SetupWithManager(mgr); err != nil {
+		return err
+	}
+	m := &MembersReconciler{Client: mgr.GetClient(), MaxPerSlice: o.MaxMembersPerSlice}
+	if err := m.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up member slices: %w", err)
+	}
+	return nil
 }

@@ -34,6 +34,10 @@ const (
 	ReasonValid             = "Valid"
 	ReasonInvalid           = "Invalid"
 	ReasonInUse             = "InUse"
+	// ReasonNoEgressNode is the Ready reason while no Node holds the
+	// Egress's IP (none allocated or none assigned); the selected Pods'
+	// traffic then follows spec.failurePolicy.
+	ReasonNoEgressNode = "NoEgressNode"
 )
 
 // Node eligibility reasons (scheduler.Node.Reason).
@@ -312,13 +316,17 @@ func plan(in passInput) passOutput {
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: reason, Message: msg, ObservedGeneration: e.Generation})
 			out.Unplaced[reason]++
 			if cur != "" {
-				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, "Unassigned", fmt.Sprintf("%s removed from Node %s: %s", st.EgressIP, cur, msg)
+				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, "Unassigned", fmt.Sprintf("%s removed from Node %s: %s; %s", st.EgressIP, cur, msg, failureEffect(e.Spec.FailurePolicy))
 				ch.MoveReason = cmp.Or(moveReason[e.Name], reason)
 			}
 		}
 		rc := readyCondition(e, st, in.Agents)
 		if rc.Reason == ReasonBinding {
 			out.Awaited = append(out.Awaited, st.EgressNode)
+		}
+		if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady); rc.Reason == ReasonNoEgressNode && ch.EventReason == "" &&
+			(prev == nil || prev.Reason != ReasonNoEgressNode || prev.Message != rc.Message) {
+			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, ReasonNoEgressNode, rc.Message
 		}
 		meta.SetStatusCondition(&st.Conditions, rc)
 		ch.Status = st
@@ -400,7 +408,7 @@ func isWaiting(cs []metav1.Condition) bool {
 func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentState) metav1.Condition {
 	c := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: e.Generation}
 	if st.EgressNode == "" {
-		c.Reason, c.Message = ReasonNotAssigned, "the egress IP is not assigned to a Node"
+		c.Reason, c.Message = ReasonNoEgressNode, "no Node holds the egress IP (see condition Assigned); "+failureEffect(e.Spec.FailurePolicy)
 		return c
 	}
 	a := agents(st.EgressNode)
@@ -418,6 +426,16 @@ func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentS
 	}
 	c.Reason, c.Message = ReasonBinding, fmt.Sprintf("waiting for the agent on Node %s to bind and announce %s", st.EgressNode, st.EgressIP)
 	return c
+}
+
+// failureEffect says what the selected Pods get while the Egress has no
+// Node, per spec.failurePolicy (empty, from an API server that did not
+// apply the default, means Fail).
+func failureEffect(p v1.FailurePolicy) string {
+	if p == v1.FailurePolicyIgnore {
+		return "failurePolicy Ignore: the selected Pods' external traffic leaves with their Node's IP"
+	}
+	return "failurePolicy Fail: the selected Pods' external traffic is rejected"
 }
 
 func unplacedMessage(p scheduler.Placement) string {

@@ -187,6 +187,7 @@ func (cl *cluster) startController() {
 	t.Helper()
 	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 		Scheme:                 env.Scheme,
+		Cache:                  CacheOptions(),
 		Metrics:                metricsserver.Options{BindAddress: cmpOr(cl.metricsAddr, "0")},
 		HealthProbeBindAddress: "0",
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},

@@ -75,7 +75,10 @@ func run(m *testing.M) int {
 	if os.Getenv("E2E_VERBOSE") != "" {
 		log = os.Stderr
 	}
-	cfg := harness.Config{Prefix: prefix, Nodes: 3, BinDir: bin}
+	cfg := harness.Config{Prefix: prefix, Nodes: 3, BinDir: bin, Datapath: true, Pods: []harness.PodTemplate{
+		{Namespace: "e2e-pay", NamespaceLabels: map[string]string{"team": "e2e-pay"}, Name: "pay", Labels: map[string]string{"app": "pay"}},
+		{Namespace: "e2e-other", NamespaceLabels: map[string]string{"team": "e2e-other"}, Name: "other", Labels: map[string]string{"app": "other"}},
+	}}
 	if log != nil {
 		cfg.Log = log
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -92,6 +93,23 @@ func TestAgentRBAC(t *testing.T) {
 		w.Stop()
 	}
 
+	// With the datapath: its own Node's Pods (field selector), Namespaces,
+	// Nodes and the member slices, listed and watched.
+	var pods corev1.PodList
+	if err := agent.List(ctx, &pods, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector("spec.nodeName", "node-a")}); err != nil {
+		t.Fatalf("agent lists its Node's Pods: %v", err)
+	}
+	for _, l := range []client.ObjectList{&corev1.PodList{}, &corev1.NamespaceList{}, &corev1.NodeList{}, &v1.EgressMemberSliceList{}} {
+		if err := agent.List(ctx, l); err != nil {
+			t.Fatalf("agent lists %T: %v", l, err)
+		}
+		w, err := agent.Watch(ctx, l)
+		if err != nil {
+			t.Fatalf("agent watches %T: %v", l, err)
+		}
+		w.Stop()
+	}
+
 	forbidden := func(what string, err error) {
 		t.Helper()
 		if !apierrors.IsForbidden(err) {
@@ -122,6 +140,8 @@ func TestAgentRBAC(t *testing.T) {
 	node.SetKind("Node")
 	node.SetName("node-a")
 	forbidden("create its Node", agent.Create(ctx, node))
+	forbidden("create a member slice", agent.Create(ctx, &v1.EgressMemberSlice{ObjectMeta: metav1.ObjectMeta{Name: "rbac-node-a-0"}, Egress: "rbac-node-a",
+		Members: []v1.EgressMember{{PodIP: "10.0.0.66", HostIP: "192.0.2.66"}}}))
 
 	// The whole rule set the API server grants the agent holds no write verb.
 	review := &authorizationv1.SelfSubjectRulesReview{Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: namespace}}

@@ -6,7 +6,8 @@
 // Every egress IP is added as a host address (/32 or /128) with
 // IFA_F_NOPREFIXROUTE, so the kernel installs no prefix route and the Node's
 // routing is unchanged, and for IPv6 with IFA_F_NODAD, so the address is
-// usable (not tentative) at once. Before adding an IPv4 address the
+// usable (not tentative) at once, and deprecated (preferred lifetime 0) so
+// the Node never picks it as a source address. Before adding an IPv4 address the
 // interface's net.ipv4.conf.<if>.promote_secondaries is set to 1, so deleting
 // a primary address never deletes the secondaries of its subnet. The devconf
 // is written with RTM_SETLINK (IFLA_INET_CONF) instead of /proc/sys: both

@@ -89,6 +89,14 @@ func TestBindAddsHostAddressesWithFlagsAndMark(t *testing.T) {
 		a6.has(unix.IFA_F_TENTATIVE) || a6.Proto != bind.DefaultProto || a6.LinkIndex != nodeIf.Index {
 		t.Errorf("IPv6 address = %+v; want /128 noprefixroute nodad, not tentative, proto %d on %d", a6, bind.DefaultProto, nodeIf.Index)
 	}
+	// The IPv6 egress IP is deprecated, so the Node's own address stays
+	// the source toward its subnet.
+	if !a6.has(unix.IFA_F_DEPRECATED) {
+		t.Errorf("IPv6 address = %+v; want deprecated (preferred lifetime 0)", a6)
+	}
+	if out := p.Node.MustIP(t, "-6", "route", "get", "2001:db8::60"); !strings.Contains(out, "src 2001:db8::2 ") {
+		t.Errorf("source toward the subnet is not the Node's address: %s", out)
+	}
 	// The Node's own addresses carry no mark.
 	if own := mustAddr(t, p.Node, netip.MustParseAddr("192.0.2.2")); own.Proto == bind.DefaultProto {
 		t.Errorf("node address got our mark: %+v", own)

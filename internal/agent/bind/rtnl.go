@@ -93,6 +93,17 @@ func (r *rtnl) addAddr(a kernelAddr) error {
 	if a.Proto != 0 {
 		req.AddData(nl.NewRtAttr(ifaProto, nl.Uint8Attr(a.Proto)))
 	}
+	if a.Addr.Is6() {
+		// Preferred lifetime 0, valid forever: a deprecated address, which
+		// source address selection avoids (RFC 6724, rule 3). Otherwise the
+		// /128 would beat the Node's own /64 on longest matching prefix
+		// (rule 8; Linux caps the match at the address's prefix length)
+		// and the Node's, and its masqueraded Pods', traffic to the
+		// subnet would leave with the egress IP. It still answers Neighbor
+		// Solicitations and works as an explicit (SNAT) source.
+		ci := nl.IfaCacheInfo{IfaCacheinfo: unix.IfaCacheinfo{Prefered: 0, Valid: 0xffffffff}}
+		req.AddData(nl.NewRtAttr(unix.IFA_CACHEINFO, ci.Serialize()))
+	}
 	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
 	return err
 }

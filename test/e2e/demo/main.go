@@ -1,7 +1,8 @@
 // Command demo runs egressip end to end on this machine (`make demo`): a local
 // control plane, egressip-controller, and one egressip-agent per Node, each
-// Node a network namespace on one bridge, plus a client namespace that checks
-// what the network really sees. Run as root. Everything it creates is removed
+// Node a network namespace on one bridge with Pods (namespaces behind it),
+// plus a client namespace that checks what the network really sees and an
+// external server that reports the source address of the Pods' connections. Run as root. Everything it creates is removed
 // on exit, including on Ctrl-C.
 package main
 
@@ -49,7 +50,7 @@ func main() {
 	if *verbose {
 		logw = os.Stderr
 	}
-	err := d.run(harness.Config{Prefix: "egdemo", Nodes: *nodes, BinDir: abs(*binDir), Log: logw}, abs(*samples), *keep)
+	err := d.run(harness.Config{Prefix: "egdemo", Nodes: *nodes, BinDir: abs(*binDir), Log: logw, Datapath: true, Pods: demoPods}, abs(*samples), *keep)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		fmt.Fprintln(os.Stderr, "demo: interrupted; everything it started is removed")
@@ -86,6 +87,10 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 		fmt.Printf("   Node %-10s %-12s %-14s MAC %s (agent running in its namespace)\n", n.Name, n.IPv4, n.IPv6, n.MAC)
 	}
 	fmt.Printf("   client     %-12s %-14s namespace %s\n", harness.ClientV4, harness.ClientV6, c.ClientNS)
+	fmt.Printf("   external   %-12s %-14s namespace %s-ext (a server that reports the source address it sees)\n", harness.ExtV4, harness.ExtV6, cfg.Prefix)
+	for _, p := range c.Pods {
+		fmt.Printf("   Pod %-32s %-14s %-18s behind Node %s\n", p.Namespace+"/"+p.Name, p.IPv4, p.IPv6, p.Node.Name)
+	}
 	fmt.Printf("   up in %v\n", time.Since(start).Round(time.Millisecond))
 
 	d.say("Applying the sample pools and Egresses from %s", samples)
@@ -114,13 +119,27 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 		}
 	}
 
+	d.say("Connecting from every Pod to the external server: the source address it sees")
+	if err := d.sources(nil); err != nil {
+		return err
+	}
+
 	d.say("Simulating a crash of the Node holding payments: agent killed, link down")
-	if err := d.crash("payments"); err != nil {
+	crashed, err := d.crash("payments")
+	if err != nil {
+		return err
+	}
+	d.say("The Pods again, after the failover (the crashed Node's Pods are down with it)")
+	if err := d.sources(crashed); err != nil {
 		return err
 	}
 
 	d.say("Cordoning the Node holding analytics: a planned move (release, then acquire)")
 	if err := d.cordon("analytics"); err != nil {
+		return err
+	}
+	d.say("The Pods again, after the planned move")
+	if err := d.sources(crashed); err != nil {
 		return err
 	}
 
@@ -169,14 +188,77 @@ func (d *demo) verify(name string) error {
 	return nil
 }
 
-func (d *demo) crash(name string) error {
+func (d *demo) crash(name string) (*harness.Node, error) {
 	f, err := d.c.CrashAndWait(d.ctx, name, 30*time.Second)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	fmt.Printf("   %s crashed; %s was on it\n", f.From.Name, f.IP)
 	fmt.Printf("   failover: %s answers ARP from %s (%s) %v after the crash\n", f.IP, f.To.MAC, f.To.Name, f.Took.Round(time.Millisecond))
 	d.show()
+	return f.From, nil
+}
+
+// demoPods run on every Node: payments Pods use the payments (IPv4) and
+// payments-v6 Egresses of the samples, the analytics exporter uses
+// analytics (IPv4 only), and the shop Pods no Egress.
+var demoPods = []harness.PodTemplate{
+	{Namespace: "payments", NamespaceLabels: map[string]string{"team": "payments"}, Name: "checkout", Labels: map[string]string{"app": "checkout"}},
+	{Namespace: "analytics", NamespaceLabels: map[string]string{"team": "analytics"}, Name: "exporter", Labels: map[string]string{"app": "exporter"}},
+	{Namespace: "shop", NamespaceLabels: map[string]string{"team": "shop"}, Name: "web", Labels: map[string]string{"app": "web"}},
+}
+
+// sources connects from every Pod (except those of Node down) to the
+// external server over IPv4 and IPv6 and prints the source address it saw,
+// waiting up to 15 s for each to be the expected one: the egress IP of the
+// Pod's Egress of that family, else its Node's IP.
+func (d *demo) sources(down *harness.Node) error {
+	eip := map[string]netip.Addr{}
+	for ns, egs := range map[string][]string{"payments": {"payments", "payments-v6"}, "analytics": {"analytics"}} {
+		for _, name := range egs {
+			e, err := d.c.Egress(d.ctx, name)
+			if err != nil {
+				return err
+			}
+			ip, err := netip.ParseAddr(e.Status.EgressIP)
+			if err != nil {
+				return fmt.Errorf("%s has no egress IP yet", name)
+			}
+			fam := "v4"
+			if ip.Is6() {
+				fam = "v6"
+			}
+			eip[ns+fam] = ip
+		}
+	}
+	fmt.Printf("   %-28s %-10s %-30s %s\n", "Pod", "Node", "server sees (IPv4)", "server sees (IPv6)")
+	for _, p := range d.c.Pods {
+		if p.Node == down {
+			fmt.Printf("   %-28s %-10s (Node down)\n", p.Namespace+"/"+p.Name, p.Node.Name)
+			continue
+		}
+		var cols []string
+		for _, v6 := range []bool{false, true} {
+			fam, want, what := "v4", p.Node.IPv4, "Node IP"
+			if v6 {
+				fam, want = "v6", p.Node.IPv6
+			}
+			if ip, ok := eip[p.Namespace+fam]; ok {
+				want, what = ip, "egress IP"
+			}
+			var got netip.Addr
+			var err error
+			harness.WaitFor(d.ctx, 15*time.Second, func() bool {
+				got, err = d.c.Who(d.ctx, p, v6)
+				return err == nil && got == want
+			})
+			if err != nil || got != want {
+				return fmt.Errorf("%s over IPv%s: the server saw %v (%v), want %s %s", p, fam[1:], got, err, what, want)
+			}
+			cols = append(cols, fmt.Sprintf("%s (%s)", got, what))
+		}
+		fmt.Printf("   %-28s %-10s %-30s %s\n", p.Namespace+"/"+p.Name, p.Node.Name, cols[0], cols[1])
+	}
 	return nil
 }
 

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/egressip/egressip/internal/testenv"
+	dpharness "github.com/egressip/egressip/test/datapath"
 )
 
 // Addresses of the bridge (the control plane's side), the Nodes and the
@@ -57,6 +58,12 @@ type Config struct {
 	Log io.Writer
 	// ControllerArgs are extra flags for egressip-controller.
 	ControllerArgs []string
+	// Datapath runs the agents with --datapath=true (Pod CIDRs from the
+	// Nodes, Service CIDRs ServiceRangeV4/V6).
+	Datapath bool
+	// Pods are run on every Node, behind a stand-in CNI, with an external
+	// server (ExtV4, ExtV6) that reports the source address it sees.
+	Pods []PodTemplate
 }
 
 // Node is one Node: a network namespace with an agent.
@@ -79,6 +86,12 @@ type Cluster struct {
 	Kubeconfig string // admin kubeconfig, for kubectl
 	Nodes      []*Node
 	ClientNS   string
+
+	// Pods are the stand-in Pods (Config.Pods on every Node); Ext is the
+	// external server, in namespace Prefix-ext on the bridge.
+	Pods  []*Pod
+	Ext   *dpharness.Server
+	extNS *dpharness.NS
 
 	dir            string
 	agentConfig    string
@@ -119,6 +132,11 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	for _, n := range c.Nodes {
 		if err := c.registerNode(ctx, n); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Datapath || len(cfg.Pods) > 0 {
+		if err := c.setupPods(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -223,7 +241,8 @@ func (c *Cluster) credentials(ctx context.Context) error {
 	}
 	const agentUser = "system:serviceaccount:egressip-system:egressip-agent"
 	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "egressip-agent"}, Rules: []rbacv1.PolicyRule{
-		{APIGroups: []string{"egressip.io"}, Resources: []string{"egresses", "externalippools"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"egressip.io"}, Resources: []string{"egresses", "externalippools", "egressmemberslices"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{""}, Resources: []string{"pods", "namespaces", "nodes"}, Verbs: []string{"get", "list", "watch"}},
 	}}
 	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "egressip-agent"},
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
@@ -255,8 +274,10 @@ func (c *Cluster) writeKubeconfig(name string, u *envtest.AuthenticatedUser) (st
 
 // registerNode creates the Node object: labelled, Ready, with its address.
 func (c *Cluster) registerNode(ctx context.Context, n *Node) error {
+	v4, v6 := n.PodCIDRs()
 	obj := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, Labels: map[string]string{
-		NodeLabel: "true", corev1.LabelOSStable: "linux", corev1.LabelHostname: n.Name}}}
+		NodeLabel: "true", corev1.LabelOSStable: "linux", corev1.LabelHostname: n.Name}},
+		Spec: corev1.NodeSpec{PodCIDR: v4.String(), PodCIDRs: []string{v4.String(), v6.String()}}}
 	if err := c.Client.Create(ctx, obj); err != nil {
 		return fmt.Errorf("create Node %s: %w", n.Name, err)
 	}
@@ -310,6 +331,9 @@ func (c *Cluster) StartAgent(n *Node) error {
 	cmd := exec.Command("ip", "netns", "exec", n.Name, filepath.Join(c.Config.BinDir, "egressip-agent"),
 		"--kubeconfig", c.agentConfig, "--node-name", n.Name, "--health-probe-bind-address", "0",
 		"--metrics-bind-address", fmt.Sprintf(":%d", AgentMetricsPort))
+	if c.Config.Datapath {
+		cmd.Args = append(cmd.Args, "--datapath=true", "--service-cidrs="+ServiceRangeV4.String()+","+ServiceRangeV6.String())
+	}
 	cmd.Stdout, cmd.Stderr = prefixed(c.Config.Log, n.Name), prefixed(c.Config.Log, n.Name)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start agent of %s: %w", n.Name, err)
@@ -382,6 +406,15 @@ func (c *Cluster) Stop() {
 		c.StopAgent(n, syscall.SIGKILL)
 	}
 	c.StopController()
+	if c.Ext != nil {
+		c.Ext.Close()
+	}
+	for _, p := range c.Pods {
+		_ = p.ns.Handle.Close()
+	}
+	if c.extNS != nil {
+		_ = c.extNS.Handle.Close()
+	}
 	if c.Env != nil {
 		_ = c.Env.Stop()
 	}

@@ -1,0 +1,288 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/selection"
+)
+
+// DatapathControllerName names the datapath reconciler in logs and metrics.
+const DatapathControllerName = "egressip-agent-datapath"
+
+// Datapath is the engine a DatapathReconciler programs: package datapath's
+// *Datapath, or a stand-in in tests.
+type Datapath interface {
+	// Apply programs the Node from st; applying the same State twice
+	// changes nothing.
+	Apply(ctx context.Context, st datapath.State) error
+	// Counters returns the packets rejected so far per Egress name
+	// (failurePolicy Fail); keys starting with "@" are other drop
+	// counters and are ignored here.
+	Counters(ctx context.Context) (map[string]uint64, error)
+}
+
+var (
+	datapathApplies = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "egressip_agent_datapath_applies_total",
+		Help: "Datapath programming runs (a changed State, or the periodic re-apply), by result (ok, error).",
+	}, []string{"result"})
+	rejectedDesc = prometheus.NewDesc("egressip_agent_packets_rejected_total",
+		"Packets of an Egress's Pods rejected on this Node because the Egress has no egress Node and failurePolicy Fail, by Egress.",
+		[]string{"egress"}, nil)
+)
+
+// rejectedCollector serves egressip_agent_packets_rejected_total from the
+// newest DatapathReconciler's engine at scrape time.
+type rejectedCollector struct {
+	mu sync.Mutex
+	r  *DatapathReconciler
+}
+
+func (c *rejectedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- rejectedDesc }
+
+func (c *rejectedCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	r := c.r
+	c.mu.Unlock()
+	if r == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	counts, err := r.DP.Counters(ctx)
+	if err != nil {
+		r.log.Error(err, "read the datapath's rejected-packet counters")
+		return
+	}
+	// Every Egress this Node programs gets a series (0 until a packet is
+	// rejected), so a dashboard sees the Egress before its first reject.
+	names := map[string]bool{}
+	for _, n := range r.lastNames() {
+		names[n] = true
+	}
+	for n := range counts {
+		if len(n) > 0 && n[0] != '@' {
+			names[n] = true
+		}
+	}
+	for n := range names {
+		ch <- prometheus.MustNewConstMetric(rejectedDesc, prometheus.CounterValue, float64(counts[n]), n)
+	}
+}
+
+var rejected = &rejectedCollector{}
+
+func init() {
+	metrics.Registry.MustRegister(datapathApplies, rejected)
+	for _, r := range []string{"ok", "error"} {
+		datapathApplies.WithLabelValues(r)
+	}
+}
+
+// DatapathReconciler computes this Node's datapath State from the cache
+// (all Egresses and pools, all Namespaces and Nodes, this Node's Pods, the
+// EgressMemberSlices) and applies it to DP when it changed, and again every
+// ResyncPeriod to repair hand-made changes. It runs beside the binding
+// reconciler (Agent) in the same manager, whose cache must come from
+// CacheOptionsFor(node, true).
+type DatapathReconciler struct {
+	NodeName string
+	DP       Datapath
+	CIDRs    CIDRs
+	// ResyncPeriod is the period of re-applying an unchanged State; 0
+	// means DefaultResyncPeriod.
+	ResyncPeriod time.Duration
+
+	reader client.Reader
+	log    logr.Logger
+
+	mu        sync.Mutex
+	last      *datapath.State
+	lastApply time.Time
+}
+
+func (r *DatapathReconciler) lastNames() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last == nil {
+		return nil
+	}
+	out := make([]string, 0, len(r.last.Egresses))
+	for _, e := range r.last.Egresses {
+		out = append(out, e.Name)
+	}
+	return out
+}
+
+// Applied returns the last State applied successfully, and whether there
+// is one.
+func (r *DatapathReconciler) Applied() (datapath.State, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.last == nil {
+		return datapath.State{}, false
+	}
+	return *r.last, true
+}
+
+// Reconcile computes the State and applies it when it differs from the
+// last one applied or the last apply is older than ResyncPeriod. It changes
+// nothing and returns an error when the cache cannot be read; it returns
+// the engine's error when Apply fails (retried with backoff).
+func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	log := ctrllog.FromContext(ctx)
+	resync := r.ResyncPeriod
+	if resync <= 0 {
+		resync = DefaultResyncPeriod
+	}
+	in := stateInput{Node: r.NodeName, CIDRs: r.CIDRs}
+	var (
+		egs    v1alpha1.EgressList
+		pools  v1alpha1.ExternalIPPoolList
+		nss    corev1.NamespaceList
+		pods   corev1.PodList
+		slices v1alpha1.EgressMemberSliceList
+		nodes  corev1.NodeList
+	)
+	for _, l := range []struct {
+		what string
+		list client.ObjectList
+	}{{"Egresses", &egs}, {"ExternalIPPools", &pools}, {"Namespaces", &nss}, {"Pods", &pods}, {"EgressMemberSlices", &slices}, {"Nodes", &nodes}} {
+		if err := r.reader.List(ctx, l.list); err != nil {
+			return reconcile.Result{}, fmt.Errorf("list %s: %w", l.what, err)
+		}
+	}
+	in.Egresses, in.Pools, in.Namespaces, in.Pods, in.Slices, in.Nodes = egs.Items, pools.Items, nss.Items, pods.Items, slices.Items, nodes.Items
+	st := computeState(in)
+
+	r.mu.Lock()
+	same := r.last != nil && stateEqual(*r.last, st) && time.Since(r.lastApply) < resync
+	r.mu.Unlock()
+	if same {
+		return reconcile.Result{RequeueAfter: resync}, nil
+	}
+	start := time.Now()
+	if err := r.DP.Apply(ctx, st); err != nil {
+		datapathApplies.WithLabelValues("error").Inc()
+		return reconcile.Result{}, fmt.Errorf("apply the datapath of node %s: %w", r.NodeName, err)
+	}
+	datapathApplies.WithLabelValues("ok").Inc()
+	r.mu.Lock()
+	changed := r.last == nil || !stateEqual(*r.last, st)
+	r.last, r.lastApply = &st, time.Now()
+	r.mu.Unlock()
+	if changed {
+		roles := map[string]int{}
+		for _, e := range st.Egresses {
+			roles[roleName(e.Role)]++
+		}
+		log.Info("datapath applied", "egresses", len(st.Egresses), "roles", roles, "nodeIPs", len(st.NodeIPs), "clusterCIDRs", len(st.ClusterCIDRs), "duration", time.Since(start))
+	}
+	return reconcile.Result{RequeueAfter: resync}, nil
+}
+
+func roleName(r datapath.Role) string {
+	switch r {
+	case datapath.RoleSource:
+		return "source"
+	case datapath.RoleEgress:
+		return "egress"
+	case datapath.RoleFailed:
+		return "failed"
+	}
+	return "none"
+}
+
+// nodeAddrChanged reports whether a Node update can change the State:
+// addresses, Pod CIDRs, or its creation/deletion (heartbeats do not).
+func nodeAddrChanged(o, n *corev1.Node) bool {
+	return !equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses) || !equality.Semantic.DeepEqual(o.Spec.PodCIDRs, n.Spec.PodCIDRs)
+}
+
+// SetupWithManager registers the reconciler with mgr (built by NewManager
+// with Options.Datapath set). Every watched event maps to one work key, so
+// changes coalesce into one State computation. Like the binding
+// reconciler it never runs before the cache's first List of every watched
+// kind.
+func (r *DatapathReconciler) SetupWithManager(mgr manager.Manager) error {
+	if r.DP == nil || r.NodeName == "" {
+		return errors.New("datapath reconciler: no engine or no node name")
+	}
+	r.reader = mgr.GetCache()
+	r.log = mgr.GetLogger().WithName("datapath").WithValues("node", klog.KRef("", r.NodeName))
+	rejected.mu.Lock()
+	rejected.r = r
+	rejected.mu.Unlock()
+
+	key := reconcile.Request{NamespacedName: types.NamespacedName{Name: r.NodeName}}
+	toKey := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
+		return []reconcile.Request{key}
+	})
+	kick := source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
+		q.Add(key)
+		return nil
+	})
+	nodes := builder.WithPredicates(predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		o, ok1 := e.ObjectOld.(*corev1.Node)
+		n, ok2 := e.ObjectNew.(*corev1.Node)
+		return !ok1 || !ok2 || nodeAddrChanged(o, n)
+	}})
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(DatapathControllerName).
+		Watches(&v1alpha1.Egress{}, toKey).
+		Watches(&v1alpha1.ExternalIPPool{}, toKey).
+		Watches(&v1alpha1.EgressMemberSlice{}, toKey).
+		Watches(&corev1.Namespace{}, toKey, builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		Watches(&corev1.Pod{}, toKey, builder.WithPredicates(predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*corev1.Pod)
+			n, ok2 := e.ObjectNew.(*corev1.Pod)
+			return !ok1 || !ok2 || selection.PodChanged(o, n)
+		}})).
+		Watches(&corev1.Node{}, toKey, nodes).
+		WatchesRawSource(kick).
+		WithOptions(controller.Options{
+			MaxConcurrentReconciles: 1,
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
+				100*time.Millisecond, cmpDuration(r.ResyncPeriod, DefaultResyncPeriod)),
+			SkipNameValidation: ptr.To(true),
+			CacheSyncTimeout:   100 * 365 * 24 * time.Hour,
+		}).
+		WithLogConstructor(func(*reconcile.Request) logr.Logger {
+			return mgr.GetLogger().WithValues("controller", DatapathControllerName, "node", klog.KRef("", r.NodeName))
+		}).
+		Complete(r)
+}
+
+func cmpDuration(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}

@@ -1,0 +1,187 @@
+package agent
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/selection"
+)
+
+// CIDRs are the destinations that never take an egress path, as given by
+// the agent's flags. A nil ClusterCIDRs means the Pod CIDRs of the Nodes
+// (spec.podCIDRs).
+type CIDRs struct {
+	// ClusterCIDRs are the Pod CIDRs (--cluster-cidrs); nil: every Node's
+	// spec.podCIDRs.
+	ClusterCIDRs []netip.Prefix
+	// ServiceCIDRs are the Service CIDRs (--service-cidrs).
+	ServiceCIDRs []netip.Prefix
+	// ExcludeCIDRs are further destinations kept off egress paths
+	// (--exclude-cidrs), for example a corporate network.
+	ExcludeCIDRs []netip.Prefix
+}
+
+// stateInput is what one Node's datapath State is computed from, read from
+// the agent's cache.
+type stateInput struct {
+	Node     string
+	Egresses []v1alpha1.Egress
+	Pools    []v1alpha1.ExternalIPPool
+	// Namespaces are every namespace; Pods are this Node's Pods.
+	Namespaces []corev1.Namespace
+	Pods       []corev1.Pod
+	// Slices are EgressMemberSlices; those of Egresses this Node does not
+	// hold are ignored.
+	Slices []v1alpha1.EgressMemberSlice
+	Nodes  []corev1.Node
+	CIDRs  CIDRs
+}
+
+// computeState returns the datapath State of in.Node, normalized (every
+// list sorted and without duplicates) so equal States compare equal.
+//
+// Roles (see datapath.Role): RoleEgress when status.egressNode is this Node
+// and status.egressIP is set, with the members of its EgressMemberSlices
+// that do not run here as Remote; RoleSource when members run here and
+// another Node holds the IP; RoleFailed when members run here and no Node
+// or no IP is set. Egresses with RoleNone are left out. Local members are
+// this Node's Pods the Egress wins by package selection; remote ones are
+// trusted from the controller's slices.
+func computeState(in stateInput) datapath.State {
+	pools := make(map[string]*v1alpha1.ExternalIPPool, len(in.Pools))
+	for i := range in.Pools {
+		pools[in.Pools[i].Name] = &in.Pools[i]
+	}
+	var local []corev1.Pod
+	for _, p := range in.Pods {
+		if p.Spec.NodeName == in.Node {
+			local = append(local, p)
+		}
+	}
+	sel := selection.Select(selection.Input{
+		Egresses: in.Egresses, Namespaces: in.Namespaces, Pods: local,
+		Family: func(e *v1alpha1.Egress) selection.Family { return selection.EgressFamily(e, pools) },
+	})
+
+	var st datapath.State
+	myIPs := map[netip.Addr]bool{}
+	for i := range in.Nodes {
+		n := &in.Nodes[i]
+		for _, a := range n.Status.Addresses {
+			if a.Type != corev1.NodeInternalIP {
+				continue
+			}
+			ip, err := netip.ParseAddr(a.Address)
+			if err != nil {
+				continue
+			}
+			st.NodeIPs = append(st.NodeIPs, ip.Unmap())
+			if n.Name == in.Node {
+				myIPs[ip.Unmap()] = true
+			}
+		}
+		if in.CIDRs.ClusterCIDRs == nil {
+			for _, c := range n.Spec.PodCIDRs {
+				if p, err := netip.ParsePrefix(c); err == nil {
+					st.ClusterCIDRs = append(st.ClusterCIDRs, p)
+				}
+			}
+		}
+	}
+	st.ClusterCIDRs = append(st.ClusterCIDRs, in.CIDRs.ClusterCIDRs...)
+	st.ClusterCIDRs = append(st.ClusterCIDRs, in.CIDRs.ServiceCIDRs...)
+	st.ClusterCIDRs = append(st.ClusterCIDRs, in.CIDRs.ExcludeCIDRs...)
+	for i, p := range st.ClusterCIDRs {
+		st.ClusterCIDRs[i] = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p)).Masked()
+	}
+	slices.SortFunc(st.ClusterCIDRs, comparePrefix)
+	st.ClusterCIDRs = slices.Compact(st.ClusterCIDRs)
+	slices.SortFunc(st.NodeIPs, netip.Addr.Compare)
+	st.NodeIPs = slices.Compact(st.NodeIPs)
+
+	slicesOf := map[string][]*v1alpha1.EgressMemberSlice{}
+	for i := range in.Slices {
+		s := &in.Slices[i]
+		slicesOf[s.Egress] = append(slicesOf[s.Egress], s)
+	}
+
+	for i := range in.Egresses {
+		e := &in.Egresses[i]
+		eg := datapath.Egress{Name: e.Name, FailurePolicy: datapath.FailurePolicyFail}
+		if e.Spec.FailurePolicy == v1alpha1.FailurePolicyIgnore {
+			eg.FailurePolicy = datapath.FailurePolicyIgnore
+		}
+		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && ip.Zone() == "" {
+			eg.IP = ip.Unmap()
+		}
+		localSet := map[netip.Addr]bool{}
+		for _, m := range sel.Members[e.Name] {
+			if !localSet[m.PodIP] {
+				localSet[m.PodIP] = true
+				eg.Local = append(eg.Local, m.PodIP)
+			}
+		}
+		held := eg.IP.IsValid() && e.Status.EgressNode == in.Node
+		switch {
+		case held:
+			eg.Role = datapath.RoleEgress
+			seen := map[netip.Addr]bool{}
+			for _, s := range slicesOf[e.Name] {
+				for _, m := range s.Members {
+					pod, err1 := netip.ParseAddr(m.PodIP)
+					host, err2 := netip.ParseAddr(m.HostIP)
+					if err1 != nil || err2 != nil {
+						continue
+					}
+					pod, host = pod.Unmap(), host.Unmap()
+					if localSet[pod] || myIPs[host] || seen[pod] || pod.Is4() != eg.IP.Is4() || host.Is4() != pod.Is4() {
+						continue
+					}
+					seen[pod] = true
+					eg.Remote = append(eg.Remote, datapath.Member{IP: pod, HostIP: host})
+				}
+			}
+		case len(eg.Local) == 0:
+			continue // RoleNone
+		case eg.IP.IsValid() && e.Status.EgressNode != "":
+			eg.Role = datapath.RoleSource
+		default:
+			eg.Role = datapath.RoleFailed
+		}
+		slices.SortFunc(eg.Local, netip.Addr.Compare)
+		slices.SortFunc(eg.Remote, func(a, b datapath.Member) int { return a.IP.Compare(b.IP) })
+		st.Egresses = append(st.Egresses, eg)
+	}
+	slices.SortFunc(st.Egresses, func(a, b datapath.Egress) int { return strings.Compare(a.Name, b.Name) })
+	return st
+}
+
+// unmapBits is 96 for an IPv4-mapped IPv6 prefix (so ::ffff:10.0.0.0/104
+// becomes 10.0.0.0/8), else 0.
+func unmapBits(p netip.Prefix) int {
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		return 96
+	}
+	return 0
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// stateEqual reports whether two normalized States are the same.
+func stateEqual(a, b datapath.State) bool {
+	return slices.Equal(a.NodeIPs, b.NodeIPs) && slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) &&
+		slices.EqualFunc(a.Egresses, b.Egresses, func(x, y datapath.Egress) bool {
+			return x.Name == y.Name && x.IP == y.IP && x.Role == y.Role && x.FailurePolicy == y.FailurePolicy &&
+				slices.Equal(x.Local, y.Local) && slices.Equal(x.Remote, y.Remote)
+		})
+}
