@@ -288,7 +288,7 @@ func (c *Cloud) remember(out *cloudOutput, now time.Time) {
 			}
 		}
 		c.owned[pool] = owned
-		c.prevAllocated[pool] = maps.Clone(po.Allocated)
+		c.prevAllocated[pool] = maps.Clone(po.Bound)
 		for _, ip := range po.Released {
 			c.cool[ip] = now.Add(warm.Cooldown)
 		}

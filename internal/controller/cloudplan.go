@@ -38,9 +38,10 @@ type cloudInput struct {
 	// and has not detached, as remembered from earlier passes and calls
 	// (the pool status and the Egress statuses add to it).
 	Owned map[string]map[netip.Addr]bool
-	// PrevAllocated are, per pool, the addresses allocated to Egresses at
-	// the end of the previous pass: one that is not allocated any more was
-	// released and cools down.
+	// PrevAllocated are, per pool, the addresses an agent may have bound
+	// at the end of the previous pass (published in an Egress status with
+	// a Node): one that is not allocated any more was released and cools
+	// down.
 	PrevAllocated map[string]map[netip.Addr]bool
 	// CoolUntil holds the end of each address's cooldown.
 	CoolUntil map[netip.Addr]time.Time
@@ -66,8 +67,10 @@ type cloudOp struct {
 type cloudPoolOut struct {
 	Plan      warm.Plan
 	Status    v1.CloudPoolStatus
-	Allocated map[netip.Addr]bool
-	// Owned is Allocated plus the warm addresses.
+	// Bound are the addresses an agent may hold (an Egress status names a
+	// Node for them, before or after this pass).
+	Bound map[netip.Addr]bool
+	// Owned are the allocated plus the warm addresses.
 	Owned map[netip.Addr]bool
 	// Released were allocated in the previous pass and are warm now.
 	Released []netip.Addr
@@ -98,6 +101,9 @@ type cloudPool struct {
 	pending int
 	// load counts, per Node, the pool's Egresses on it (status).
 	load map[string]int
+	// bound: addresses an Egress status names with a Node (input or
+	// output of the pass).
+	bound map[netip.Addr]bool
 }
 
 // attachedAt maps every secondary address of the known interfaces to its
@@ -114,7 +120,7 @@ func attachedAt(ifaces map[string]cloud.Interface) map[netip.Addr]string {
 
 // newCloudPool gathers a cloud pool's owned and warm addresses.
 func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, at map[netip.Addr]string, egs []v1.Egress, eligible func(string) bool) *cloudPool {
-	cp := &cloudPool{spec: p.Spec.Cloud, ranged: len(p.Spec.IPRanges) > 0, used: map[netip.Addr]bool{}, owned: map[netip.Addr]bool{}, avail: map[string][]netip.Addr{}, load: map[string]int{}}
+	cp := &cloudPool{spec: p.Spec.Cloud, ranged: len(p.Spec.IPRanges) > 0, used: map[netip.Addr]bool{}, owned: map[netip.Addr]bool{}, avail: map[string][]netip.Addr{}, load: map[string]int{}, bound: map[netip.Addr]bool{}}
 	if p.Spec.Cloud.AWS != nil {
 		cp.subnet = p.Spec.Cloud.AWS.SubnetID
 	}
@@ -137,6 +143,9 @@ func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, at map[netip.Addr]string
 		}
 		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil {
 			cp.owned[ip] = true
+			if e.Status.EgressNode != "" {
+				cp.bound[ip] = true
+			}
 		}
 		if e.Status.EgressNode != "" {
 			cp.load[e.Status.EgressNode]++
@@ -193,32 +202,48 @@ func (cp *cloudPool) checkNamed(ip netip.Addr, pool *ipam.Pool) error {
 	return nil
 }
 
-// cloudCapacity is the number of egress IPs a Node's interface may hold for
-// the controller: its address limit, minus the primary, minus the secondary
-// addresses others (such as a CNI's Pod IPs) use. ok is false when the
-// Node's interface is unknown.
-func cloudCapacity(ifc cloud.Interface, ours func(netip.Addr) bool) (int, bool) {
+// cloudCapacity is the number of allocated egress IPs a Node's interface
+// may hold: its address limit, minus the primary, minus the secondary
+// addresses others (such as a CNI's Pod IPs) use, minus our warm addresses
+// on it that stay warm (a warm address taken by an Egress on this Node
+// counts as allocated). So an address moved onto the Node always finds a
+// free slot. ok is false when the Node's interface is unknown.
+func cloudCapacity(ifc cloud.Interface, pools []*cloudPool) (int, bool) {
 	if ifc.ID == "" {
 		return 0, false
 	}
-	others := 0
+	taken := 0
 	for _, ip := range ifc.Secondary {
-		if !ours(ip) {
-			others++
+		if !usedByAny(pools, ip) {
+			taken++
 		}
 	}
-	return max(ifc.Limit-1-others, 0), true
+	return max(ifc.Limit-1-taken, 0), true
 }
 
-// warmNodes are the pool's eligible Nodes with room for warm addresses.
-func warmNodes(names []string, ci *cloudInput, capacity map[string]int, held map[string]int, poolLoad map[string]int) []warm.Node {
+// usedByAny reports whether ip is allocated to an Egress of a cloud pool.
+func usedByAny(pools []*cloudPool, ip netip.Addr) bool {
+	for _, cp := range pools {
+		if cp.used[ip] {
+			return true
+		}
+	}
+	return false
+}
+
+// warmNodes are the pool's eligible Nodes that may take warm addresses:
+// room is the smaller of the free slots of the interface (after the
+// attaches this pass asks for) and the Node's egress-IP capacity
+// (annotation or flag) left after every address of ours on it.
+func warmNodes(names []string, ci *cloudInput, capacity, held, poolLoad, attaching map[string]int) []warm.Node {
 	var out []warm.Node
 	for _, n := range names {
 		ifc := ci.Ifaces[n]
 		if ifc.ID == "" || ci.Blocked[ifc.ID] {
 			continue
 		}
-		out = append(out, warm.Node{Name: n, InterfaceID: ifc.ID, Room: capacity[n] - held[n], Load: poolLoad[n]})
+		room := min(ifc.Limit-1-len(ifc.Secondary), capacity[n]-held[n]) - attaching[n]
+		out = append(out, warm.Node{Name: n, InterfaceID: ifc.ID, Room: room, Load: poolLoad[n]})
 	}
 	slices.SortFunc(out, func(a, b warm.Node) int { return cmp.Compare(a.Name, b.Name) })
 	return out
@@ -256,11 +281,15 @@ func sPoolNodes(sp []scheduler.Pool, name string) []string {
 
 // planCloudPool computes a cloud pool's warm addresses, its status and its
 // warm plan after allocation.
-func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, alloc *ipam.Allocator, pool *ipam.Pool, poolNodes []string, ci *cloudInput,
-	at map[netip.Addr]string, sNodes []scheduler.Node, ours func(netip.Addr) bool) *cloudPoolOut {
-	o := &cloudPoolOut{Allocated: map[netip.Addr]bool{}, Owned: map[netip.Addr]bool{}}
+func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNodes []string, ci *cloudInput,
+	at map[netip.Addr]string, sNodes []scheduler.Node, flagCapacity, attaching map[string]int, ours func(netip.Addr) bool) *cloudPoolOut {
+	o := &cloudPoolOut{Bound: map[netip.Addr]bool{}, Owned: map[netip.Addr]bool{}}
+	for ip := range cp.bound {
+		if cp.used[ip] {
+			o.Bound[ip] = true
+		}
+	}
 	for ip := range cp.used {
-		o.Allocated[ip] = true
 		o.Owned[ip] = true
 		if _, ok := at[ip]; ok {
 			o.Status.Allocated++
@@ -274,7 +303,7 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, alloc *ipam.Allocator, p
 		}
 		o.Owned[ip] = true
 		cool := ci.CoolUntil[ip]
-		if ci.PrevAllocated[p.Name][ip] {
+		if ci.PrevAllocated[p.Name][ip] || cp.bound[ip] {
 			o.Released = append(o.Released, ip)
 			cool = ci.Now.Add(warm.Cooldown)
 		}
@@ -291,15 +320,9 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, alloc *ipam.Allocator, p
 		o.Status.WarmIPs = append(o.Status.WarmIPs, v1.WarmIP{IP: w.Addr.String(), Node: w.Node})
 	}
 
-	// Room per Node: capacity left after every owned address on it.
-	capacity := map[string]int{}
 	eligible := map[string]bool{}
 	for _, n := range sNodes {
 		if n.Eligible {
-			capacity[n.Name] = min(capacity[n.Name], n.Capacity)
-			if _, seen := eligible[n.Name]; !seen {
-				capacity[n.Name] = n.Capacity
-			}
 			eligible[n.Name] = true
 		}
 	}
@@ -322,7 +345,7 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, alloc *ipam.Allocator, p
 	in := warm.Input{
 		Now: ci.Now, WarmTarget: int(cp.spec.WarmIPTarget), MinimumTarget: int(cp.spec.MinimumIPTarget),
 		Allocated: len(cp.used), Pending: cp.pending, Warm: warmIPs,
-		Nodes:         warmNodes(names, ci, capacity, held, poolLoad),
+		Nodes:         warmNodes(names, ci, flagCapacity, held, poolLoad, attaching),
 		LastScaleDown: ci.LastScaleDown[p.Name], BackoffUntil: ci.PoolBackoff[p.Name], Ranged: cp.ranged,
 	}
 	if p.DeletionTimestamp != nil {
@@ -346,7 +369,6 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, alloc *ipam.Allocator, p
 			in.Free = append(in.Free, ip)
 		}
 	}
-	_ = alloc
 	o.Plan = warm.Compute(in)
 	return o
 }

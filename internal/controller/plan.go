@@ -276,6 +276,7 @@ func plan(in passInput) passOutput {
 
 	// Nodes.
 	sNodes := make([]scheduler.Node, 0, len(in.Nodes))
+	flagCapacity := make(map[string]int, len(in.Nodes))
 	for i := range in.Nodes {
 		n := &in.Nodes[i]
 		sn := scheduler.Node{Name: n.Name, Capacity: in.Config.DefaultCapacity}
@@ -287,8 +288,9 @@ func plan(in passInput) passOutput {
 				sn.Capacity = c
 			}
 		}
+		flagCapacity[n.Name] = sn.Capacity
 		if in.Cloud != nil {
-			if c, ok := cloudCapacity(in.Cloud.Ifaces[n.Name], func(ip netip.Addr) bool { return ownedByAny(cloudPools, ip) }); ok && c < sn.Capacity {
+			if c, ok := cloudCapacity(in.Cloud.Ifaces[n.Name], cloudPools); ok && c < sn.Capacity {
 				sn.Capacity = c
 			}
 		}
@@ -321,8 +323,18 @@ func plan(in passInput) passOutput {
 			sEgs[i].CurrentNode = ""
 		}
 		if ps := pools[egs[i].Spec.ExternalIPPool]; ps != nil && ps.cloud != nil && ips[i].IsValid() {
-			// Prefer the Node whose interface holds the address already.
-			sEgs[i].Preferred = cmp.Or(preferred[i], attached[ips[i]])
+			switch {
+			case preferred[i] != "":
+				// A warm address taken in this pass: its Node first,
+				// within the balance bound.
+				sEgs[i].Preferred = preferred[i]
+			case sEgs[i].CurrentNode == "" && egs[i].Status.EgressIP == ips[i].String():
+				// Between scheduling and the end of the attach (or a
+				// release) the address lives where the cloud has it:
+				// that Node is its current one, so it stays put there
+				// and does not bounce between Nodes while calls run.
+				sEgs[i].CurrentNode = attached[ips[i]]
+			}
 		}
 	}
 	res := scheduler.Schedule(scheduler.Input{Pools: sPools, Nodes: sNodes, Egresses: sEgs, BalanceFactor: in.Config.BalanceFactor})
@@ -391,6 +403,9 @@ func plan(in passInput) passOutput {
 			}
 		}
 		st.EgressNode = target
+		if cp != nil && target != "" {
+			cp.bound[ips[i]] = true
+		}
 		switch {
 		case target != "":
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: ReasonScheduled,
@@ -432,12 +447,16 @@ func plan(in passInput) passOutput {
 			out.Cloud.Attach = append(out.Cloud.Attach, cloudOp{Node: attachNode[ifc], InterfaceID: ifc, IPs: slices.Compact(ipl)})
 		}
 		slices.SortFunc(out.Cloud.Attach, func(a, b cloudOp) int { return cmp.Compare(a.Node, b.Node) })
+		attaching := map[string]int{}
+		for ifc, ipl := range attach {
+			attaching[attachNode[ifc]] += len(ipl)
+		}
 		for _, p := range in.Pools {
 			ps := pools[p.Name]
 			if ps.cloud == nil {
 				continue
 			}
-			out.Cloud.Pools[p.Name] = planCloudPool(&p, ps.cloud, ps.alloc, ps.pool, sPoolNodes(sPools, p.Name), in.Cloud, attached, sNodes, func(ip netip.Addr) bool { return ownedByAny(cloudPools, ip) })
+			out.Cloud.Pools[p.Name] = planCloudPool(&p, ps.cloud, ps.pool, sPoolNodes(sPools, p.Name), in.Cloud, attached, sNodes, flagCapacity, attaching, func(ip netip.Addr) bool { return ownedByAny(cloudPools, ip) })
 			out.Cloud.Recheck = minPositive(out.Cloud.Recheck, out.Cloud.Pools[p.Name].Plan.Recheck)
 		}
 	}
