@@ -65,8 +65,8 @@ type cloudOp struct {
 
 // cloudPoolOut is the cloud outcome of a pass for one pool.
 type cloudPoolOut struct {
-	Plan      warm.Plan
-	Status    v1.CloudPoolStatus
+	Plan   warm.Plan
+	Status v1.CloudPoolStatus
 	// Bound are the addresses an agent may hold (an Egress status names a
 	// Node for them, before or after this pass).
 	Bound map[netip.Addr]bool
