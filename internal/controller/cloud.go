@@ -113,6 +113,7 @@ type Cloud struct {
 	lastScaleDown map[string]time.Time
 	busy          map[string]bool
 	detaching     map[netip.Addr]bool
+	attaching     map[netip.Addr]string
 	runCtx        context.Context
 	backoff       *flowcontrol.Backoff
 	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
@@ -133,6 +134,7 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		lastScaleDown: map[string]time.Time{},
 		busy:          map[string]bool{},
 		detaching:     map[netip.Addr]bool{},
+		attaching:     map[netip.Addr]string{},
 		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
 		backoffUntil:  map[string]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
@@ -247,6 +249,7 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		PoolBackoff:   map[string]time.Time{},
 		Blocked:       maps.Clone(c.busy),
 		Detaching:     maps.Clone(c.detaching),
+		Attaching:     maps.Clone(c.attaching),
 	}
 	for k, v := range c.owned {
 		ci.Owned[k] = maps.Clone(v)
@@ -323,6 +326,9 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 	}
 	for _, op := range out.Attach {
 		if claim(op.InterfaceID) {
+			for _, ip := range op.IPs {
+				c.attaching[ip] = op.Node
+			}
 			jobs = append(jobs, job{action: "Assign", node: op.Node, iface: op.InterfaceID, ips: op.IPs})
 		}
 	}
@@ -367,9 +373,11 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			defer func() {
 				c.mu.Lock()
 				delete(c.busy, j.iface)
-				if j.action == "Unassign" {
-					for _, ip := range j.ips {
+				for _, ip := range j.ips {
+					if j.action == "Unassign" {
 						delete(c.detaching, ip)
+					} else if c.attaching[ip] == j.node {
+						delete(c.attaching, ip)
 					}
 				}
 				c.mu.Unlock()

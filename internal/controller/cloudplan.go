@@ -54,6 +54,9 @@ type cloudInput struct {
 	Blocked map[string]bool
 	// Detaching are warm addresses being detached: no longer the pool's.
 	Detaching map[netip.Addr]bool
+	// Attaching maps addresses with an attach call in flight to the Node
+	// they are being attached to.
+	Attaching map[netip.Addr]string
 }
 
 // cloudOp is one named-address attach for the Cloud to run: every address

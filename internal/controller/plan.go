@@ -328,12 +328,15 @@ func plan(in passInput) passOutput {
 				// A warm address taken in this pass: its Node first,
 				// within the balance bound.
 				sEgs[i].Preferred = preferred[i]
-			case sEgs[i].CurrentNode == "" && egs[i].Status.EgressIP == ips[i].String():
-				// Between scheduling and the end of the attach (or a
-				// release) the address lives where the cloud has it:
-				// that Node is its current one, so it stays put there
-				// and does not bounce between Nodes while calls run.
-				sEgs[i].CurrentNode = attached[ips[i]]
+			case egs[i].Status.EgressIP == ips[i].String():
+				// The address lives where the cloud has it, or where a
+				// call in flight attaches it: that Node is its current
+				// one (the status may lag behind, or say nothing while
+				// attaching), so it stays put and does not bounce
+				// between Nodes while calls run.
+				if n := cmp.Or(in.Cloud.Attaching[ips[i]], attached[ips[i]]); n != "" {
+					sEgs[i].CurrentNode = n
+				}
 			}
 		}
 	}
