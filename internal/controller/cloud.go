@@ -114,6 +114,7 @@ type Cloud struct {
 	busy          map[string]bool
 	detaching     map[netip.Addr]bool
 	attaching     map[netip.Addr]string
+	lastError     map[string]string
 	runCtx        context.Context
 	backoff       *flowcontrol.Backoff
 	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
@@ -135,6 +136,7 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		busy:          map[string]bool{},
 		detaching:     map[netip.Addr]bool{},
 		attaching:     map[netip.Addr]string{},
+		lastError:     map[string]string{},
 		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
 		backoffUntil:  map[string]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
@@ -250,6 +252,7 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		Blocked:       maps.Clone(c.busy),
 		Detaching:     maps.Clone(c.detaching),
 		Attaching:     maps.Clone(c.attaching),
+		LastError:     maps.Clone(c.lastError),
 	}
 	for k, v := range c.owned {
 		ci.Owned[k] = maps.Clone(v)
@@ -429,6 +432,7 @@ func (c *Cloud) applied(pool, node, iface string, ips []netip.Addr, attach bool)
 	defer c.mu.Unlock()
 	c.backoff.Reset("eni/" + iface)
 	delete(c.backoffUntil, "eni/"+iface)
+	delete(c.lastError, iface)
 	for n, ifc := range c.ifaces {
 		ifc.Secondary = slices.DeleteFunc(ifc.Secondary, func(a netip.Addr) bool { return slices.Contains(ips, a) })
 		if attach && n == node {
@@ -470,6 +474,11 @@ func (c *Cloud) failed(ctx context.Context, action, pool, iface string, err erro
 	c.backoff.Next(key, now)
 	until := now.Add(c.backoff.Get(key))
 	c.backoffUntil[key] = until
+	msg := err.Error()
+	if len(msg) > 200 {
+		msg = msg[:200] + "..."
+	}
+	c.lastError[iface] = msg
 	c.mu.Unlock()
 	log.FromContext(ctx).Info("cloud call failed; backing off", "action", action, "pool", pool, "interface", iface, "until", until, "err", err)
 	select {

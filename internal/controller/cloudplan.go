@@ -57,6 +57,9 @@ type cloudInput struct {
 	// Attaching maps addresses with an attach call in flight to the Node
 	// they are being attached to.
 	Attaching map[netip.Addr]string
+	// LastError holds, per interface, the error of its last failed call
+	// (cleared by a success), for the Egresses' conditions.
+	LastError map[string]string
 }
 
 // cloudOp is one named-address attach for the Cloud to run: every address

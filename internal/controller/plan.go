@@ -396,8 +396,13 @@ func plan(in passInput) passOutput {
 			if attached[ips[i]] == target {
 				st.InterfaceMAC = in.Cloud.Ifaces[target].MAC
 			} else {
+				msg := fmt.Sprintf("attaching %s to the network interface of Node %s through the cloud API", st.EgressIP, target)
+				if le := in.Cloud.LastError[in.Cloud.Ifaces[target].ID]; le != "" {
+					msg += "; the last call on that interface failed: " + le
+					ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, "AttachFailed", msg
+				}
 				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: ReasonAttaching,
-					Message: fmt.Sprintf("attaching %s to the network interface of Node %s through the cloud API", st.EgressIP, target), ObservedGeneration: e.Generation})
+					Message: msg, ObservedGeneration: e.Generation})
 				if ifc := in.Cloud.Ifaces[target]; ifc.ID != "" {
 					attach[ifc.ID] = append(attach[ifc.ID], ips[i])
 					attachNode[ifc.ID] = target
