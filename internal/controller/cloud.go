@@ -115,6 +115,7 @@ type Cloud struct {
 	detaching     map[netip.Addr]bool
 	attaching     map[netip.Addr]string
 	lastError     map[string]string
+	warmAttaching map[string]int
 	runCtx        context.Context
 	backoff       *flowcontrol.Backoff
 	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
@@ -137,6 +138,7 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		detaching:     map[netip.Addr]bool{},
 		attaching:     map[netip.Addr]string{},
 		lastError:     map[string]string{},
+		warmAttaching: map[string]int{},
 		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
 		backoffUntil:  map[string]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
@@ -253,6 +255,7 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		Detaching:     maps.Clone(c.detaching),
 		Attaching:     maps.Clone(c.attaching),
 		LastError:     maps.Clone(c.lastError),
+		WarmAttaching: maps.Clone(c.warmAttaching),
 	}
 	for k, v := range c.owned {
 		ci.Owned[k] = maps.Clone(v)
@@ -342,8 +345,10 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 				continue
 			}
 			if len(op.IPs) > 0 {
-				jobs = append(jobs, job{action: "Assign", pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
+				c.warmAttaching[pool] += len(op.IPs)
+				jobs = append(jobs, job{action: "Assign", pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs, count: len(op.IPs)})
 			} else {
+				c.warmAttaching[pool] += op.Count
 				jobs = append(jobs, job{action: "AssignCount", pool: pool, node: op.Node, iface: op.InterfaceID, count: op.Count})
 			}
 		}
@@ -376,6 +381,11 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			defer func() {
 				c.mu.Lock()
 				delete(c.busy, j.iface)
+				if j.pool != "" && j.action != "Unassign" {
+					if c.warmAttaching[j.pool] -= j.count; c.warmAttaching[j.pool] <= 0 {
+						delete(c.warmAttaching, j.pool)
+					}
+				}
 				for _, ip := range j.ips {
 					if j.action == "Unassign" {
 						delete(c.detaching, ip)

@@ -57,6 +57,9 @@ type cloudInput struct {
 	// Attaching maps addresses with an attach call in flight to the Node
 	// they are being attached to.
 	Attaching map[netip.Addr]string
+	// WarmAttaching counts, per pool, the addresses warm attach calls in
+	// flight are adding.
+	WarmAttaching map[string]int
 	// LastError holds, per interface, the error of its last failed call
 	// (cleared by a success), for the Egresses' conditions.
 	LastError map[string]string
@@ -350,7 +353,7 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNod
 	}
 	in := warm.Input{
 		Now: ci.Now, WarmTarget: int(cp.spec.WarmIPTarget), MinimumTarget: int(cp.spec.MinimumIPTarget),
-		Allocated: len(cp.used), Pending: cp.pending, Warm: warmIPs,
+		Allocated: len(cp.used), Pending: cp.pending, Attaching: ci.WarmAttaching[p.Name], Warm: warmIPs,
 		Nodes:         warmNodes(names, ci, flagCapacity, held, poolLoad, attaching),
 		LastScaleDown: ci.LastScaleDown[p.Name], BackoffUntil: ci.PoolBackoff[p.Name], Ranged: cp.ranged,
 	}

@@ -7,13 +7,15 @@
 // MINIMUM_IP_TARGET (amazon-vpc-cni-k8s PR #125, docs/eni-and-ip-target.md),
 // counted pool-wide instead of per Node:
 //
-//	short = max(warm + pending - available, minimum - total, 0)
+//	short = max(warm + pending - available - attaching, minimum - total - attaching, 0)
 //	over  = max(min(available - warm - pending, total - minimum), 0)
 //
 // where warm and minimum are the pool's targets, total counts the pool's
 // attached addresses (allocated plus warm), available the warm addresses
 // out of cooldown on an eligible Node, and pending the Egresses waiting for
-// an address (so a warm target of 0 still attaches on demand). An address in
+// an address (so a warm target of 0 still attaches on demand); attaching
+// counts addresses that calls in flight are attaching, so a pass that runs
+// before they complete does not ask for them again. An address in
 // cooldown is neither available nor detached, so the pool attaches others
 // instead of counting on it (the fault described in VPC CNI issue #2896).
 package warm
@@ -76,6 +78,9 @@ type Input struct {
 	Allocated int
 	// Pending is the number of Egresses waiting for an address.
 	Pending int
+	// Attaching is the number of addresses calls in flight are attaching
+	// for the pool (not yet in Warm).
+	Attaching int
 	// Warm are the pool's warm addresses.
 	Warm []IP
 	// Nodes are the pool's eligible Nodes that may take addresses now
@@ -145,7 +150,7 @@ func Compute(in Input) Plan {
 	}
 	p.Available = len(avail)
 	p.Total = in.Allocated + len(in.Warm)
-	p.Short = max(in.WarmTarget+in.Pending-p.Available, in.MinimumTarget-p.Total, 0)
+	p.Short = max(max(in.WarmTarget+in.Pending-p.Available, in.MinimumTarget-p.Total, 0)-in.Attaching, 0)
 	p.Over = max(min(p.Available-in.WarmTarget-in.Pending, p.Total-in.MinimumTarget), 0)
 
 	if p.Short > 0 {

@@ -45,6 +45,16 @@ func TestCompute(t *testing.T) {
 			want: Plan{Short: 2, Attach: []Op{{Node: "a", InterfaceID: "eni-a", Count: 2}}},
 		},
 		{
+			name: "calls in flight count: no second request for the same addresses",
+			in:   Input{Now: t0, WarmTarget: 10, Attaching: 6, Nodes: nodes(10, "a")},
+			want: Plan{Short: 4, Attach: []Op{{Node: "a", InterfaceID: "eni-a", Count: 4}}},
+		},
+		{
+			name: "calls in flight cover the whole shortfall",
+			in:   Input{Now: t0, WarmTarget: 3, MinimumTarget: 5, Attaching: 5, Nodes: nodes(10, "a")},
+			want: Plan{},
+		},
+		{
 			name: "minimum above warm",
 			in:   Input{Now: t0, WarmTarget: 1, MinimumTarget: 4, Allocated: 1, Nodes: nodes(10, "a")},
 			want: Plan{Total: 1, Short: 3, Attach: []Op{{Node: "a", InterfaceID: "eni-a", Count: 3}}},
