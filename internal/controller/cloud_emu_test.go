@@ -311,6 +311,35 @@ func TestEmuFigures(t *testing.T) {
 			t.Logf("FIGURE warm=%d: 100 Egresses Ready in %v; EC2 calls %d (Assign/Unassign %d): %v", warmTarget, took.Round(10*time.Millisecond), ec.emu.Calls(""), mut, counts)
 		})
 	}
+	t.Run("controller-fill-primary-eni", func(t *testing.T) {
+		// Through the controller, warm target 0: one c5.4xlarge Node's
+		// primary interface (29 secondary slots) filled by Egresses
+		// created one at a time (each waits for the previous one to be
+		// Ready) versus all at once.
+		for i, oneByOne := range []bool{true, false} {
+			ec := newEmuCloud(t, cfg, fmt.Sprintf("10.%d.0.0/24", 30+i))
+			prefix := fmt.Sprintf("figfill%d", i)
+			cl := newEmuCluster(t, prefix, 1, 29, ec, "c5.4xlarge")
+			cl.pool(prefix, emuPool(ec, 0, 0))
+			time.Sleep(2 * time.Second)
+			ec.emu.ResetCounts()
+			egs := names(prefix, 29)
+			start := time.Now()
+			if oneByOne {
+				for _, e := range egs {
+					cl.egress(e, prefix, "")
+					cl.waitReady(e)
+				}
+			} else {
+				for _, e := range egs {
+					cl.egress(e, prefix, "")
+				}
+				cl.waitReady(egs...)
+			}
+			t.Logf("FIGURE controller, 29 Egresses on one primary ENI, one at a time=%v: %d AssignPrivateIpAddresses calls, %v",
+				oneByOne, ec.emu.Calls("AssignPrivateIpAddresses"), time.Since(start).Round(10*time.Millisecond))
+		}
+	})
 	t.Run("fill-c5.4xlarge", func(t *testing.T) {
 		ec := newEmuCloud(t, cfg, "10.20.0.0/22")
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
