@@ -30,7 +30,9 @@ func newEmuCloud(t *testing.T, cfg ec2emu.Config, cidr string) *emuCloud {
 	t.Helper()
 	emu := ec2emu.New(cfg)
 	t.Cleanup(emu.Close)
-	subnet, err := emu.AddSubnet(ec2emu.Subnet{CIDR: netip.MustParsePrefix(cidr)})
+	// A subnet ID of its own, so that pools other tests left behind (the
+	// control plane is shared) never match these Nodes.
+	subnet, err := emu.AddSubnet(ec2emu.Subnet{ID: fmt.Sprintf("subnet-%08x", hashName(t.Name()+cidr)), CIDR: netip.MustParsePrefix(cidr)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,27 +319,29 @@ func TestEmuFigures(t *testing.T) {
 		// created one at a time (each waits for the previous one to be
 		// Ready) versus all at once.
 		for i, oneByOne := range []bool{true, false} {
-			ec := newEmuCloud(t, cfg, fmt.Sprintf("10.%d.0.0/24", 30+i))
-			prefix := fmt.Sprintf("figfill%d", i)
-			cl := newEmuCluster(t, prefix, 1, 29, ec, "c5.4xlarge")
-			cl.pool(prefix, emuPool(ec, 0, 0))
-			time.Sleep(2 * time.Second)
-			ec.emu.ResetCounts()
-			egs := names(prefix, 29)
-			start := time.Now()
-			if oneByOne {
-				for _, e := range egs {
-					cl.egress(e, prefix, "")
-					cl.waitReady(e)
+			t.Run(fmt.Sprintf("oneByOne=%v", oneByOne), func(t *testing.T) {
+				ec := newEmuCloud(t, cfg, fmt.Sprintf("10.%d.0.0/24", 30+i))
+				prefix := fmt.Sprintf("figfill%d", i)
+				cl := newEmuCluster(t, prefix, 1, 29, ec, "c5.4xlarge")
+				cl.pool(prefix, emuPool(ec, 0, 0))
+				time.Sleep(2 * time.Second)
+				ec.emu.ResetCounts()
+				egs := names(prefix, 29)
+				start := time.Now()
+				if oneByOne {
+					for _, e := range egs {
+						cl.egress(e, prefix, "")
+						cl.waitReady(e)
+					}
+				} else {
+					for _, e := range egs {
+						cl.egress(e, prefix, "")
+					}
+					cl.waitReady(egs...)
 				}
-			} else {
-				for _, e := range egs {
-					cl.egress(e, prefix, "")
-				}
-				cl.waitReady(egs...)
-			}
-			t.Logf("FIGURE controller, 29 Egresses on one primary ENI, one at a time=%v: %d AssignPrivateIpAddresses calls, %v",
-				oneByOne, ec.emu.Calls("AssignPrivateIpAddresses"), time.Since(start).Round(10*time.Millisecond))
+				t.Logf("FIGURE controller, 29 Egresses on one primary ENI, one at a time=%v: %d AssignPrivateIpAddresses calls, %v",
+					oneByOne, ec.emu.Calls("AssignPrivateIpAddresses"), time.Since(start).Round(10*time.Millisecond))
+			})
 		}
 	})
 	t.Run("fill-c5.4xlarge", func(t *testing.T) {
