@@ -116,6 +116,7 @@ type Cloud struct {
 	attaching     map[netip.Addr]string
 	lastError     map[string]string
 	warmAttaching map[string]int
+	recent        map[string]netip.Addr
 	runCtx        context.Context
 	backoff       *flowcontrol.Backoff
 	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
@@ -256,6 +257,7 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		Attaching:     maps.Clone(c.attaching),
 		LastError:     maps.Clone(c.lastError),
 		WarmAttaching: maps.Clone(c.warmAttaching),
+		Recent:        maps.Clone(c.recent),
 	}
 	for k, v := range c.owned {
 		ci.Owned[k] = maps.Clone(v)
@@ -287,6 +289,7 @@ func (c *Cloud) remember(out *cloudOutput, now time.Time) {
 			delete(c.cool, ip)
 		}
 	}
+	c.recent = maps.Clone(out.Allocations)
 	for pool, po := range out.Pools {
 		owned := maps.Clone(po.Owned)
 		// Addresses attached by a call that completed during the pass

@@ -57,6 +57,11 @@ type cloudInput struct {
 	// Attaching maps addresses with an attach call in flight to the Node
 	// they are being attached to.
 	Attaching map[netip.Addr]string
+	// Recent maps each cloud-pool Egress to the address the previous pass
+	// gave it: a pass that reads the cache before that status write
+	// arrived gives the same address again instead of another one (which
+	// could hand one address to two Egresses).
+	Recent map[string]netip.Addr
 	// WarmAttaching counts, per pool, the addresses warm attach calls in
 	// flight are adding.
 	WarmAttaching map[string]int
@@ -93,6 +98,8 @@ type cloudOutput struct {
 	Pools  map[string]*cloudPoolOut
 	// Recheck, when positive, is when a new pass may decide differently.
 	Recheck time.Duration
+	// Allocations maps every cloud-pool Egress with an address to it.
+	Allocations map[string]netip.Addr
 }
 
 // cloudPool is a cloud-backed pool's working state in a pass.

@@ -158,6 +158,23 @@ func TestPlanCloud(t *testing.T) {
 		}
 	})
 
+	t.Run("a stale cache gets the address the previous pass gave", func(t *testing.T) {
+		// The previous pass gave e 10.0.0.9; the cache still shows e
+		// without an address, and a lower warm address appeared since.
+		p := planPool(v1.WarmIP{IP: "10.0.0.5", Node: "a"})
+		ci := cloudIn(iface("a", 1, 10, "10.0.0.5", "10.0.0.9"))
+		ci.Recent = map[string]netip.Addr{"e": netip.MustParseAddr("10.0.0.9")}
+		ci.Owned = map[string]map[netip.Addr]bool{"c": {netip.MustParseAddr("10.0.0.9"): true}}
+		out := plan(passInput{Pools: []v1.ExternalIPPool{p}, Egresses: []v1.Egress{planEgress("e", "c", "", "", 0), planEgress("f", "c", "", "", 1)},
+			Nodes: []corev1.Node{planNode("a")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10}, Cloud: ci})
+		if got := out.Egresses["e"].Status.EgressIP; got != "10.0.0.9" {
+			t.Fatalf("e got %s, want the address of the previous pass 10.0.0.9", got)
+		}
+		if got := out.Egresses["f"].Status.EgressIP; got != "10.0.0.5" {
+			t.Fatalf("f got %s, want the remaining warm 10.0.0.5", got)
+		}
+	})
+
 	t.Run("a released address cools down before it is available", func(t *testing.T) {
 		p := planPool()
 		p.Spec.Cloud.WarmIPTarget = 1

@@ -124,7 +124,7 @@ func plan(in passInput) passOutput {
 	}
 	var attached map[netip.Addr]string
 	if in.Cloud != nil {
-		out.Cloud = &cloudOutput{Pools: map[string]*cloudPoolOut{}}
+		out.Cloud = &cloudOutput{Pools: map[string]*cloudPoolOut{}, Allocations: map[string]netip.Addr{}}
 		attached = attachedAt(in.Cloud.Ifaces)
 	}
 	agentOK := func(node string) bool { st := in.Agents(node); return !st.Dead }
@@ -186,6 +186,7 @@ func plan(in passInput) passOutput {
 	// Allocation: keep what statuses and specs already say, then allocate
 	// the lowest free address for the rest, oldest Egress first.
 	ips := make([]netip.Addr, len(egs))
+	preferred := make([]string, len(egs)) // cloud pools: the Node holding the address
 	allocCond := make([]metav1.Condition, len(egs))
 	var pending []int
 	for i := range egs {
@@ -214,9 +215,16 @@ func plan(in passInput) passOutput {
 				allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 				continue
 			}
-			if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && cp.checkNamed(ip, ps.pool) == nil && !cp.used[ip] {
+			ip, err := netip.ParseAddr(e.Status.EgressIP)
+			if err != nil && e.Status.EgressIP == "" {
+				ip, err = in.Cloud.Recent[e.Name], nil // our write may not be in the cache yet
+			}
+			if err == nil && ip.IsValid() && cp.checkNamed(ip, ps.pool) == nil && !cp.used[ip] {
 				cp.used[ip] = true
 				ips[i] = ip
+				if e.Status.EgressIP == "" {
+					preferred[i] = attached[ip]
+				}
 				allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 				continue
 			}
@@ -250,7 +258,6 @@ func plan(in passInput) passOutput {
 			ps.cloud.fillWarm(in.Cloud, attached, func(n string) bool { return agentOK(n) && in.Cloud.Ifaces[n].SubnetID == ps.cloud.subnet })
 		}
 	}
-	preferred := make([]string, len(egs))
 	for _, i := range pending {
 		e := &egs[i]
 		ps := pools[e.Spec.ExternalIPPool]
@@ -413,6 +420,9 @@ func plan(in passInput) passOutput {
 		st.EgressNode = target
 		if cp != nil && target != "" {
 			cp.bound[ips[i]] = true
+		}
+		if cp != nil && ips[i].IsValid() {
+			out.Cloud.Allocations[e.Name] = ips[i]
 		}
 		switch {
 		case target != "":
