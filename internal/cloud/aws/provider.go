@@ -89,7 +89,9 @@ type Provider struct {
 var _ cloud.Provider = (*Provider)(nil)
 
 // New returns a Provider using cfg (region, credentials, endpoint, HTTP
-// client) with the retryer and metrics of opts.
+// client) with the retryer and metrics of opts; cfg's own Retryer is
+// replaced by retry.NewStandard tuned by opts. It fails only when the
+// metrics cannot be registered on opts.Registerer.
 func New(cfg sdkaws.Config, opts Options) (*Provider, error) {
 	var m *Metrics
 	if opts.Registerer != nil {
@@ -217,7 +219,7 @@ func (p *Provider) Interfaces(ctx context.Context, providerIDs map[string]string
 			ID:           sdkaws.ToString(eni.NetworkInterfaceId),
 			MAC:          strings.ToLower(sdkaws.ToString(eni.MacAddress)),
 			SubnetID:     sdkaws.ToString(eni.SubnetId),
-			Limit:        limits[string(in.InstanceType)],
+			Limit:        limits[string(in.InstanceType)], // 0 if EC2 did not describe the type
 		}
 		for _, a := range eni.PrivateIpAddresses {
 			if sdkaws.ToBool(a.Primary) {

@@ -21,10 +21,11 @@
 // addresses attached by the API or, through UseSlots, by "another party".
 // Describe* calls see assignments only after Config.ConsistencyDelay;
 // mutations and their checks always use the true state, which tests read
-// with Interface, Owner and FreeAddresses. Config.Latency delays each
-// call, Config.Rate/Burst throttle all calls with one token bucket
-// (RequestLimitExceeded, HTTP 503), and Counts reports calls by action and
-// result code.
+// with Interface, Interfaces, Owner and FreeAddresses. Config.Latency
+// delays each call, Config.Rate/Burst throttle all calls with one token
+// bucket (or per action with Config.ActionThrottle; RequestLimitExceeded,
+// HTTP 503), FailNext injects errors, and Counts reports calls by action
+// and result code.
 package ec2emu
 
 import (
@@ -34,6 +35,7 @@ import (
 	"encoding/xml"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -42,6 +44,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	"golang.org/x/time/rate"
 )
 
@@ -90,6 +93,16 @@ type Config struct {
 	// Burst is the bucket's size (calls admitted at once); default 1 when
 	// Rate is set.
 	Burst int
+	// ActionThrottle gives the listed actions buckets of their own instead
+	// of the shared one (EC2 meters mutating and Describe actions
+	// separately); a zero Rate exempts the action.
+	ActionThrottle map[string]Throttle
+}
+
+// Throttle is one token bucket: Rate calls per second, Burst at once.
+type Throttle struct {
+	Rate  float64
+	Burst int
 }
 
 // Server is a running emulator. All methods are safe for concurrent use.
@@ -99,6 +112,7 @@ type Server struct {
 	mu            sync.Mutex
 	cfg           Config
 	limiter       *rate.Limiter
+	perAction     map[string]*rate.Limiter // nil entry: exempt
 	seq           uint64
 	subnets       map[string]*subnetState
 	subnetOrder   []string
@@ -133,12 +147,26 @@ func New(cfg Config) *Server {
 		faults:    map[string][]string{},
 	}
 	s.setThrottle(cfg.Rate, cfg.Burst)
+	s.perAction = map[string]*rate.Limiter{}
+	for a, t := range cfg.ActionThrottle {
+		s.perAction[a] = newLimiter(t.Rate, t.Burst)
+	}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serveHTTP))
 	return s
 }
 
 // URL is the endpoint to give the SDK as BaseEndpoint.
 func (s *Server) URL() string { return s.srv.URL }
+
+// AWSConfig returns an SDK configuration for this server: its region and
+// credentials and BaseEndpoint = URL. Callers add a Retryer or APIOptions.
+func (s *Server) AWSConfig() aws.Config {
+	return aws.Config{
+		Region:       s.cfg.Region,
+		Credentials:  credentials.NewStaticCredentialsProvider(s.cfg.AccessKeyID, s.cfg.SecretAccessKey, ""),
+		BaseEndpoint: aws.String(s.URL()),
+	}
+}
 
 // Region is the region requests must be signed for.
 func (s *Server) Region() string { return s.cfg.Region }
@@ -149,21 +177,32 @@ func (s *Server) Close() {
 	s.srv.Close()
 }
 
-// SetThrottle replaces the token bucket: rate calls per second, burst at
-// once; rate 0 disables throttling.
-func (s *Server) SetThrottle(rate float64, burst int) {
+// SetThrottle replaces the token bucket: perSecond calls per second, burst
+// at once; perSecond 0 disables throttling.
+func (s *Server) SetThrottle(perSecond float64, burst int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.setThrottle(rate, burst)
+	s.setThrottle(perSecond, burst)
 }
 
 func (s *Server) setThrottle(r float64, burst int) {
 	s.cfg.Rate, s.cfg.Burst = r, burst
+	s.limiter = newLimiter(r, burst)
+}
+
+func newLimiter(r float64, burst int) *rate.Limiter {
 	if r <= 0 {
-		s.limiter = nil
-		return
+		return nil
 	}
-	s.limiter = rate.NewLimiter(rate.Limit(r), max(burst, 1))
+	return rate.NewLimiter(rate.Limit(r), max(burst, 1))
+}
+
+// SetActionThrottle gives one action its own token bucket (see
+// Config.ActionThrottle).
+func (s *Server) SetActionThrottle(action string, t Throttle) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.perAction[action] = newLimiter(t.Rate, t.Burst)
 }
 
 // SetLatency sets the delay of one action ("*": every unlisted action).
@@ -171,9 +210,7 @@ func (s *Server) SetLatency(action string, d time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := make(map[string]time.Duration, len(s.cfg.Latency)+1)
-	for k, v := range s.cfg.Latency {
-		m[k] = v
-	}
+	maps.Copy(m, s.cfg.Latency)
 	m[action] = d
 	s.cfg.Latency = m
 }
@@ -204,10 +241,7 @@ func (s *Server) Counts() map[string]map[string]int {
 	defer s.mu.Unlock()
 	out := make(map[string]map[string]int, len(s.counts))
 	for a, m := range s.counts {
-		out[a] = make(map[string]int, len(m))
-		for c, n := range m {
-			out[a][c] = n
-		}
+		out[a] = maps.Clone(m)
 	}
 	return out
 }
@@ -351,7 +385,7 @@ func (s *Server) authenticate(r *http.Request, body []byte) (form formValues, ac
 // SigV4 signer and compares the result with what the client sent.
 func verifySignature(r *http.Request, body []byte, auth string, cfg Config) *apiError {
 	fields := map[string]string{}
-	for _, part := range strings.Split(strings.TrimPrefix(auth, "AWS4-HMAC-SHA256 "), ",") {
+	for part := range strings.SplitSeq(strings.TrimPrefix(auth, "AWS4-HMAC-SHA256 "), ",") {
 		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
 		fields[k] = v
 	}
@@ -374,7 +408,7 @@ func verifySignature(r *http.Request, body []byte, auth string, cfg Config) *api
 		return errorf("AuthFailure", "cannot rebuild the request: %v", err)
 	}
 	clone.ContentLength = int64(len(body))
-	for _, h := range strings.Split(fields["SignedHeaders"], ";") {
+	for h := range strings.SplitSeq(fields["SignedHeaders"], ";") {
 		if h == "host" || h == "content-length" {
 			continue
 		}
@@ -399,7 +433,11 @@ func (s *Server) admit(ctx context.Context, action string) *apiError {
 		s.mu.Unlock()
 		return errorf(f[0], "injected %s", f[0])
 	}
-	if s.limiter != nil && !s.limiter.Allow() {
+	lim, own := s.perAction[action]
+	if !own {
+		lim = s.limiter
+	}
+	if lim != nil && !lim.Allow() {
 		s.mu.Unlock()
 		return errorf("RequestLimitExceeded", "Request limit exceeded.")
 	}

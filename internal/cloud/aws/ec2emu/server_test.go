@@ -70,6 +70,14 @@ func wantCode(t *testing.T, err error, code string, status int) {
 	}
 }
 
+// Instance types and an address the tests use repeatedly.
+const (
+	t3medium  = "t3.medium"
+	m5large   = "m5.large"
+	c54xlarge = "c5.4xlarge"
+	moved     = "10.1.0.50"
+)
+
 func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
@@ -98,9 +106,9 @@ func TestSignatureIsChecked(t *testing.T) {
 
 func TestDescribeInstances(t *testing.T) {
 	s, c, subnet := setup(t, ec2emu.Config{})
-	var ids []string
+	ids := make([]string, 0, 12)
 	for range 12 {
-		ids = append(ids, must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: "t3.medium", SubnetID: subnet})).ID)
+		ids = append(ids, must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: t3medium, SubnetID: subnet})).ID)
 	}
 	second := must[string](t)(s.AddInterface(ids[0], ec2emu.InterfaceOptions{ListFirst: true}))
 
@@ -128,7 +136,7 @@ func TestDescribeInstances(t *testing.T) {
 		*first.NetworkInterfaces[0].Attachment.DeviceIndex != 1 || *first.NetworkInterfaces[1].Attachment.DeviceIndex != 0 {
 		t.Fatalf("interfaces of %s: want the device-1 interface %s listed first, got %+v", ids[0], second, first.NetworkInterfaces)
 	}
-	if first.State.Name != types.InstanceStateNameRunning || first.InstanceType != "t3.medium" {
+	if first.State.Name != types.InstanceStateNameRunning || first.InstanceType != t3medium {
 		t.Fatalf("instance %s: state %s type %s", ids[0], first.State.Name, first.InstanceType)
 	}
 
@@ -165,8 +173,8 @@ func TestDescribeInstances(t *testing.T) {
 func TestDescribeNetworkInterfacesAndSubnets(t *testing.T) {
 	s, c, subnet := setup(t, ec2emu.Config{})
 	other := must[string](t)(s.AddSubnet(ec2emu.Subnet{CIDR: netip.MustParsePrefix("10.2.0.0/28")}))
-	a := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: "m5.large", SubnetID: subnet}))
-	b := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: "m5.large", SubnetID: subnet}))
+	a := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: m5large, SubnetID: subnet}))
+	b := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: m5large, SubnetID: subnet}))
 	aOther := must[string](t)(s.AddInterface(a.ID, ec2emu.InterfaceOptions{SubnetID: other}))
 	pods := must[[]netip.Addr](t)(s.UseSlots(a.PrimaryInterface, 3))
 
@@ -248,8 +256,8 @@ func equalMaps[K comparable, V comparable](a, b map[K]V) bool {
 
 func TestAssignRules(t *testing.T) {
 	s, c, subnet := setup(t, ec2emu.Config{})
-	a := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: "t3.medium", SubnetID: subnet}))
-	b := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: "t3.medium", SubnetID: subnet}))
+	a := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: t3medium, SubnetID: subnet}))
+	b := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: t3medium, SubnetID: subnet}))
 	assign := func(eni string, reassign bool, ips ...string) error {
 		_, err := c.AssignPrivateIpAddresses(ctx(t), &ec2.AssignPrivateIpAddressesInput{
 			NetworkInterfaceId: aws.String(eni), PrivateIpAddresses: ips, AllowReassignment: aws.Bool(reassign),
@@ -310,9 +318,9 @@ func TestAssignRules(t *testing.T) {
 func TestSubnetExhaustion(t *testing.T) {
 	s, c, _ := setup(t, ec2emu.Config{})
 	small := must[string](t)(s.AddSubnet(ec2emu.Subnet{CIDR: netip.MustParsePrefix("10.3.0.0/28")}))
-	var enis []string
+	enis := make([]string, 0, 2)
 	for range 2 {
-		in := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: "c5.4xlarge", SubnetID: small}))
+		in := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: c54xlarge, SubnetID: small}))
 		enis = append(enis, in.PrimaryInterface)
 	}
 	// 11 usable addresses, 2 primaries: 9 left.
@@ -321,16 +329,22 @@ func TestSubnetExhaustion(t *testing.T) {
 	}
 	_, err := c.AssignPrivateIpAddresses(ctx(t), &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: &enis[1], SecondaryPrivateIpAddressCount: aws.Int32(3)})
 	wantCode(t, err, "InsufficientFreeAddressesInSubnet", 400)
-	if s.FreeAddresses(small) != 2 {
-		t.Fatalf("free addresses after a refused Assign: %d, want 2", s.FreeAddresses(small))
+	held := 0
+	for _, st := range s.Interfaces() {
+		if st.SubnetID == small {
+			held += 1 + len(st.Secondary)
+		}
+	}
+	if held != 9 || s.FreeAddresses(small) != 2 {
+		t.Fatalf("after a refused Assign: %d addresses held, %d free; want 9 and 2", held, s.FreeAddresses(small))
 	}
 }
 
 func TestEventualConsistency(t *testing.T) {
 	clock := clocktesting.NewFakeClock(time.Now())
 	s, c, subnet := setup(t, ec2emu.Config{ConsistencyDelay: 2 * time.Second, Now: clock.Now})
-	a := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: "m5.large", SubnetID: subnet}))
-	b := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: "m5.large", SubnetID: subnet}))
+	a := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: m5large, SubnetID: subnet}))
+	b := must[ec2emu.InstanceInfo](t)(s.AddInstance(ec2emu.Instance{Type: m5large, SubnetID: subnet}))
 	seen := func(eni string) []string {
 		out := must[*ec2.DescribeNetworkInterfacesOutput](t)(c.DescribeNetworkInterfaces(ctx(t), &ec2.DescribeNetworkInterfacesInput{NetworkInterfaceIds: []string{eni}}))
 		var ips []string
@@ -341,29 +355,29 @@ func TestEventualConsistency(t *testing.T) {
 		}
 		return ips
 	}
-	if _, err := c.AssignPrivateIpAddresses(ctx(t), &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: &a.PrimaryInterface, PrivateIpAddresses: []string{"10.1.0.50"}}); err != nil {
+	if _, err := c.AssignPrivateIpAddresses(ctx(t), &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: &a.PrimaryInterface, PrivateIpAddresses: []string{moved}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := seen(a.PrimaryInterface); len(got) != 0 {
 		t.Fatalf("Describe shows %v right after Assign, want the old state", got)
 	}
 	clock.Step(2 * time.Second)
-	if got := seen(a.PrimaryInterface); !slices.Equal(got, []string{"10.1.0.50"}) {
+	if got := seen(a.PrimaryInterface); !slices.Equal(got, []string{moved}) {
 		t.Fatalf("Describe shows %v after the delay, want [10.1.0.50]", got)
 	}
 	// A move: the old owner keeps showing it, the new one does not yet.
-	if _, err := c.AssignPrivateIpAddresses(ctx(t), &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: &b.PrimaryInterface, PrivateIpAddresses: []string{"10.1.0.50"}, AllowReassignment: aws.Bool(true)}); err != nil {
+	if _, err := c.AssignPrivateIpAddresses(ctx(t), &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: &b.PrimaryInterface, PrivateIpAddresses: []string{moved}, AllowReassignment: aws.Bool(true)}); err != nil {
 		t.Fatal(err)
 	}
 	clock.Step(time.Second)
 	if ga, gb := seen(a.PrimaryInterface), seen(b.PrimaryInterface); len(ga) != 1 || len(gb) != 0 {
 		t.Fatalf("1 s after the move: a shows %v, b shows %v; want the old state", ga, gb)
 	}
-	if owner := s.Owner(subnet, netip.MustParseAddr("10.1.0.50")); owner != b.PrimaryInterface {
+	if owner := s.Owner(subnet, netip.MustParseAddr(moved)); owner != b.PrimaryInterface {
 		t.Fatalf("true owner %q, want %s", owner, b.PrimaryInterface)
 	}
 	clock.Step(time.Second)
-	if ga, gb := seen(a.PrimaryInterface), seen(b.PrimaryInterface); len(ga) != 0 || !slices.Equal(gb, []string{"10.1.0.50"}) {
+	if ga, gb := seen(a.PrimaryInterface), seen(b.PrimaryInterface); len(ga) != 0 || !slices.Equal(gb, []string{moved}) {
 		t.Fatalf("2 s after the move: a shows %v, b shows %v", ga, gb)
 	}
 }
@@ -385,6 +399,18 @@ func TestThrottleLatencyAndFaults(t *testing.T) {
 		t.Fatalf("%d of 10 calls throttled, counts %v", throttled, counts)
 	}
 
+	// Own bucket for Assign: once the shared bucket (one call per 100 s) is
+	// spent, Describe calls are throttled and Assign still passes.
+	s.SetThrottle(0.01, 1)
+	s.SetActionThrottle("AssignPrivateIpAddresses", ec2emu.Throttle{Rate: 100, Burst: 10})
+	if _, err := c.DescribeSubnets(ctx(t), &ec2.DescribeSubnetsInput{}); err != nil {
+		t.Fatalf("the fresh bucket's one call: %v", err)
+	}
+	_, err := c.AssignPrivateIpAddresses(ctx(t), &ec2.AssignPrivateIpAddressesInput{NetworkInterfaceId: aws.String("eni-0123456789abcdef0"), PrivateIpAddresses: []string{"10.1.0.9"}})
+	wantCode(t, err, "InvalidNetworkInterfaceID.NotFound", 400)
+	_, err = c.DescribeSubnets(ctx(t), &ec2.DescribeSubnetsInput{})
+	wantCode(t, err, "RequestLimitExceeded", 503)
+
 	s.SetThrottle(0, 0)
 	s.SetLatency("DescribeSubnets", 150*time.Millisecond)
 	start := time.Now()
@@ -396,7 +422,7 @@ func TestThrottleLatencyAndFaults(t *testing.T) {
 	}
 
 	s.FailNext("DescribeInstances", "InternalError", 1)
-	_, err := c.DescribeInstances(ctx(t), &ec2.DescribeInstancesInput{})
+	_, err = c.DescribeInstances(ctx(t), &ec2.DescribeInstancesInput{})
 	wantCode(t, err, "InternalError", 500)
 	if _, err := c.DescribeInstances(ctx(t), &ec2.DescribeInstancesInput{}); err != nil {
 		t.Fatalf("the call after the injected fault: %v", err)

@@ -2,6 +2,7 @@ package ec2emu
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -82,13 +83,19 @@ type InterfaceOptions struct {
 
 // InterfaceState is the true (never lagged) state of one network interface.
 type InterfaceState struct {
-	ID          string
-	InstanceID  string
-	SubnetID    string
-	MAC         string
+	// ID is the interface ID ("eni-...").
+	ID string
+	// InstanceID is the instance the interface is attached to.
+	InstanceID string
+	// SubnetID is the interface's subnet.
+	SubnetID string
+	// MAC is the hardware address, lower-case and colon-separated.
+	MAC string
+	// DeviceIndex is the attachment's device index (0: primary interface).
 	DeviceIndex int
-	Primary     netip.Addr
-	// Secondary are the secondary private addresses, sorted.
+	// Primary is the primary private address, which never moves.
+	Primary netip.Addr
+	// Secondary are the secondary private addresses, sorted (never nil).
 	Secondary []netip.Addr
 }
 
@@ -125,7 +132,7 @@ type instanceState struct {
 // every subnet (network, router, DNS, future use, broadcast).
 func (s *subnetState) reserved(a netip.Addr) bool {
 	first := s.cidr.Masked().Addr()
-	for i := 0; i < 4; i++ {
+	for range 4 {
 		if a == first {
 			return true
 		}
@@ -406,6 +413,20 @@ func (s *Server) Interface(id string) (InterfaceState, bool) {
 		ID: e.id, InstanceID: e.instance, SubnetID: e.subnet, MAC: e.mac,
 		DeviceIndex: e.deviceIndex, Primary: e.primary, Secondary: e.trueSecondary(),
 	}, true
+}
+
+// Interfaces returns the true state of every interface, sorted by ID.
+func (s *Server) Interfaces() []InterfaceState {
+	s.mu.Lock()
+	ids := slices.Sorted(maps.Keys(s.enis))
+	s.mu.Unlock()
+	out := make([]InterfaceState, 0, len(ids))
+	for _, id := range ids {
+		if st, ok := s.Interface(id); ok {
+			out = append(out, st)
+		}
+	}
+	return out
 }
 
 // Owner returns the interface an address is attached to now (true state),
