@@ -135,6 +135,16 @@ type EgressStatus struct {
 	// +kubebuilder:validation:MaxLength=253
 	EgressNode string `json:"egressNode,omitempty"`
 
+	// InterfaceMAC is, for an address of a cloud-backed pool, the hardware
+	// address of the egress Node's network interface the cloud attached it
+	// to (lower case, colon-separated, such as 0a:1b:2c:3d:4e:5f); the agent
+	// binds the address on the Linux interface with this MAC. Empty for
+	// other pools.
+	// +optional
+	// +kubebuilder:validation:MaxLength=17
+	// +kubebuilder:validation:Pattern=`^([0-9a-f]{2}:){5}[0-9a-f]{2}$`
+	InterfaceMAC string `json:"interfaceMAC,omitempty"`
+
 	// Conditions are IPAllocated, Assigned and Ready, each with a reason and
 	// a message that says what to do when it is False.
 	// +optional

@@ -101,19 +101,25 @@ type SubnetInfo struct {
 // ExternalIPPoolSpec defines the addresses of a pool and the Nodes that may
 // hold them.
 //
-// +kubebuilder:validation:XValidation:rule="!has(self.subnetInfo) || !isIP(self.subnetInfo.gateway) || [self.ipRanges.map(r, has(r.cidr) ? (isCIDR(r.cidr) ? cidr(r.cidr).ip().family() : 0) : ((has(r.start) && isIP(r.start)) ? ip(r.start).family() : 0)).filter(f, f != 0)].all(fams, size(fams) == 0 || ip(self.subnetInfo.gateway).family() == fams[0])",message="subnetInfo.gateway must be of the same IP family as the pool's ipRanges"
-// +kubebuilder:validation:XValidation:rule="!has(self.subnetInfo) || self.subnetInfo.prefixLength <= 32 || [self.ipRanges.map(r, has(r.cidr) ? (isCIDR(r.cidr) ? cidr(r.cidr).ip().family() : 0) : ((has(r.start) && isIP(r.start)) ? ip(r.start).family() : 0)).filter(f, f != 0)].all(fams, size(fams) == 0 || fams[0] == 6)",message="subnetInfo.prefixLength must be between 1 and 32 for an IPv4 pool"
-// +kubebuilder:validation:XValidation:rule="!has(self.subnetInfo) || !isIP(self.subnetInfo.gateway) || self.subnetInfo.prefixLength < 0 || self.subnetInfo.prefixLength > 128 || (ip(self.subnetInfo.gateway).family() == 4 && self.subnetInfo.prefixLength > 32) || [cidr(self.subnetInfo.gateway + '/' + ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14', '15', '16', '17', '18', '19', '20', '21', '22', '23', '24', '25', '26', '27', '28', '29', '30', '31', '32', '33', '34', '35', '36', '37', '38', '39', '40', '41', '42', '43', '44', '45', '46', '47', '48', '49', '50', '51', '52', '53', '54', '55', '56', '57', '58', '59', '60', '61', '62', '63', '64', '65', '66', '67', '68', '69', '70', '71', '72', '73', '74', '75', '76', '77', '78', '79', '80', '81', '82', '83', '84', '85', '86', '87', '88', '89', '90', '91', '92', '93', '94', '95', '96', '97', '98', '99', '100', '101', '102', '103', '104', '105', '106', '107', '108', '109', '110', '111', '112', '113', '114', '115', '116', '117', '118', '119', '120', '121', '122', '123', '124', '125', '126', '127', '128'][self.subnetInfo.prefixLength]).masked()].all(sn, self.ipRanges.all(r, has(r.cidr) ? (!isCIDR(r.cidr) || cidr(r.cidr).ip().family() != sn.ip().family() || sn.containsCIDR(r.cidr)) : (!has(r.start) || !has(r.end) || !isIP(r.start) || !isIP(r.end) || ip(r.start).family() != sn.ip().family() || ip(r.end).family() != sn.ip().family() || (sn.containsIP(r.start) && sn.containsIP(r.end)))))",message="every ipRanges entry must lie inside the subnet given by subnetInfo.gateway and subnetInfo.prefixLength"
+// +kubebuilder:validation:XValidation:rule="!has(self.subnetInfo) || !has(self.ipRanges) || !isIP(self.subnetInfo.gateway) || [self.ipRanges.map(r, has(r.cidr) ? (isCIDR(r.cidr) ? cidr(r.cidr).ip().family() : 0) : ((has(r.start) && isIP(r.start)) ? ip(r.start).family() : 0)).filter(f, f != 0)].all(fams, size(fams) == 0 || ip(self.subnetInfo.gateway).family() == fams[0])",message="subnetInfo.gateway must be of the same IP family as the pool's ipRanges"
+// +kubebuilder:validation:XValidation:rule="!has(self.subnetInfo) || !has(self.ipRanges) || self.subnetInfo.prefixLength <= 32 || [self.ipRanges.map(r, has(r.cidr) ? (isCIDR(r.cidr) ? cidr(r.cidr).ip().family() : 0) : ((has(r.start) && isIP(r.start)) ? ip(r.start).family() : 0)).filter(f, f != 0)].all(fams, size(fams) == 0 || fams[0] == 6)",message="subnetInfo.prefixLength must be between 1 and 32 for an IPv4 pool"
+// +kubebuilder:validation:XValidation:rule="!has(self.subnetInfo) || !has(self.ipRanges) || !isIP(self.subnetInfo.gateway) || self.subnetInfo.prefixLength < 0 || self.subnetInfo.prefixLength > 128 || (ip(self.subnetInfo.gateway).family() == 4 && self.subnetInfo.prefixLength > 32) || [cidr(self.subnetInfo.gateway + '/' + ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9', '10', '11', '12', '13', '14', '15', '16', '17', '18', '19', '20', '21', '22', '23', '24', '25', '26', '27', '28', '29', '30', '31', '32', '33', '34', '35', '36', '37', '38', '39', '40', '41', '42', '43', '44', '45', '46', '47', '48', '49', '50', '51', '52', '53', '54', '55', '56', '57', '58', '59', '60', '61', '62', '63', '64', '65', '66', '67', '68', '69', '70', '71', '72', '73', '74', '75', '76', '77', '78', '79', '80', '81', '82', '83', '84', '85', '86', '87', '88', '89', '90', '91', '92', '93', '94', '95', '96', '97', '98', '99', '100', '101', '102', '103', '104', '105', '106', '107', '108', '109', '110', '111', '112', '113', '114', '115', '116', '117', '118', '119', '120', '121', '122', '123', '124', '125', '126', '127', '128'][self.subnetInfo.prefixLength]).masked()].all(sn, self.ipRanges.all(r, has(r.cidr) ? (!isCIDR(r.cidr) || cidr(r.cidr).ip().family() != sn.ip().family() || sn.containsCIDR(r.cidr)) : (!has(r.start) || !has(r.end) || !isIP(r.start) || !isIP(r.end) || ip(r.start).family() != sn.ip().family() || ip(r.end).family() != sn.ip().family() || (sn.containsIP(r.start) && sn.containsIP(r.end)))))",message="every ipRanges entry must lie inside the subnet given by subnetInfo.gateway and subnetInfo.prefixLength"
+// +kubebuilder:validation:XValidation:rule="has(self.cloud) || (has(self.ipRanges) && size(self.ipRanges) > 0)",message="ipRanges is required (1 to 32 entries) unless the pool is cloud-backed (spec.cloud)"
+// +kubebuilder:validation:XValidation:rule="!has(self.cloud) || !has(self.ipRanges) || self.ipRanges.all(r, has(r.cidr) ? (!isCIDR(r.cidr) || cidr(r.cidr).ip().family() == 4) : (!has(r.start) || !isIP(r.start) || ip(r.start).family() == 4))",message="a cloud-backed pool is IPv4 only: every ipRanges entry must be IPv4"
+// +kubebuilder:validation:XValidation:rule="!has(self.cloud) || !has(self.subnetInfo) || !has(self.subnetInfo.vlan) || self.subnetInfo.vlan == 0",message="subnetInfo.vlan is not allowed in a cloud-backed pool: the cloud network delivers the addresses untagged"
 type ExternalIPPoolSpec struct {
 	// IPRanges are the pool's addresses: 1 to 32 entries, each a CIDR or a
 	// start-end range, all of one IP family. A workload that needs both
-	// families uses two pools and two Egresses.
-	// +required
+	// families uses two pools and two Egresses. Required unless Cloud is
+	// set; in a cloud-backed pool they must lie in the cloud subnet and
+	// restrict the pool to those addresses (without them the cloud picks
+	// any free address of the subnet).
+	// +optional
 	// +listType=atomic
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=32
 	// +kubebuilder:validation:XValidation:rule="[self.map(r, has(r.cidr) ? (isCIDR(r.cidr) ? cidr(r.cidr).ip().family() : 0) : ((has(r.start) && isIP(r.start)) ? ip(r.start).family() : 0)).filter(f, f != 0)].all(fams, fams.all(f, f == fams[0]))",message="all ipRanges of a pool must be of one IP family; use a second pool for the other family"
-	IPRanges []IPRange `json:"ipRanges"`
+	IPRanges []IPRange `json:"ipRanges,omitempty"`
 
 	// SubnetInfo describes the layer-2 subnet of the addresses (gateway,
 	// prefix length, VLAN). Optional: without it the agent binds each
@@ -128,6 +134,71 @@ type ExternalIPPoolSpec struct {
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) <= 64",message="nodeSelector.matchLabels may have at most 64 entries"
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) <= 32",message="nodeSelector.matchExpressions may have at most 32 entries"
 	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
+
+	// Cloud makes the pool cloud-backed: the controller attaches each
+	// address to the holding Node's network interface through the cloud
+	// API before the agent binds it, and keeps warm addresses attached
+	// ahead of demand. See docs/cloud-aws.md.
+	// +optional
+	Cloud *CloudPool `json:"cloud,omitempty"`
+}
+
+// CloudProvider names the cloud API a cloud-backed pool uses.
+// +kubebuilder:validation:Enum=AWS
+type CloudProvider string
+
+// The supported cloud providers.
+const (
+	// CloudProviderAWS attaches addresses as secondary private IPv4
+	// addresses of the Node's primary ENI through the EC2 API.
+	CloudProviderAWS CloudProvider = "AWS"
+)
+
+// CloudPool is the cloud side of a cloud-backed pool and its warm IP
+// targets. The targets follow the AWS VPC CNI's WARM_IP_TARGET and
+// MINIMUM_IP_TARGET (amazon-vpc-cni-k8s, docs/eni-and-ip-target.md), counted
+// pool-wide instead of per Node.
+//
+// +kubebuilder:validation:XValidation:rule="self.provider != 'AWS' || has(self.aws)",message="cloud.aws is required when cloud.provider is AWS"
+// +kubebuilder:validation:XValidation:rule="self.provider == 'AWS' || !has(self.aws)",message="cloud.aws is allowed only when cloud.provider is AWS"
+type CloudPool struct {
+	// Provider is the cloud API to use. Only AWS is supported.
+	// +required
+	Provider CloudProvider `json:"provider"`
+
+	// AWS holds the EC2 settings; required when Provider is AWS.
+	// +optional
+	AWS *AWSPool `json:"aws,omitempty"`
+
+	// WarmIPTarget is the number of addresses the controller keeps
+	// attached to eligible Nodes but allocated to no Egress, pool-wide, so
+	// that a new Egress is served without a cloud API call. 0 (the
+	// default) attaches addresses only on demand.
+	// +optional
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
+	WarmIPTarget int32 `json:"warmIPTarget,omitempty"`
+
+	// MinimumIPTarget is a floor on the pool's attached addresses
+	// (allocated plus warm): the controller never detaches below it and
+	// attaches up to it even with no demand. 0 or absent means no floor.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
+	MinimumIPTarget int32 `json:"minimumIPTarget,omitempty"`
+}
+
+// AWSPool is the EC2 side of a cloud-backed pool.
+type AWSPool struct {
+	// SubnetID is the VPC subnet the pool's addresses come from, such as
+	// subnet-0123456789abcdef0. Only Nodes whose primary network interface
+	// is in this subnet may hold the pool's addresses.
+	// +required
+	// +kubebuilder:validation:MinLength=15
+	// +kubebuilder:validation:MaxLength=24
+	// +kubebuilder:validation:Pattern=`^subnet-[0-9a-f]{8,17}$`
+	SubnetID string `json:"subnetID"`
 }
 
 // IPPoolUsage counts a pool's addresses.
@@ -144,12 +215,59 @@ type IPPoolUsage struct {
 	Used int64 `json:"used"`
 }
 
+// WarmIP is an address the controller attached to a Node's network
+// interface for a cloud-backed pool and has not allocated to an Egress.
+type WarmIP struct {
+	// IP is the IPv4 address.
+	// +required
+	// +kubebuilder:validation:MinLength=7
+	// +kubebuilder:validation:MaxLength=15
+	// +kubebuilder:validation:XValidation:rule="isIP(self) && ip(self).family() == 4",message="ip must be an IPv4 address"
+	IP string `json:"ip"`
+
+	// Node is the name of the Node whose interface holds IP.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node"`
+}
+
+// CloudPoolStatus is the cloud side of a cloud-backed pool as the
+// controller last saw it. The warm list is the controller's record of which
+// attached addresses it owns (with the Egress statuses, which hold the
+// allocated ones), so that a restarted controller tells them apart from
+// addresses other software attached to the same interfaces.
+type CloudPoolStatus struct {
+	// Attached is the number of the pool's addresses attached to Nodes'
+	// interfaces (allocated plus warm).
+	// +kubebuilder:validation:Minimum=0
+	Attached int32 `json:"attached"`
+
+	// Warm is the number of attached addresses allocated to no Egress.
+	// +kubebuilder:validation:Minimum=0
+	Warm int32 `json:"warm"`
+
+	// Allocated is the number of attached addresses allocated to Egresses.
+	// +kubebuilder:validation:Minimum=0
+	Allocated int32 `json:"allocated"`
+
+	// WarmIPs are the warm addresses and their Nodes, sorted by address.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=1000
+	WarmIPs []WarmIP `json:"warmIPs,omitempty"`
+}
+
 // ExternalIPPoolStatus is the observed state of an ExternalIPPool, written by
 // the controller.
 type ExternalIPPoolStatus struct {
 	// Usage counts the pool's addresses.
 	// +optional
 	Usage IPPoolUsage `json:"usage,omitempty"`
+
+	// Cloud is the state of a cloud-backed pool's attached addresses.
+	// +optional
+	Cloud *CloudPoolStatus `json:"cloud,omitempty"`
 
 	// Conditions of the pool. Ready=True when the pool is valid and can
 	// allocate; its reason and message say what is wrong otherwise.

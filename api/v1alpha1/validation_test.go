@@ -40,6 +40,12 @@ func subnet(gw string, prefix, vlan int32) func(*v1.ExternalIPPoolSpec) {
 	}
 }
 
+func cloudAWS(subnetID string, warm, minimum int32) func(*v1.ExternalIPPoolSpec) {
+	return func(s *v1.ExternalIPPoolSpec) {
+		s.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: subnetID}, WarmIPTarget: warm, MinimumIPTarget: minimum}
+	}
+}
+
 func egress(name, poolName, ip string) *v1.Egress {
 	return &v1.Egress{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -136,6 +142,32 @@ func TestValidation(t *testing.T) {
 			metav1.LabelSelectorRequirement{Key: "tier", Operator: metav1.LabelSelectorOpDoesNotExist}), ""},
 		{"egress ipv6", egress("ok-v6", "v6-pool", "2001:db8::5"), ""},
 
+		{"cloud pool without ranges", pool("ok-cloud", cloudAWS("subnet-0123456789abcdef0", 10, 2)), ""},
+		{"cloud pool with ipv4 ranges", pool("ok-cloud-ranges", cloudAWS("subnet-01234567", 1000, 1000), cidr("10.0.1.0/28")), ""},
+		{"cloud pool with untagged subnetInfo", pool("ok-cloud-subnet", func(s *v1.ExternalIPPoolSpec) {
+			cloudAWS("subnet-01234567", 0, 0)(s)
+			subnet("10.0.1.1", 24, 0)(s)
+		}, cidr("10.0.1.0/28")), ""},
+
+		// Rejected: cloud.
+		{"cloud subnetID pattern", pool("bad-cloud-subnet", cloudAWS("subnet-XYZ12345", 0, 0)), "spec.cloud.aws.subnetID: Invalid value"},
+		{"cloud subnetID too short", pool("bad-cloud-subnet2", cloudAWS("subnet-0123", 0, 0)), "spec.cloud.aws.subnetID"},
+		{"cloud aws missing", pool("bad-cloud-noaws", func(s *v1.ExternalIPPoolSpec) {
+			s.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS}
+		}), "cloud.aws is required when cloud.provider is AWS"},
+		{"cloud provider unknown", pool("bad-cloud-gcp", func(s *v1.ExternalIPPoolSpec) {
+			s.Cloud = &v1.CloudPool{Provider: "GCP"}
+		}), `spec.cloud.provider: Unsupported value: "GCP"`},
+		{"cloud warmIPTarget 1001", pool("bad-cloud-warm", cloudAWS("subnet-01234567", 1001, 0)), "spec.cloud.warmIPTarget: Invalid value: 1001"},
+		{"cloud warmIPTarget negative", pool("bad-cloud-warm-neg", cloudAWS("subnet-01234567", -1, 0)), "spec.cloud.warmIPTarget: Invalid value: -1"},
+		{"cloud minimumIPTarget 1001", pool("bad-cloud-min", cloudAWS("subnet-01234567", 0, 1001)), "spec.cloud.minimumIPTarget: Invalid value: 1001"},
+		{"cloud pool ipv6", pool("bad-cloud-v6", cloudAWS("subnet-01234567", 0, 0), cidr("2001:db8::/120")), "a cloud-backed pool is IPv4 only"},
+		{"cloud pool ipv6 span", pool("bad-cloud-v6span", cloudAWS("subnet-01234567", 0, 0), span("2001:db8::1", "2001:db8::5")), "a cloud-backed pool is IPv4 only"},
+		{"cloud pool with vlan", pool("bad-cloud-vlan", func(s *v1.ExternalIPPoolSpec) {
+			cloudAWS("subnet-01234567", 0, 0)(s)
+			subnet("10.0.1.1", 24, 7)(s)
+		}, cidr("10.0.1.0/28")), "subnetInfo.vlan is not allowed in a cloud-backed pool"},
+
 		// Rejected: ranges.
 		{"cidr and range", pool("bad-both", nil, v1.IPRange{CIDR: "192.0.2.0/28", Start: "192.0.2.1", End: "192.0.2.2"}), "needs either cidr, or both start and end, but not both forms"},
 		{"start without end", pool("bad-start-only", nil, v1.IPRange{Start: "192.0.2.1"}), "needs either cidr, or both start and end"},
@@ -155,7 +187,8 @@ func TestValidation(t *testing.T) {
 		{"loopback cidr", pool("bad-loopback", nil, cidr("127.0.0.0/8")), "cidr must be a unicast block"},
 		{"multicast start", pool("bad-multicast", nil, span("224.0.0.1", "224.0.0.9")), "start must be a unicast address"},
 		{"cidr too long", pool("bad-cidr-len", nil, cidr("2001:db8:"+strings.Repeat("0:", 16)+"/128")), "spec.ipRanges[0].cidr: Too long"},
-		{"no ranges", pool("bad-no-ranges", nil), "spec.ipRanges: Required value"},
+		{"no ranges", pool("bad-no-ranges", nil), "ipRanges is required (1 to 32 entries) unless the pool is cloud-backed"},
+		{"empty ranges list", &v1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: "bad-empty-ranges"}, Spec: v1.ExternalIPPoolSpec{IPRanges: []v1.IPRange{}}}, "ipRanges is required"},
 		{"33 ranges", &v1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: "bad-many"}, Spec: v1.ExternalIPPoolSpec{IPRanges: tooManyRanges}}, "must have at most 32 items"},
 
 		// Rejected: subnetInfo.

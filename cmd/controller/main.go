@@ -17,10 +17,14 @@ limitations under the License.
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"flag"
+	"fmt"
 	"os"
 	"time"
+
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 
 	// Import all Kubernetes client auth plugins (e.g. Azure, GCP, OIDC, etc.)
 	// to ensure that exec-entrypoint and run can make use of them.
@@ -32,11 +36,13 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	egressipv1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	egaws "github.com/egressip/egressip/internal/cloud/aws"
 	"github.com/egressip/egressip/internal/controller"
 	egwebhook "github.com/egressip/egressip/internal/webhook"
 	// +kubebuilder:scaffold:imports
@@ -108,6 +114,12 @@ func main() {
 	flag.BoolVar(&enableHTTP2, "enable-http2", false,
 		"If set, HTTP/2 will be enabled for the metrics and webhook servers")
 	opts := zap.Options{}
+	var cloudProvider string
+	flag.StringVar(&cloudProvider, "cloud-provider", "",
+		"Cloud API for cloud-backed ExternalIPPools (spec.cloud): \"aws\" (region and credentials from the standard AWS configuration chain: "+
+			"AWS_REGION, ~/.aws/config, IRSA or the instance profile), or empty to disable them.")
+	flag.DurationVar(&ctrlOpts.Cloud.RefreshInterval, "cloud-refresh-interval", time.Minute,
+		"How often the Nodes' network interfaces are re-read from the cloud.")
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 
@@ -207,6 +219,24 @@ func main() {
 			setupLog.Error(err, "Failed to set up the validating webhook")
 			os.Exit(1)
 		}
+	}
+	switch cloudProvider {
+	case "":
+	case "aws":
+		cfg, err := awsconfig.LoadDefaultConfig(context.Background())
+		if err != nil {
+			setupLog.Error(err, "Failed to load the AWS configuration")
+			os.Exit(1)
+		}
+		p, err := egaws.New(cfg, egaws.Options{Registerer: metrics.Registry})
+		if err != nil {
+			setupLog.Error(err, "Failed to set up the EC2 client")
+			os.Exit(1)
+		}
+		ctrlOpts.Cloud.Provider = p
+	default:
+		setupLog.Error(fmt.Errorf("unknown cloud provider %q (want aws or empty)", cloudProvider), "Invalid --cloud-provider")
+		os.Exit(1)
 	}
 	if err := controller.Setup(mgr, ctrlOpts); err != nil {
 		setupLog.Error(err, "Failed to set up the scheduling pass")

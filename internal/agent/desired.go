@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -64,7 +65,13 @@ func computeDesired(node string, egs []v1alpha1.Egress, pools []v1alpha1.Externa
 		if _, ok := d.hints[ip]; ok {
 			continue
 		}
-		if h, ok := poolHint(byName[eg.Spec.ExternalIPPool], ip); ok {
+		h, ok := poolHint(byName[eg.Spec.ExternalIPPool], ip)
+		if mac, err := net.ParseMAC(eg.Status.InterfaceMAC); err == nil && eg.Status.InterfaceMAC != "" {
+			// A cloud-backed address: the cloud delivers it only to the
+			// interface it is attached to.
+			h.MAC, ok = mac.String(), true
+		}
+		if ok {
 			d.hints[ip] = h
 		}
 	}

@@ -53,6 +53,21 @@ func TestComputeDesired(t *testing.T) {
 		hints   map[netip.Addr]bind.Hint
 		skipped []string
 	}{
+		{
+			name: "cloud address: the interface MAC from the status, with the pool's subnet",
+			egs: func() []v1alpha1.Egress {
+				e := eg("cloud", "v4", "192.0.2.30", "n1")
+				e.Status.InterfaceMAC = "0a:1b:2c:3d:4e:5f"
+				f := eg("cloud2", "plain", "10.0.0.30", "n1")
+				f.Status.InterfaceMAC = "0a:1b:2c:3d:4e:60"
+				return []v1alpha1.Egress{e, f}
+			}(),
+			want: addrs("10.0.0.30", "192.0.2.30"),
+			hints: map[netip.Addr]bind.Hint{
+				netip.MustParseAddr("192.0.2.30"): {MAC: "0a:1b:2c:3d:4e:5f", Subnet: netip.MustParsePrefix("192.0.2.0/24")},
+				netip.MustParseAddr("10.0.0.30"):  {MAC: "0a:1b:2c:3d:4e:60"},
+			},
+		},
 		{name: "nothing assigned", egs: nil, want: nil, hints: map[netip.Addr]bind.Hint{}},
 		{
 			name: "only this node, unassigned and other nodes ignored",

@@ -83,6 +83,8 @@ type PassReconciler struct {
 	Recorder recorder.EventRecorder
 	Liveness *Liveness
 	Config   PassConfig
+	// Cloud serves cloud-backed pools; nil without a cloud provider.
+	Cloud *Cloud
 	// WriteParallelism bounds concurrent status patches. Default 16.
 	WriteParallelism int
 
@@ -111,7 +113,23 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	if err := r.Client.List(ctx, &nodes); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list Nodes: %w", err)
 	}
-	out := plan(passInput{Pools: pools.Items, Egresses: egs.Items, Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config})
+	in := passInput{Pools: pools.Items, Egresses: egs.Items, Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config}
+	var result reconcile.Result
+	if r.Cloud != nil {
+		if !r.Cloud.Ready() {
+			// Without the cloud's view a pass would take every cloud
+			// address for detached; wait for the first read.
+			return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
+		}
+		in.Cloud = r.Cloud.input(start)
+	}
+	out := plan(in)
+	if out.Cloud != nil {
+		r.Cloud.remember(out.Cloud, start)
+		r.Cloud.Run(ctx, out.Cloud)
+		setPoolMetrics(out.Cloud)
+		result.RequeueAfter = minPositive(out.Cloud.Recheck, r.Cloud.nextBackoff(time.Now()))
+	}
 
 	r.reportCapacity(ctx, nodes.Items, out.InvalidCapacity)
 	for _, n := range out.Awaited {
@@ -204,7 +222,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		return reconcile.Result{}, err
 	}
 	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "duration", time.Since(start))
-	return reconcile.Result{}, nil
+	return result, nil
 }
 
 // reportCapacity records a Warning Event on each Node whose capacity
@@ -239,14 +257,20 @@ func (r *PassReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	toPass := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
 		return []reconcile.Request{passKey}
 	})
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("egressip-scheduling-pass").
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
 		Watches(&v1.Egress{}, toPass).
 		Watches(&v1.ExternalIPPool{}, toPass).
 		Watches(&corev1.Node{}, toPass, builderNodePredicate()).
-		WatchesRawSource(source.Channel(r.Liveness.Events, toPass)).
-		Complete(r)
+		WatchesRawSource(source.Channel(r.Liveness.Events, toPass))
+	if r.Cloud != nil {
+		if err := mgr.Add(r.Cloud); err != nil {
+			return fmt.Errorf("add cloud refresher: %w", err)
+		}
+		b = b.WatchesRawSource(source.Channel(r.Cloud.Events, toPass))
+	}
+	return b.Complete(r)
 }
 
 // nodeChanged reports whether a Node update matters to scheduling: labels,
@@ -290,6 +314,8 @@ type Options struct {
 	// MaxMembersPerSlice bounds the members of one EgressMemberSlice;
 	// 0 means v1alpha1.MaxMembersPerSlice (100), also the largest allowed.
 	MaxMembersPerSlice int
+	// Cloud enables cloud-backed pools when Cloud.Provider is set.
+	Cloud CloudConfig
 }
 
 // Setup registers the scheduling pass, the agent liveness poller and the
@@ -306,6 +332,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	collector.set(mgr.GetCache(), o.Pass.DefaultCapacity)
 	l := NewLiveness(mgr.GetClient(), o.Liveness)
 	r := &PassReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass}
+	if o.Cloud.Provider != nil {
+		r.Cloud = NewCloud(mgr.GetClient(), o.Cloud)
+	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}

@@ -67,6 +67,9 @@ type passInput struct {
 	Nodes    []corev1.Node
 	Agents   func(node string) AgentState
 	Config   PassConfig
+	// Cloud is the cloud side; nil when the controller runs without a
+	// cloud provider (cloud-backed pools are then invalid).
+	Cloud *cloudInput
 }
 
 // egressChange is the outcome of a pass for one Egress.
@@ -94,6 +97,8 @@ type passOutput struct {
 	// Finalize says, per pool, whether it must carry PoolFinalizer: every
 	// pool does, until it is being deleted and no Egress uses it.
 	Finalize map[string]bool
+	// Cloud is what the pass asks of the cloud; nil without a provider.
+	Cloud *cloudOutput
 }
 
 // PoolFinalizer keeps an ExternalIPPool that Egresses still use from being
@@ -115,18 +120,36 @@ func plan(in passInput) passOutput {
 	// Pools.
 	type poolState struct {
 		obj   *v1.ExternalIPPool
-		pool  *ipam.Pool
+		pool  *ipam.Pool // nil for a cloud pool without ipRanges
 		alloc *ipam.Allocator
 		err   error
 		sel   labels.Selector
+		cloud *cloudPool // set for a cloud-backed pool
 	}
+	var attached map[netip.Addr]string
+	if in.Cloud != nil {
+		out.Cloud = &cloudOutput{Pools: map[string]*cloudPoolOut{}, Allocations: map[string]netip.Addr{}}
+		attached = attachedAt(in.Cloud.Ifaces)
+	}
+	agentOK := func(node string) bool { st := in.Agents(node); return !st.Dead }
 	pools := make(map[string]*poolState, len(in.Pools))
 	for i := range in.Pools {
 		p := &in.Pools[i]
 		ps := &poolState{obj: p}
-		ps.pool, ps.err = poolspec.Parse(p)
+		switch {
+		case p.Spec.Cloud != nil && in.Cloud == nil:
+			ps.err = fmt.Errorf("the pool is cloud-backed (spec.cloud) but the controller runs without a cloud provider; start it with --cloud-provider=aws")
+		case p.Spec.Cloud != nil && len(p.Spec.IPRanges) == 0:
+		default:
+			ps.pool, ps.err = poolspec.Parse(p)
+		}
+		if ps.err == nil && p.Spec.Cloud != nil {
+			ps.cloud = newCloudPool(p, in.Cloud, attached, in.Egresses, agentOK)
+		}
 		if ps.err == nil {
-			ps.alloc = ipam.NewAllocator(ps.pool)
+			if ps.pool != nil {
+				ps.alloc = ipam.NewAllocator(ps.pool)
+			}
 			ps.sel = labels.Everything()
 			if p.Spec.NodeSelector != nil {
 				ps.sel, ps.err = metav1.LabelSelectorAsSelector(p.Spec.NodeSelector)
@@ -136,6 +159,12 @@ func plan(in passInput) passOutput {
 			}
 		}
 		pools[p.Name] = ps
+	}
+	var cloudPools []*cloudPool
+	for _, ps := range pools {
+		if ps.cloud != nil {
+			cloudPools = append(cloudPools, ps.cloud)
+		}
 	}
 	// Pools must not share addresses (the webhook rejects it; this catches
 	// what raced past it): the older pool keeps the address, the newer one
@@ -149,7 +178,7 @@ func plan(in passInput) passOutput {
 		ps := pools[p.Name]
 		for _, older := range byAge[:i] {
 			o := pools[older.Name]
-			if ps.err != nil || o.err != nil {
+			if ps.err != nil || o.err != nil || ps.pool == nil || o.pool == nil {
 				continue
 			}
 			if a, b, overlap := ipam.Overlaps(ps.pool.Ranges(), o.pool.Ranges()); overlap {
@@ -161,6 +190,7 @@ func plan(in passInput) passOutput {
 	// Allocation: keep what statuses and specs already say, then allocate
 	// the lowest free address for the rest, oldest Egress first.
 	ips := make([]netip.Addr, len(egs))
+	preferred := make([]string, len(egs)) // cloud pools: the Node holding the address
 	allocCond := make([]metav1.Condition, len(egs))
 	var pending []int
 	for i := range egs {
@@ -172,6 +202,37 @@ func plan(in passInput) passOutput {
 			continue
 		case ps.err != nil:
 			allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonPoolInvalid, fmt.Sprintf("ExternalIPPool %q is invalid: %v", e.Spec.ExternalIPPool, ps.err))
+			continue
+		}
+		if cp := ps.cloud; cp != nil {
+			if e.Spec.EgressIP != "" {
+				ip, err := netip.ParseAddr(e.Spec.EgressIP)
+				if err == nil {
+					err = cp.checkNamed(ip, ps.pool)
+				}
+				if err != nil {
+					allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
+					continue
+				}
+				cp.used[ip] = true
+				ips[i] = ip
+				allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+				continue
+			}
+			ip, err := netip.ParseAddr(e.Status.EgressIP)
+			if err != nil && e.Status.EgressIP == "" {
+				ip, err = in.Cloud.Recent[e.Name], nil // our write may not be in the cache yet
+			}
+			if err == nil && ip.IsValid() && cp.checkNamed(ip, ps.pool) == nil && !cp.used[ip] {
+				cp.used[ip] = true
+				ips[i] = ip
+				if e.Status.EgressIP == "" {
+					preferred[i] = attached[ip]
+				}
+				allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+				continue
+			}
+			pending = append(pending, i)
 			continue
 		}
 		if e.Spec.EgressIP != "" {
@@ -196,9 +257,25 @@ func plan(in passInput) passOutput {
 		}
 		pending = append(pending, i)
 	}
+	for _, ps := range pools {
+		if ps.cloud != nil {
+			ps.cloud.fillWarm(in.Cloud, attached, func(n string) bool { return agentOK(n) && in.Cloud.Ifaces[n].SubnetID == ps.cloud.subnet })
+		}
+	}
 	for _, i := range pending {
 		e := &egs[i]
 		ps := pools[e.Spec.ExternalIPPool]
+		if cp := ps.cloud; cp != nil {
+			ip, node, ok := cp.takeWarm()
+			if !ok {
+				cp.pending++
+				allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonWaitingForWarmIP, fmt.Sprintf("ExternalIPPool %q has no warm IP available; the controller is attaching one through the cloud API", e.Spec.ExternalIPPool))
+				continue
+			}
+			ips[i], preferred[i] = ip, node
+			allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s (warm on Node %s) allocated from ExternalIPPool %q", ip, node, e.Spec.ExternalIPPool))
+			continue
+		}
 		ip, err := ps.alloc.Allocate()
 		if err != nil {
 			allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or delete an Egress", e.Spec.ExternalIPPool, ps.alloc.Used(), ps.alloc.Total()))
@@ -210,6 +287,7 @@ func plan(in passInput) passOutput {
 
 	// Nodes.
 	sNodes := make([]scheduler.Node, 0, len(in.Nodes))
+	flagCapacity := make(map[string]int, len(in.Nodes))
 	for i := range in.Nodes {
 		n := &in.Nodes[i]
 		sn := scheduler.Node{Name: n.Name, Capacity: in.Config.DefaultCapacity}
@@ -218,6 +296,12 @@ func plan(in passInput) passOutput {
 			if err != nil {
 				out.InvalidCapacity[n.Name] = err
 			} else {
+				sn.Capacity = c
+			}
+		}
+		flagCapacity[n.Name] = sn.Capacity
+		if in.Cloud != nil {
+			if c, ok := cloudCapacity(in.Cloud.Ifaces[n.Name], cloudPools); ok && c < sn.Capacity {
 				sn.Capacity = c
 			}
 		}
@@ -231,12 +315,12 @@ func plan(in passInput) passOutput {
 		sp := scheduler.Pool{Name: p.Name, Family: scheduler.IPv4}
 		if ps.err != nil {
 			sp.Family = 0
-		} else if ps.pool.Is6() {
+		} else if ps.pool != nil && ps.pool.Is6() {
 			sp.Family = scheduler.IPv6
 		}
 		if ps.err == nil {
 			for i := range in.Nodes {
-				if ps.sel.Matches(labels.Set(in.Nodes[i].Labels)) {
+				if ps.sel.Matches(labels.Set(in.Nodes[i].Labels)) && (ps.cloud == nil || in.Cloud.Ifaces[in.Nodes[i].Name].SubnetID == ps.cloud.subnet) {
 					sp.EligibleNodes = append(sp.EligibleNodes, in.Nodes[i].Name)
 				}
 			}
@@ -248,6 +332,23 @@ func plan(in passInput) passOutput {
 		sEgs[i] = scheduler.Egress{Name: egs[i].Name, Created: egs[i].CreationTimestamp.Time, Pool: egs[i].Spec.ExternalIPPool, IP: ips[i], CurrentNode: egs[i].Status.EgressNode}
 		if !ips[i].IsValid() {
 			sEgs[i].CurrentNode = ""
+		}
+		if ps := pools[egs[i].Spec.ExternalIPPool]; ps != nil && ps.cloud != nil && ips[i].IsValid() {
+			switch {
+			case preferred[i] != "":
+				// A warm address taken in this pass: its Node first,
+				// within the balance bound.
+				sEgs[i].Preferred = preferred[i]
+			case egs[i].Status.EgressIP == ips[i].String():
+				// The address lives where the cloud has it, or where a
+				// call in flight attaches it: that Node is its current
+				// one (the status may lag behind, or say nothing while
+				// attaching), so it stays put and does not bounce
+				// between Nodes while calls run.
+				if n := cmp.Or(in.Cloud.Attaching[ips[i]], attached[ips[i]]); n != "" {
+					sEgs[i].CurrentNode = n
+				}
+			}
 		}
 	}
 	res := scheduler.Schedule(scheduler.Input{Pools: sPools, Nodes: sNodes, Egresses: sEgs, BalanceFactor: in.Config.BalanceFactor})
@@ -273,6 +374,8 @@ func plan(in passInput) passOutput {
 	}
 
 	// Statuses.
+	attach := map[string][]netip.Addr{}
+	attachNode := map[string]string{}
 	for i := range egs {
 		e := &egs[i]
 		st := v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions)}
@@ -296,7 +399,35 @@ func plan(in passInput) passOutput {
 				}
 			}
 		}
+		var cp *cloudPool
+		if ps := pools[e.Spec.ExternalIPPool]; ps != nil {
+			cp = ps.cloud
+		}
+		if cp != nil && target != "" {
+			if attached[ips[i]] == target {
+				st.InterfaceMAC = in.Cloud.Ifaces[target].MAC
+			} else {
+				msg := fmt.Sprintf("attaching %s to the network interface of Node %s through the cloud API", st.EgressIP, target)
+				if le := in.Cloud.LastError[in.Cloud.Ifaces[target].ID]; le != "" {
+					msg += "; the last call on that interface failed: " + le
+					ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, "AttachFailed", msg
+				}
+				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: ReasonAttaching,
+					Message: msg, ObservedGeneration: e.Generation})
+				if ifc := in.Cloud.Ifaces[target]; ifc.ID != "" {
+					attach[ifc.ID] = append(attach[ifc.ID], ips[i])
+					attachNode[ifc.ID] = target
+				}
+				target = ""
+			}
+		}
 		st.EgressNode = target
+		if cp != nil && target != "" {
+			cp.bound[ips[i]] = true
+		}
+		if cp != nil && ips[i].IsValid() {
+			out.Cloud.Allocations[e.Name] = ips[i]
+		}
 		switch {
 		case target != "":
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: ReasonScheduled,
@@ -308,7 +439,7 @@ func plan(in passInput) passOutput {
 				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeNormal, "Moved", fmt.Sprintf("%s moved from Node %s to Node %s (%s)", st.EgressIP, cur, target, cmp.Or(moveReason[e.Name], "rebalance"))
 				ch.MoveReason = cmp.Or(moveReason[e.Name], "Rebalance")
 			}
-		case !isWaiting(st.Conditions) || p.Node == "":
+		case !isWaiting(st.Conditions) && !isAttaching(st.Conditions) || p.Node == "":
 			reason, msg := ReasonNotAssigned, "waiting for an IP (see condition IPAllocated)"
 			if ips[i].IsValid() {
 				reason, msg = p.Reason, unplacedMessage(p)
@@ -333,6 +464,29 @@ func plan(in passInput) passOutput {
 		out.Egresses[e.Name] = ch
 	}
 
+	if out.Cloud != nil {
+		for ifc, ipl := range attach {
+			if in.Cloud.Blocked[ifc] {
+				continue
+			}
+			slices.SortFunc(ipl, func(a, b netip.Addr) int { return a.Compare(b) })
+			out.Cloud.Attach = append(out.Cloud.Attach, cloudOp{Node: attachNode[ifc], InterfaceID: ifc, IPs: slices.Compact(ipl)})
+		}
+		slices.SortFunc(out.Cloud.Attach, func(a, b cloudOp) int { return cmp.Compare(a.Node, b.Node) })
+		attaching := map[string]int{}
+		for ifc, ipl := range attach {
+			attaching[attachNode[ifc]] += len(ipl)
+		}
+		for _, p := range in.Pools {
+			ps := pools[p.Name]
+			if ps.cloud == nil {
+				continue
+			}
+			out.Cloud.Pools[p.Name] = planCloudPool(&p, ps.cloud, ps.pool, sPoolNodes(sPools, p.Name), in.Cloud, attached, sNodes, flagCapacity, attaching, func(ip netip.Addr) bool { return ownedByAny(cloudPools, ip) })
+			out.Cloud.Recheck = minPositive(out.Cloud.Recheck, out.Cloud.Pools[p.Name].Plan.Recheck)
+		}
+	}
+
 	// Pool statuses and deletion protection.
 	users := map[string][]string{}
 	for i := range egs {
@@ -351,8 +505,12 @@ func plan(in passInput) passOutput {
 			}
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInUse,
 				Message: fmt.Sprintf("deletion waits: Egresses %s still use this pool; delete them or point them at another pool", strings.Join(held, ", ")), ObservedGeneration: p.Generation})
-			if ps.err == nil {
+			if ps.err == nil && ps.alloc != nil && ps.cloud == nil {
 				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), Used: saturate(ps.alloc.Used())}
+			}
+			if ps.cloud != nil {
+				cs := out.Cloud.Pools[p.Name].Status
+				st.Cloud = &cs
 			}
 			out.Pools[p.Name] = st
 			continue
@@ -360,7 +518,17 @@ func plan(in passInput) passOutput {
 		if ps.err != nil {
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInvalid, Message: ps.err.Error(), ObservedGeneration: p.Generation})
 		} else {
-			st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), Used: saturate(ps.alloc.Used())}
+			if ps.cloud != nil {
+				co := out.Cloud.Pools[p.Name]
+				cs := co.Status
+				st.Cloud = &cs
+				st.Usage = v1.IPPoolUsage{Total: int64(cs.Attached), Used: int64(cs.Allocated)}
+				if ps.alloc != nil {
+					st.Usage.Total = saturate(ps.alloc.Total())
+				}
+			} else {
+				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), Used: saturate(ps.alloc.Used())}
+			}
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonValid,
 				Message: fmt.Sprintf("%d of %d IPs used", st.Usage.Used, st.Usage.Total), ObservedGeneration: p.Generation})
 		}
@@ -395,6 +563,11 @@ func releasePending(ip netip.Addr, target, cur string, holders map[netip.Addr][]
 		}
 	}
 	return ""
+}
+
+func isAttaching(cs []metav1.Condition) bool {
+	c := meta.FindStatusCondition(cs, v1.ConditionAssigned)
+	return c != nil && c.Reason == ReasonAttaching
 }
 
 func isWaiting(cs []metav1.Condition) bool {

@@ -41,6 +41,7 @@ type egRec struct {
 	unit   int32 // unit index, or -1 when the Egress is not scheduled
 	cur    int32 // node index of CurrentNode, -1 when unknown or ""
 	slot   int32 // global slot of cur in the Egress's pool, -1 if none
+	pref   int32 // global slot of the fit Preferred Node, -1 if none
 	reason uint8 // placement reason code when unit < 0
 	curSt  uint8 // state of CurrentNode (cur* constants)
 }
@@ -59,6 +60,7 @@ const (
 type unitRec struct {
 	unitKey
 	cand    int32 // global slot of the Node to keep, or -1
+	pref    int32 // global slot of the preferred Node, or -1
 	node    int32 // node index after the pass, or -1
 	reason  uint8 // placement reason code when node < 0
 	candOut bool  // cand had no room left
@@ -438,7 +440,7 @@ func (s *state) buildUnits(byName []int32) {
 		if r.reason == rDuplicate {
 			continue
 		}
-		*r = egRec{unit: -1, cur: -1, slot: -1}
+		*r = egRec{unit: -1, cur: -1, slot: -1, pref: -1}
 		pi := lastIdx
 		if pi < 0 || e.Pool != lastPool {
 			var ok bool
@@ -466,6 +468,11 @@ func (s *state) buildUnits(byName []int32) {
 		b := e.IP.As16()
 		hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
 		keys[i] = unitKey{hash: unitHash(s.pools[pi].salt, hi, lo), hi: hi, lo: lo, pool: pi}
+		if e.Preferred != "" {
+			if n := s.findNode(e.Preferred); n >= 0 && s.nodes[n].why < 0 && s.nodes[n].capacity > 0 {
+				r.pref = s.slotOf(n, pi)
+			}
+		}
 		// The current Node's fitness for the pool.
 		switch {
 		case e.CurrentNode == "":
@@ -515,7 +522,7 @@ func (s *state) buildUnits(byName []int32) {
 			if v := tbl[j]; v == 0 {
 				u = int32(len(s.units))
 				tbl[j] = u + 1
-				s.units = append(s.units, unitRec{unitKey: *k, cand: -1, node: -1})
+				s.units = append(s.units, unitRec{unitKey: *k, cand: -1, pref: -1, node: -1})
 				break
 			} else if ur := &s.units[v-1]; ur.unitKey == *k {
 				u = v - 1
@@ -526,8 +533,12 @@ func (s *state) buildUnits(byName []int32) {
 		r.unit = u
 		// Members come in priority order, so the first fit current Node
 		// is the oldest member's.
-		if ur := &s.units[u]; ur.cand < 0 && r.curSt == curValid {
+		ur := &s.units[u]
+		if ur.cand < 0 && r.curSt == curValid {
 			ur.cand = r.slot
+		}
+		if ur.pref < 0 {
+			ur.pref = r.pref
 		}
 	}
 }
@@ -589,7 +600,13 @@ func (s *state) place() {
 			pl.ring = s.buildRing(ur.pool)
 		}
 		pl.placed++
-		sl := pl.ring.pick(ur.hash, s.bound(pl))
+		b := s.bound(pl)
+		var sl int32
+		if p := ur.pref; p >= 0 && s.poolLoad[p] < b && s.nodes[s.slotNode[p]].load < s.nodes[s.slotNode[p]].capacity {
+			sl = p
+		} else {
+			sl = pl.ring.pick(ur.hash, b)
+		}
 		n := s.slotNode[sl]
 		ur.node = n
 		nr := &s.nodes[n]

@@ -629,3 +629,55 @@ func TestBalanceTenNodes(t *testing.T) {
 		}
 	}
 }
+
+// A unit with a Preferred Node takes it while that Node is below the
+// balance bound and has room, and otherwise goes by the ring; a kept unit
+// ignores its preference.
+func TestPreferredNodeWithinTheBound(t *testing.T) {
+	nodes := nodesCap(10, "n1", "n2", "n3")
+	p := pool4("p", "n1", "n2", "n3")
+	// Six new units all preferring n2: with c = 1.25 the bound after k
+	// placements is ceil(1.25k/3), so n2 takes units while its load is
+	// below it and the rest spill to the ring.
+	var egs []Egress
+	for i := range 6 {
+		e := eg(fmt.Sprintf("e%d", i), i, "p", fmt.Sprintf("10.0.0.%d", i+1), "")
+		e.Preferred = "n2"
+		egs = append(egs, e)
+	}
+	out := run(t, Input{Pools: []Pool{p}, Nodes: nodes, Egresses: egs})
+	onN2 := 0
+	for _, pl := range out.Placements {
+		if pl.Node == "n2" {
+			onN2++
+		}
+	}
+	// Bounds ceil(1.25k/3) for k = 1..6 are 1,1,2,2,3,3: n2 gets units 1,
+	// 3 and 5 (each time its load is below the bound).
+	if onN2 != 3 {
+		t.Fatalf("want 3 units on the preferred Node (the balance bound), got %d: %+v", onN2, out.Placements)
+	}
+	if pl := placementOf(t, out, "e0"); pl.Node != "n2" {
+		t.Fatalf("the first unit must take its preferred Node, got %+v", pl)
+	}
+
+	// A preference for an ineligible, full or unknown Node is ignored.
+	for _, pref := range []string{"n9", "n1"} {
+		ns := nodesCap(10, "n1", "n2", "n3")
+		ns[0].Eligible, ns[0].Reason = false, "NotReady"
+		e := eg("x", 0, "p", "10.0.0.9", "")
+		e.Preferred = pref
+		out := run(t, Input{Pools: []Pool{p}, Nodes: ns, Egresses: []Egress{e}})
+		base := run(t, Input{Pools: []Pool{p}, Nodes: ns, Egresses: []Egress{eg("x", 0, "p", "10.0.0.9", "")}})
+		if placementOf(t, out, "x") != placementOf(t, base, "x") {
+			t.Fatalf("preference %q changed the placement: %+v vs %+v", pref, out.Placements, base.Placements)
+		}
+	}
+
+	// Kept units stay put whatever they prefer.
+	e := eg("k", 0, "p", "10.0.0.1", "n1")
+	e.Preferred = "n3"
+	if pl := placementOf(t, run(t, Input{Pools: []Pool{p}, Nodes: nodes, Egresses: []Egress{e}}), "k"); pl.Node != "n1" {
+		t.Fatalf("a kept unit moved to its preference: %+v", pl)
+	}
+}

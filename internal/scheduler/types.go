@@ -81,6 +81,15 @@ type Egress struct {
 	// CurrentNode is the Node that holds the IP now (status.egressNode),
 	// or "" when none does.
 	CurrentNode string
+	// Preferred is a Node to try first when the Egress's unit is placed
+	// (phase 2; a kept unit stays where it is): the unit takes it when it
+	// is fit for the pool, has room, and holds fewer of the pool's units
+	// than the balance bound; otherwise the ring decides as usual. A unit
+	// follows its oldest member that names a fit Preferred Node. The
+	// controller names the Node whose cloud interface already holds the
+	// IP (a warm IP), so that placing it costs no cloud call. "" means no
+	// preference.
+	Preferred string
 }
 
 // DefaultBalanceFactor is the balance factor c used when

@@ -74,6 +74,11 @@ func (v *PoolValidator) ValidateDelete(context.Context, *v1.ExternalIPPool) (adm
 
 func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool) error {
 	rangesPath := field.NewPath("spec", "ipRanges")
+	if p.Spec.Cloud != nil && len(p.Spec.IPRanges) == 0 {
+		// A cloud-backed pool without ranges takes whatever free address
+		// the cloud picks in its subnet: no ranges to check or overlap.
+		return nil
+	}
 	pool, err := poolspec.Parse(p)
 	if err != nil {
 		return apierrors.NewInvalid(poolGK, p.Name, field.ErrorList{field.Invalid(rangesPath, "", err.Error())})
@@ -159,6 +164,13 @@ func (v *EgressValidator) validate(ctx context.Context, e *v1.Egress) (admission
 	ip, err := netip.ParseAddr(e.Spec.EgressIP)
 	if err != nil {
 		return nil, nil // the CRD schema rejects it already
+	}
+	if p.Spec.Cloud != nil && len(p.Spec.IPRanges) == 0 {
+		if !ip.Is4() {
+			return nil, apierrors.NewInvalid(egressGK, e.Name, field.ErrorList{field.Invalid(field.NewPath("spec", "egressIP"), e.Spec.EgressIP,
+				fmt.Sprintf("ExternalIPPool %q is cloud-backed and IPv4 only", p.Name))})
+		}
+		return nil, nil // the cloud checks that the address is in the subnet
 	}
 	pool, err := poolspec.Parse(&p)
 	if err != nil {

@@ -18,6 +18,12 @@ var ErrNoInterface = errors.New("no interface: none configured, no connected sub
 // the agent's configuration and the pool's subnetInfo. The zero Hint means
 // "work it out from the kernel's addresses and routes".
 type Hint struct {
+	// MAC, when set, picks the link with this hardware address, written
+	// as net.HardwareAddr.String does (lower case, colon-separated): the
+	// cloud network interface the controller attached the address to
+	// (Egress status.interfaceMAC). It wins over Interface, because the
+	// cloud delivers the address only to that interface.
+	MAC string
 	// Interface, when set, is used as is (it must exist).
 	Interface string
 	// Subnet is the pool's L2 subnet (subnetInfo gateway + prefixLength).
@@ -42,6 +48,9 @@ type LinkSource interface {
 
 // SelectInterface chooses the link that should carry ip, in this order:
 //
+//  0. the link whose hardware address is hint.MAC, when set (an error
+//     wrapping ErrNoInterface when none has it; if several do, such as a
+//     bond and its ports, the lowest index that is not a bond port);
 //  1. hint.Interface, when set;
 //  2. the up, non-loopback link with a connected subnet (an address with a
 //     prefix route, i.e. without noprefixroute) holding ip - or holding an
@@ -66,6 +75,20 @@ func SelectInterface(src LinkSource, ip netip.Addr, hint Hint) (netlink.Link, er
 	var base netlink.Link
 	var how string
 	switch {
+	case hint.MAC != "":
+		for _, l := range links {
+			a := l.Attrs()
+			if a.HardwareAddr.String() != hint.MAC || a.MasterIndex != 0 && isBond(byIndex[a.MasterIndex]) {
+				continue
+			}
+			if base == nil || a.Index < base.Attrs().Index {
+				base = l
+			}
+		}
+		if base == nil {
+			return nil, fmt.Errorf("find interface for %s: no link with hardware address %s: %w", ip, hint.MAC, ErrNoInterface)
+		}
+		how = "hardware address"
 	case hint.Interface != "":
 		for _, l := range links {
 			if l.Attrs().Name == hint.Interface {
@@ -115,6 +138,11 @@ func SelectInterface(src LinkSource, ip netip.Addr, hint Hint) (netlink.Link, er
 			ip, hint.VLAN, base.Attrs().Name, how, ErrNoInterface)
 	}
 	return found, nil
+}
+
+func isBond(l netlink.Link) bool {
+	_, ok := l.(*netlink.Bond)
+	return ok
 }
 
 func usable(l netlink.Link) bool {

@@ -186,3 +186,32 @@ func TestSelectInterfaceVLAN(t *testing.T) {
 		t.Errorf("missing VLAN: err = %v", err)
 	}
 }
+
+// TestSelectInterfaceByMAC: a cloud address goes on the link with the
+// interface's hardware address (a second ENI here), even when another link
+// has the connected subnet or is configured.
+func TestSelectInterfaceByMAC(t *testing.T) {
+	p := nodeWithSubnets(t)
+	n := p.Node
+	n.MustIP(t, "link", "add", "eni1", "address", "0a:1b:2c:3d:4e:5f", "type", "veth", "peer", "name", "eni1-peer")
+	n.MustIP(t, "link", "set", "eni1", "up")
+	h := n.Netlink(t)
+	for _, hint := range []bind.Hint{{MAC: "0a:1b:2c:3d:4e:5f"}, {MAC: "0a:1b:2c:3d:4e:5f", Interface: p.NodeIf}} {
+		l, err := bind.SelectInterface(h, netip.MustParseAddr("192.0.2.77"), hint)
+		if err != nil || l.Attrs().Name != "eni1" {
+			t.Fatalf("SelectInterface(MAC %+v) = %v, %v; want eni1", hint, l, err)
+		}
+	}
+	_, err := bind.SelectInterface(h, netip.MustParseAddr("192.0.2.77"), bind.Hint{MAC: "0a:00:00:00:00:99"})
+	if !errors.Is(err, bind.ErrNoInterface) {
+		t.Fatalf("unknown MAC: %v, want ErrNoInterface", err)
+	}
+	// Binding with the hint puts the address on eni1.
+	b := newBinder(t, n, bind.Config{HintFor: func(netip.Addr) bind.Hint { return bind.Hint{MAC: "0a:1b:2c:3d:4e:5f"} }})
+	if _, err := b.Bind(netip.MustParseAddr("192.0.2.77")); err != nil {
+		t.Fatal(err)
+	}
+	if a := mustAddr(t, n, netip.MustParseAddr("192.0.2.77")); a.LinkIndex != n.Interface(t, "eni1").Index {
+		t.Fatalf("address on link %d, want eni1", a.LinkIndex)
+	}
+}

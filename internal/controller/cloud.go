@@ -1,0 +1,555 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/util/flowcontrol"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/egressip/egressip/internal/cloud"
+	"github.com/egressip/egressip/internal/cloud/warm"
+)
+
+var (
+	cloudCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "egressip_controller_cloud_calls_total",
+		Help: "Cloud API calls the controller made, by action (Interfaces, Assign, AssignCount, Unassign) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, error).",
+	}, []string{"action", "result"})
+	cloudCallDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "egressip_controller_cloud_call_duration_seconds",
+		Help:    "Duration of one cloud API call as the controller sees it (SDK retries included), by action, in seconds.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 12),
+	}, []string{"action"})
+	poolCloudIPs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressip_controller_pool_cloud_ips",
+		Help: "Addresses of a cloud-backed ExternalIPPool after the last pass, by state: attached (allocated + warm), warm (attached, allocated to no Egress), allocated.",
+	}, []string{"pool", "state"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(cloudCalls, cloudCallDuration, poolCloudIPs)
+}
+
+// CloudConfig sets how the controller uses a cloud provider.
+type CloudConfig struct {
+	// Provider is the cloud API; nil disables cloud-backed pools.
+	Provider cloud.Provider
+	// RefreshInterval is how often the Nodes' interfaces are re-read from
+	// the cloud (to see addresses others attached or detached, and
+	// capacity changes). Default 60 s.
+	RefreshInterval time.Duration
+	// Parallelism bounds concurrent cloud calls. Default 4.
+	Parallelism int
+	// BackoffInitial and BackoffMax bound the exponential backoff after
+	// an interface or subnet was reported full or the API kept throttling.
+	// Defaults 1 s and 2 min.
+	BackoffInitial, BackoffMax time.Duration
+	// Overlay is how long the controller trusts its own calls' results
+	// over a re-read that does not show them yet (the cloud's reads lag
+	// its writes). Default 2 min.
+	Overlay time.Duration
+}
+
+func (c *CloudConfig) defaults() {
+	if c.RefreshInterval <= 0 {
+		c.RefreshInterval = time.Minute
+	}
+	if c.Parallelism <= 0 {
+		c.Parallelism = 4
+	}
+	if c.BackoffInitial <= 0 {
+		c.BackoffInitial = time.Second
+	}
+	if c.BackoffMax <= 0 {
+		c.BackoffMax = 2 * time.Minute
+	}
+	if c.Overlay <= 0 {
+		c.Overlay = 2 * time.Minute
+	}
+}
+
+// overlayEntry is the result of one of our own calls for one address.
+type overlayEntry struct {
+	node     string // attached to this Node's interface; "" = detached
+	iface    string
+	deadline time.Time
+}
+
+// Cloud holds the controller's view of the cloud and runs its calls off
+// the pass's critical path: the pass reads a snapshot (Input), decides,
+// and hands the calls to Run, which executes them in the background and
+// signals a new pass through Events when they complete.
+//
+// Nothing here is the only copy of anything: a restarted controller
+// rebuilds the view from the cloud (Interfaces) and its ownership of
+// addresses from the pool statuses (warm list) and Egress statuses.
+type Cloud struct {
+	cfg    CloudConfig
+	reader client.Reader
+	// Events receives one event when a call completed or the view
+	// changed; the pass controller watches it.
+	Events chan event.GenericEvent
+
+	mu            sync.Mutex
+	ready         bool
+	ifaces        map[string]cloud.Interface
+	overlay       map[netip.Addr]overlayEntry
+	owned         map[string]map[netip.Addr]bool
+	prevAllocated map[string]map[netip.Addr]bool
+	cool          map[netip.Addr]time.Time
+	lastScaleDown map[string]time.Time
+	busy          map[string]bool
+	detaching     map[netip.Addr]bool
+	attaching     map[netip.Addr]string
+	lastError     map[string]string
+	warmAttaching map[string]int
+	recent        map[string]netip.Addr
+	runCtx        context.Context
+	backoff       *flowcontrol.Backoff
+	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
+	refreshNow    chan struct{}
+}
+
+// NewCloud returns a Cloud over cfg.Provider, which must not be nil.
+func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
+	cfg.defaults()
+	return &Cloud{
+		cfg: cfg, reader: reader,
+		Events:        make(chan event.GenericEvent, 1),
+		ifaces:        map[string]cloud.Interface{},
+		overlay:       map[netip.Addr]overlayEntry{},
+		owned:         map[string]map[netip.Addr]bool{},
+		prevAllocated: map[string]map[netip.Addr]bool{},
+		cool:          map[netip.Addr]time.Time{},
+		lastScaleDown: map[string]time.Time{},
+		busy:          map[string]bool{},
+		detaching:     map[netip.Addr]bool{},
+		attaching:     map[netip.Addr]string{},
+		lastError:     map[string]string{},
+		warmAttaching: map[string]int{},
+		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
+		backoffUntil:  map[string]time.Time{},
+		refreshNow:    make(chan struct{}, 1),
+	}
+}
+
+// NeedLeaderElection makes the refresher run only on the elected leader.
+func (c *Cloud) NeedLeaderElection() bool { return true }
+
+// Ready reports whether the interfaces were read at least once.
+func (c *Cloud) Ready() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ready
+}
+
+// Start re-reads the Nodes' interfaces every RefreshInterval (and sooner
+// after a call reported a full interface or subnet) until ctx ends.
+func (c *Cloud) Start(ctx context.Context) error {
+	c.mu.Lock()
+	c.runCtx = ctx
+	c.mu.Unlock()
+	t := time.NewTicker(c.cfg.RefreshInterval)
+	defer t.Stop()
+	for {
+		if err := c.Refresh(ctx); err != nil && ctx.Err() == nil {
+			log.FromContext(ctx).Error(err, "reading the Nodes' cloud interfaces failed; retrying")
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(c.cfg.BackoffInitial):
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-c.refreshNow:
+		}
+	}
+}
+
+// Refresh reads every Node's interface from the cloud, keeping the results
+// of our own recent calls that the read does not show yet.
+func (c *Cloud) Refresh(ctx context.Context) error {
+	var nodes corev1.NodeList
+	if err := c.reader.List(ctx, &nodes); err != nil {
+		return fmt.Errorf("list Nodes: %w", err)
+	}
+	ids := map[string]string{}
+	for i := range nodes.Items {
+		if pid := nodes.Items[i].Spec.ProviderID; pid != "" {
+			ids[nodes.Items[i].Name] = pid
+		}
+	}
+	var got map[string]cloud.Interface
+	err := c.call(ctx, "Interfaces", func() error {
+		var err error
+		got, err = c.cfg.Provider.Interfaces(ctx, ids)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("read interfaces: %w", err)
+	}
+	now := time.Now()
+	c.mu.Lock()
+	byID := map[string]string{}
+	for node, ifc := range got {
+		byID[ifc.ID] = node
+	}
+	for ip, o := range c.overlay {
+		if now.After(o.deadline) {
+			delete(c.overlay, ip)
+			continue
+		}
+		for node, ifc := range got {
+			ifc.Secondary = slices.DeleteFunc(ifc.Secondary, func(a netip.Addr) bool { return a == ip })
+			got[node] = ifc
+		}
+		if node, ok := byID[o.iface]; ok && o.node != "" {
+			ifc := got[node]
+			ifc.Secondary = append(ifc.Secondary, ip)
+			slices.SortFunc(ifc.Secondary, func(a, b netip.Addr) int { return a.Compare(b) })
+			got[node] = ifc
+		}
+	}
+	changed := !c.ready || !maps.EqualFunc(c.ifaces, got, sameInterface)
+	c.ifaces, c.ready = got, true
+	c.mu.Unlock()
+	if changed {
+		c.notify()
+	}
+	return nil
+}
+
+func sameInterface(a, b cloud.Interface) bool {
+	return a.ID == b.ID && a.MAC == b.MAC && a.SubnetID == b.SubnetID && a.Limit == b.Limit && slices.Equal(a.Secondary, b.Secondary)
+}
+
+// input is the snapshot a pass reads.
+func (c *Cloud) input(now time.Time) *cloudInput {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ci := &cloudInput{
+		Now:           now,
+		Ifaces:        maps.Clone(c.ifaces),
+		Owned:         map[string]map[netip.Addr]bool{},
+		PrevAllocated: map[string]map[netip.Addr]bool{},
+		CoolUntil:     maps.Clone(c.cool),
+		LastScaleDown: maps.Clone(c.lastScaleDown),
+		PoolBackoff:   map[string]time.Time{},
+		Blocked:       maps.Clone(c.busy),
+		Detaching:     maps.Clone(c.detaching),
+		Attaching:     maps.Clone(c.attaching),
+		LastError:     maps.Clone(c.lastError),
+		WarmAttaching: maps.Clone(c.warmAttaching),
+		Recent:        maps.Clone(c.recent),
+	}
+	for k, v := range c.owned {
+		ci.Owned[k] = maps.Clone(v)
+	}
+	for k, v := range c.prevAllocated {
+		ci.PrevAllocated[k] = maps.Clone(v)
+	}
+	for k, until := range c.backoffUntil {
+		if !now.Before(until) {
+			continue
+		}
+		switch {
+		case len(k) > 5 && k[:5] == "pool/":
+			ci.PoolBackoff[k[5:]] = until
+		case len(k) > 4 && k[:4] == "eni/":
+			ci.Blocked[k[4:]] = true
+		}
+	}
+	return ci
+}
+
+// remember records a pass's outcome: which addresses each pool owns and
+// allocates, and which were released (they cool down).
+func (c *Cloud) remember(out *cloudOutput, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for ip, until := range c.cool {
+		if !now.Before(until) {
+			delete(c.cool, ip)
+		}
+	}
+	c.recent = maps.Clone(out.Allocations)
+	for pool, po := range out.Pools {
+		owned := maps.Clone(po.Owned)
+		// Addresses attached by a call that completed during the pass
+		// are not in its input yet: keep them.
+		for ip := range c.owned[pool] {
+			if o, ok := c.overlay[ip]; ok && o.node != "" {
+				owned[ip] = true
+			}
+		}
+		c.owned[pool] = owned
+		c.prevAllocated[pool] = maps.Clone(po.Bound)
+		for _, ip := range po.Released {
+			c.cool[ip] = now.Add(warm.Cooldown)
+		}
+	}
+	for pool := range c.owned {
+		if _, ok := out.Pools[pool]; !ok {
+			delete(c.owned, pool)
+			delete(c.prevAllocated, pool)
+		}
+	}
+}
+
+// Run executes a pass's cloud calls in the background: the named-address
+// attaches (one call per interface), then each pool's warm attaches and
+// detaches (one call per interface). Interfaces with a call in flight are
+// skipped (the next pass asks again).
+func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
+	type job struct {
+		action, pool string
+		node, iface  string
+		ips          []netip.Addr
+		count        int
+	}
+	var jobs []job
+	c.mu.Lock()
+	claim := func(iface string) bool {
+		if c.busy[iface] {
+			return false
+		}
+		c.busy[iface] = true
+		return true
+	}
+	for _, op := range out.Attach {
+		if claim(op.InterfaceID) {
+			for _, ip := range op.IPs {
+				c.attaching[ip] = op.Node
+			}
+			jobs = append(jobs, job{action: "Assign", node: op.Node, iface: op.InterfaceID, ips: op.IPs})
+		}
+	}
+	for _, pool := range slices.Sorted(maps.Keys(out.Pools)) {
+		po := out.Pools[pool]
+		for _, op := range po.Plan.Attach {
+			if !claim(op.InterfaceID) {
+				continue
+			}
+			if len(op.IPs) > 0 {
+				c.warmAttaching[pool] += len(op.IPs)
+				jobs = append(jobs, job{action: "Assign", pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs, count: len(op.IPs)})
+			} else {
+				c.warmAttaching[pool] += op.Count
+				jobs = append(jobs, job{action: "AssignCount", pool: pool, node: op.Node, iface: op.InterfaceID, count: op.Count})
+			}
+		}
+		if len(po.Plan.Detach) > 0 {
+			c.lastScaleDown[pool] = time.Now()
+		}
+		for _, op := range po.Plan.Detach {
+			if !claim(op.InterfaceID) {
+				continue
+			}
+			// Detached addresses leave the pool's ownership now, so the
+			// next pass does not hand them out.
+			for _, ip := range op.IPs {
+				delete(c.owned[pool], ip)
+				c.detaching[ip] = true
+			}
+			jobs = append(jobs, job{action: "Unassign", pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
+		}
+	}
+	if c.runCtx != nil {
+		ctx = c.runCtx
+	}
+	c.mu.Unlock()
+	if len(jobs) == 0 {
+		return
+	}
+	go func() {
+		workqueue.ParallelizeUntil(ctx, c.cfg.Parallelism, len(jobs), func(i int) {
+			j := jobs[i]
+			defer func() {
+				c.mu.Lock()
+				delete(c.busy, j.iface)
+				if j.pool != "" && j.action != "Unassign" {
+					if c.warmAttaching[j.pool] -= j.count; c.warmAttaching[j.pool] <= 0 {
+						delete(c.warmAttaching, j.pool)
+					}
+				}
+				for _, ip := range j.ips {
+					if j.action == "Unassign" {
+						delete(c.detaching, ip)
+					} else if c.attaching[ip] == j.node {
+						delete(c.attaching, ip)
+					}
+				}
+				c.mu.Unlock()
+				c.notify()
+			}()
+			var err error
+			switch j.action {
+			case "Assign":
+				err = c.call(ctx, j.action, func() error { return c.cfg.Provider.Assign(ctx, j.iface, j.ips) })
+				if err == nil {
+					c.applied(j.pool, j.node, j.iface, j.ips, true)
+				}
+			case "AssignCount":
+				var got []netip.Addr
+				err = c.call(ctx, j.action, func() error {
+					var err error
+					got, err = c.cfg.Provider.AssignCount(ctx, j.iface, j.count)
+					return err
+				})
+				if err == nil {
+					c.applied(j.pool, j.node, j.iface, got, true)
+				}
+			case "Unassign":
+				err = c.call(ctx, j.action, func() error { return c.cfg.Provider.Unassign(ctx, j.iface, j.ips) })
+				if err == nil || errors.Is(err, cloud.ErrNotFound) {
+					c.applied(j.pool, j.node, j.iface, j.ips, false)
+					err = nil
+				} else {
+					c.mu.Lock() // still attached: the pool keeps owning them
+					if c.owned[j.pool] == nil {
+						c.owned[j.pool] = map[netip.Addr]bool{}
+					}
+					for _, ip := range j.ips {
+						c.owned[j.pool][ip] = true
+					}
+					c.mu.Unlock()
+				}
+			}
+			c.failed(ctx, j.action, j.pool, j.iface, err)
+		})
+	}()
+}
+
+// applied records a successful call in the view and, for warm attaches,
+// in the pool's ownership.
+func (c *Cloud) applied(pool, node, iface string, ips []netip.Addr, attach bool) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backoff.Reset("eni/" + iface)
+	delete(c.backoffUntil, "eni/"+iface)
+	delete(c.lastError, iface)
+	for n, ifc := range c.ifaces {
+		ifc.Secondary = slices.DeleteFunc(ifc.Secondary, func(a netip.Addr) bool { return slices.Contains(ips, a) })
+		if attach && n == node {
+			ifc.Secondary = append(ifc.Secondary, ips...)
+			slices.SortFunc(ifc.Secondary, func(a, b netip.Addr) int { return a.Compare(b) })
+		}
+		c.ifaces[n] = ifc
+	}
+	for _, ip := range ips {
+		o := overlayEntry{iface: iface, deadline: now.Add(c.cfg.Overlay)}
+		if attach {
+			o.node = node
+		}
+		c.overlay[ip] = o
+	}
+	if pool != "" && attach {
+		if c.owned[pool] == nil {
+			c.owned[pool] = map[netip.Addr]bool{}
+		}
+		for _, ip := range ips {
+			c.owned[pool][ip] = true
+		}
+	}
+}
+
+// failed backs off after an error: the interface after a full interface or
+// an unknown error, the pool after a full subnet or throttling; and asks
+// for a re-read of the real state instead of retrying blindly.
+func (c *Cloud) failed(ctx context.Context, action, pool, iface string, err error) {
+	if err == nil {
+		return
+	}
+	key := "eni/" + iface
+	if pool != "" && (errors.Is(err, cloud.ErrSubnetFull) || errors.Is(err, cloud.ErrThrottled)) {
+		key = "pool/" + pool
+	}
+	now := time.Now()
+	c.mu.Lock()
+	c.backoff.Next(key, now)
+	until := now.Add(c.backoff.Get(key))
+	c.backoffUntil[key] = until
+	msg := err.Error()
+	if len(msg) > 200 {
+		msg = msg[:200] + "..."
+	}
+	c.lastError[iface] = msg
+	c.mu.Unlock()
+	log.FromContext(ctx).Info("cloud call failed; backing off", "action", action, "pool", pool, "interface", iface, "until", until, "err", err)
+	select {
+	case c.refreshNow <- struct{}{}:
+	default:
+	}
+}
+
+// call runs one provider call with its metrics.
+func (c *Cloud) call(ctx context.Context, action string, f func() error) error {
+	start := time.Now()
+	err := f()
+	cloudCallDuration.WithLabelValues(action).Observe(time.Since(start).Seconds())
+	res := "ok"
+	switch {
+	case err == nil:
+	case errors.Is(err, cloud.ErrLimitExceeded):
+		res = "LimitExceeded"
+	case errors.Is(err, cloud.ErrSubnetFull):
+		res = "SubnetFull"
+	case errors.Is(err, cloud.ErrThrottled):
+		res = "Throttled"
+	case errors.Is(err, cloud.ErrNotFound):
+		res = "NotFound"
+	default:
+		res = "error"
+	}
+	cloudCalls.WithLabelValues(action, res).Inc()
+	_ = ctx
+	return err
+}
+
+func (c *Cloud) notify() {
+	select {
+	case c.Events <- event.GenericEvent{Object: &corev1.Node{}}:
+	default:
+	}
+}
+
+// nextBackoff is how long until the earliest backoff ends, or 0.
+func (c *Cloud) nextBackoff(now time.Time) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var d time.Duration
+	for _, until := range c.backoffUntil {
+		if w := until.Sub(now); w > 0 {
+			d = minPositive(d, w)
+		}
+	}
+	return d
+}
+
+// setPoolMetrics exports the pools' cloud counters.
+func setPoolMetrics(out *cloudOutput) {
+	poolCloudIPs.Reset()
+	for pool, po := range out.Pools {
+		poolCloudIPs.WithLabelValues(pool, "attached").Set(float64(po.Status.Attached))
+		poolCloudIPs.WithLabelValues(pool, "warm").Set(float64(po.Status.Warm))
+		poolCloudIPs.WithLabelValues(pool, "allocated").Set(float64(po.Status.Allocated))
+	}
+}

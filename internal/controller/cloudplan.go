@@ -1,0 +1,390 @@
+package controller
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/cloud"
+	"github.com/egressip/egressip/internal/cloud/warm"
+	"github.com/egressip/egressip/internal/ipam"
+	"github.com/egressip/egressip/internal/scheduler"
+)
+
+// Condition reasons of cloud-backed pools.
+const (
+	// ReasonWaitingForWarmIP: IPAllocated=False while the pool attaches an
+	// address for the Egress (no warm address is available).
+	ReasonWaitingForWarmIP = "WaitingForWarmIP"
+	// ReasonAttaching: Assigned=False while the cloud attaches the address
+	// to the chosen Node's interface.
+	ReasonAttaching = "Attaching"
+	// ReasonCloudDisabled: the pool is cloud-backed but the controller runs
+	// without a cloud provider.
+	ReasonCloudDisabled = "CloudProviderDisabled"
+)
+
+// cloudInput is the cloud side of a pass, read from the Cloud's memory.
+// Everything here is a snapshot; plan does not modify it.
+type cloudInput struct {
+	// Now is the pass's time (cooldowns, spacing, backoffs).
+	Now time.Time
+	// Ifaces are the Nodes' interfaces as last seen, by Node name.
+	Ifaces map[string]cloud.Interface
+	// Owned are, per pool, the addresses the controller attached for it
+	// and has not detached, as remembered from earlier passes and calls
+	// (the pool status and the Egress statuses add to it).
+	Owned map[string]map[netip.Addr]bool
+	// PrevAllocated are, per pool, the addresses an agent may have bound
+	// at the end of the previous pass (published in an Egress status with
+	// a Node): one that is not allocated any more was released and cools
+	// down.
+	PrevAllocated map[string]map[netip.Addr]bool
+	// CoolUntil holds the end of each address's cooldown.
+	CoolUntil map[netip.Addr]time.Time
+	// LastScaleDown is when each pool last detached addresses.
+	LastScaleDown map[string]time.Time
+	// PoolBackoff: no warm attach for the pool before this time.
+	PoolBackoff map[string]time.Time
+	// Blocked are interfaces not to call now (a call in flight, or in
+	// backoff after an error).
+	Blocked map[string]bool
+	// Detaching are warm addresses being detached: no longer the pool's.
+	Detaching map[netip.Addr]bool
+	// Attaching maps addresses with an attach call in flight to the Node
+	// they are being attached to.
+	Attaching map[netip.Addr]string
+	// Recent maps each cloud-pool Egress to the address the previous pass
+	// gave it: a pass that reads the cache before that status write
+	// arrived gives the same address again instead of another one (which
+	// could hand one address to two Egresses).
+	Recent map[string]netip.Addr
+	// WarmAttaching counts, per pool, the addresses warm attach calls in
+	// flight are adding.
+	WarmAttaching map[string]int
+	// LastError holds, per interface, the error of its last failed call
+	// (cleared by a success), for the Egresses' conditions.
+	LastError map[string]string
+}
+
+// cloudOp is one named-address attach for the Cloud to run: every address
+// for one interface in one call.
+type cloudOp struct {
+	Node, InterfaceID string
+	IPs               []netip.Addr
+}
+
+// cloudPoolOut is the cloud outcome of a pass for one pool.
+type cloudPoolOut struct {
+	Plan   warm.Plan
+	Status v1.CloudPoolStatus
+	// Bound are the addresses an agent may hold (an Egress status names a
+	// Node for them, before or after this pass).
+	Bound map[netip.Addr]bool
+	// Owned are the allocated plus the warm addresses.
+	Owned map[netip.Addr]bool
+	// Released were allocated in the previous pass and are warm now.
+	Released []netip.Addr
+}
+
+// cloudOutput is what a pass asks of the cloud.
+type cloudOutput struct {
+	// Attach are named-address attaches, sorted by Node (failovers, moves,
+	// user-named addresses): one call per interface.
+	Attach []cloudOp
+	Pools  map[string]*cloudPoolOut
+	// Recheck, when positive, is when a new pass may decide differently.
+	Recheck time.Duration
+	// Allocations maps every cloud-pool Egress with an address to it.
+	Allocations map[string]netip.Addr
+}
+
+// cloudPool is a cloud-backed pool's working state in a pass.
+type cloudPool struct {
+	spec   *v1.CloudPool
+	subnet string
+	// ranged is set when spec.ipRanges restricts the pool.
+	ranged bool
+	used   map[netip.Addr]bool
+	// owned: addresses the pool owns (attached by us).
+	owned map[netip.Addr]bool
+	// avail: warm addresses out of cooldown, by Node (sorted).
+	avail map[string][]netip.Addr
+	// pending counts Egresses waiting for an address.
+	pending int
+	// load counts, per Node, the pool's Egresses on it (status).
+	load map[string]int
+	// bound: addresses an Egress status names with a Node (input or
+	// output of the pass).
+	bound map[netip.Addr]bool
+}
+
+// attachedAt maps every secondary address of the known interfaces to its
+// Node.
+func attachedAt(ifaces map[string]cloud.Interface) map[netip.Addr]string {
+	at := map[netip.Addr]string{}
+	for node, ifc := range ifaces {
+		for _, ip := range ifc.Secondary {
+			at[ip] = node
+		}
+	}
+	return at
+}
+
+// newCloudPool gathers a cloud pool's owned and warm addresses.
+func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, at map[netip.Addr]string, egs []v1.Egress, eligible func(string) bool) *cloudPool {
+	cp := &cloudPool{spec: p.Spec.Cloud, ranged: len(p.Spec.IPRanges) > 0, used: map[netip.Addr]bool{}, owned: map[netip.Addr]bool{}, avail: map[string][]netip.Addr{}, load: map[string]int{}, bound: map[netip.Addr]bool{}}
+	if p.Spec.Cloud.AWS != nil {
+		cp.subnet = p.Spec.Cloud.AWS.SubnetID
+	}
+	for ip := range ci.Owned[p.Name] {
+		if !ci.Detaching[ip] {
+			cp.owned[ip] = true
+		}
+	}
+	if p.Status.Cloud != nil {
+		for _, w := range p.Status.Cloud.WarmIPs {
+			if ip, err := netip.ParseAddr(w.IP); err == nil && !ci.Detaching[ip] {
+				cp.owned[ip] = true
+			}
+		}
+	}
+	for i := range egs {
+		e := &egs[i]
+		if e.Spec.ExternalIPPool != p.Name {
+			continue
+		}
+		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil {
+			cp.owned[ip] = true
+			if e.Status.EgressNode != "" {
+				cp.bound[ip] = true
+			}
+		}
+		if e.Status.EgressNode != "" {
+			cp.load[e.Status.EgressNode]++
+		}
+	}
+	return cp
+}
+
+// fillWarm lists the available warm addresses once the allocation of kept
+// and named addresses has marked them used.
+func (cp *cloudPool) fillWarm(ci *cloudInput, at map[netip.Addr]string, eligible func(string) bool) {
+	for ip := range cp.owned {
+		node, ok := at[ip]
+		if !ok || cp.used[ip] || !eligible(node) || ci.Now.Before(ci.CoolUntil[ip]) {
+			continue
+		}
+		cp.avail[node] = append(cp.avail[node], ip)
+	}
+	for _, ips := range cp.avail {
+		slices.SortFunc(ips, func(a, b netip.Addr) int { return a.Compare(b) })
+	}
+}
+
+// takeWarm allocates a warm address on the least-loaded Node that has one
+// (ties: the Node name) and returns it with its Node.
+func (cp *cloudPool) takeWarm() (netip.Addr, string, bool) {
+	best := ""
+	for node, ips := range cp.avail {
+		if len(ips) == 0 {
+			continue
+		}
+		if best == "" || cp.load[node] < cp.load[best] || (cp.load[node] == cp.load[best] && node < best) {
+			best = node
+		}
+	}
+	if best == "" {
+		return netip.Addr{}, "", false
+	}
+	ip := cp.avail[best][0]
+	cp.avail[best] = cp.avail[best][1:]
+	cp.load[best]++
+	cp.used[ip] = true
+	return ip, best, true
+}
+
+// checkNamed says whether ip may be used from the cloud pool.
+func (cp *cloudPool) checkNamed(ip netip.Addr, pool *ipam.Pool) error {
+	if !ip.Is4() {
+		return fmt.Errorf("a cloud-backed pool is IPv4 only")
+	}
+	if cp.ranged && pool != nil {
+		return pool.Check(ip)
+	}
+	return nil
+}
+
+// cloudCapacity is the number of allocated egress IPs a Node's interface
+// may hold: its address limit, minus the primary, minus the secondary
+// addresses others (such as a CNI's Pod IPs) use, minus our warm addresses
+// on it that stay warm (a warm address taken by an Egress on this Node
+// counts as allocated). So an address moved onto the Node always finds a
+// free slot. ok is false when the Node's interface is unknown.
+func cloudCapacity(ifc cloud.Interface, pools []*cloudPool) (int, bool) {
+	if ifc.ID == "" {
+		return 0, false
+	}
+	taken := 0
+	for _, ip := range ifc.Secondary {
+		if !usedByAny(pools, ip) {
+			taken++
+		}
+	}
+	return max(ifc.Limit-1-taken, 0), true
+}
+
+// usedByAny reports whether ip is allocated to an Egress of a cloud pool.
+func usedByAny(pools []*cloudPool, ip netip.Addr) bool {
+	for _, cp := range pools {
+		if cp.used[ip] {
+			return true
+		}
+	}
+	return false
+}
+
+// warmNodes are the pool's eligible Nodes that may take warm addresses:
+// room is the smaller of the free slots of the interface (after the
+// attaches this pass asks for) and the Node's egress-IP capacity
+// (annotation or flag) left after every address of ours on it.
+func warmNodes(names []string, ci *cloudInput, capacity, held, poolLoad, attaching map[string]int) []warm.Node {
+	var out []warm.Node
+	for _, n := range names {
+		ifc := ci.Ifaces[n]
+		if ifc.ID == "" || ci.Blocked[ifc.ID] {
+			continue
+		}
+		room := min(ifc.Limit-1-len(ifc.Secondary), capacity[n]-held[n]) - attaching[n]
+		out = append(out, warm.Node{Name: n, InterfaceID: ifc.ID, Room: room, Load: poolLoad[n]})
+	}
+	slices.SortFunc(out, func(a, b warm.Node) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	switch {
+	case a <= 0:
+		return b
+	case b <= 0:
+		return a
+	}
+	return min(a, b)
+}
+
+// ownedByAny reports whether any cloud pool owns ip or uses it.
+func ownedByAny(pools []*cloudPool, ip netip.Addr) bool {
+	for _, cp := range pools {
+		if cp.owned[ip] || cp.used[ip] {
+			return true
+		}
+	}
+	return false
+}
+
+// sPoolNodes returns the eligible Node names of the scheduler pool name.
+func sPoolNodes(sp []scheduler.Pool, name string) []string {
+	for _, p := range sp {
+		if p.Name == name {
+			return p.EligibleNodes
+		}
+	}
+	return nil
+}
+
+// planCloudPool computes a cloud pool's warm addresses, its status and its
+// warm plan after allocation.
+func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNodes []string, ci *cloudInput,
+	at map[netip.Addr]string, sNodes []scheduler.Node, flagCapacity, attaching map[string]int, ours func(netip.Addr) bool) *cloudPoolOut {
+	o := &cloudPoolOut{Bound: map[netip.Addr]bool{}, Owned: map[netip.Addr]bool{}}
+	for ip := range cp.bound {
+		if cp.used[ip] {
+			o.Bound[ip] = true
+		}
+	}
+	for ip := range cp.used {
+		o.Owned[ip] = true
+		if _, ok := at[ip]; ok {
+			o.Status.Allocated++
+		}
+	}
+	var warmIPs []warm.IP
+	for ip := range cp.owned {
+		node, ok := at[ip]
+		if !ok || cp.used[ip] {
+			continue
+		}
+		o.Owned[ip] = true
+		cool := ci.CoolUntil[ip]
+		if ci.PrevAllocated[p.Name][ip] || cp.bound[ip] {
+			o.Released = append(o.Released, ip)
+			cool = ci.Now.Add(warm.Cooldown)
+		}
+		warmIPs = append(warmIPs, warm.IP{Addr: ip, Node: node, CoolUntil: cool})
+	}
+	slices.SortFunc(warmIPs, func(a, b warm.IP) int { return a.Addr.Compare(b.Addr) })
+	slices.SortFunc(o.Released, func(a, b netip.Addr) int { return a.Compare(b) })
+	o.Status.Warm = int32(len(warmIPs))
+	o.Status.Attached = o.Status.Allocated + o.Status.Warm
+	for _, w := range warmIPs {
+		if len(o.Status.WarmIPs) == 1000 { // the API's MaxItems; the rest stay in memory
+			break
+		}
+		o.Status.WarmIPs = append(o.Status.WarmIPs, v1.WarmIP{IP: w.Addr.String(), Node: w.Node})
+	}
+
+	eligible := map[string]bool{}
+	for _, n := range sNodes {
+		if n.Eligible {
+			eligible[n.Name] = true
+		}
+	}
+	held := map[string]int{}
+	poolLoad := map[string]int{}
+	for ip, node := range at {
+		if ours(ip) {
+			held[node]++
+		}
+		if o.Owned[ip] {
+			poolLoad[node]++
+		}
+	}
+	var names []string
+	for _, n := range poolNodes {
+		if eligible[n] {
+			names = append(names, n)
+		}
+	}
+	in := warm.Input{
+		Now: ci.Now, WarmTarget: int(cp.spec.WarmIPTarget), MinimumTarget: int(cp.spec.MinimumIPTarget),
+		Allocated: len(cp.used), Pending: cp.pending, Attaching: ci.WarmAttaching[p.Name], Warm: warmIPs,
+		Nodes:         warmNodes(names, ci, flagCapacity, held, poolLoad, attaching),
+		LastScaleDown: ci.LastScaleDown[p.Name], BackoffUntil: ci.PoolBackoff[p.Name], Ranged: cp.ranged,
+	}
+	if p.DeletionTimestamp != nil {
+		// A pool being deleted keeps nothing warm.
+		in.WarmTarget, in.MinimumTarget = 0, 0
+	}
+	if cp.ranged && pool != nil {
+		free := ipam.NewAllocator(pool)
+		for ip := range at {
+			_ = free.Reserve(ip) // addresses outside the pool are not in its ranges anyway
+		}
+		for ip := range cp.used {
+			_ = free.Reserve(ip)
+		}
+		want := in.WarmTarget + in.Pending + in.MinimumTarget
+		for range want {
+			ip, err := free.Allocate()
+			if err != nil {
+				break
+			}
+			in.Free = append(in.Free, ip)
+		}
+	}
+	o.Plan = warm.Compute(in)
+	return o
+}
