@@ -42,7 +42,10 @@ type Interface struct {
 type Provider interface {
 	// Interfaces maps Node names to spec.providerID values and returns each
 	// Node's primary interface, keyed by Node name. A Node whose instance
-	// does not exist is absent from the result; that is not an error.
+	// does not exist is absent from the result; that is not an error. A
+	// Node that cannot be looked up (e.g. a providerID of another cloud) is
+	// absent too, and reported in a non-nil error returned alongside the
+	// map of the others; a failed cloud API call returns a nil map.
 	Interfaces(ctx context.Context, providerIDs map[string]string) (map[string]Interface, error)
 	// Assign attaches ips to the interface, taking any of them away from
 	// another interface (a failover is one call).

@@ -203,7 +203,13 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("read interfaces: %w", err)
+		if got == nil {
+			return fmt.Errorf("read interfaces: %w", err)
+		}
+		// A partial answer: some Nodes could not be looked up (e.g. a
+		// providerID of another cloud or of Fargate). They hold no cloud
+		// IPs; the others go on.
+		log.FromContext(ctx).Info("Some Nodes have no cloud interface", "error", err.Error())
 	}
 	now := time.Now()
 	c.mu.Lock()

@@ -393,3 +393,34 @@ func TestEmuFigures(t *testing.T) {
 		}
 	})
 }
+
+// A Node whose spec.providerID is not an AWS one (a Fargate or on-premises
+// Node in the same cluster) neither blocks the others nor gets IPs.
+func TestEmuMalformedProviderIDBlocksNoOtherNode(t *testing.T) {
+	ec := newEmuCloud(t, ec2emu.Config{}, "10.5.0.0/24")
+	cl := newCluster(t, "emal", 3, 10)
+	cl.stopController()
+	for i := 1; i <= 2; i++ {
+		in, err := ec.emu.AddInstance(ec2emu.Instance{Type: "m5.large", SubnetID: ec.subnet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ec.instances = append(ec.instances, in)
+		cl.setProviderID(fmt.Sprintf("emal-n%d", i), in.ProviderID)
+	}
+	cl.setProviderID("emal-n3", "kind://docker/egressip/emal-n3")
+	cl.opts.Cloud = CloudConfig{Provider: ec.p, RefreshInterval: 2 * time.Second, BackoffInitial: 200 * time.Millisecond, BackoffMax: 2 * time.Second}
+	cl.startController()
+	cl.pool("emal", emuPool(ec, 4, 0))
+	cs := cl.waitWarm("emal", 4)
+	for _, w := range cs.WarmIPs {
+		if w.Node == "emal-n3" {
+			t.Fatalf("warm IP %s on the Node without an AWS instance", w.IP)
+		}
+	}
+	cl.egress("emal-a", "emal", "")
+	if e := cl.waitReady("emal-a")["emal-a"]; e.Status.EgressNode == "emal-n3" {
+		t.Fatalf("Egress placed on the Node without an AWS instance")
+	}
+	cl.noLeakEmu(ec, "emal", nil)
+}
