@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -82,6 +83,13 @@ func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool)
 	pool, err := poolspec.Parse(p)
 	if err != nil {
 		return apierrors.NewInvalid(poolGK, p.Name, field.ErrorList{field.Invalid(rangesPath, "", err.Error())})
+	}
+	if old != nil && equality.Semantic.DeepEqual(old.Spec.IPRanges, p.Spec.IPRanges) {
+		// Ranges unchanged (labels, finalizers, the node selector...): a
+		// pool that was admitted, or raced past this check with another,
+		// must still take its finalizer and edits; the controller marks the
+		// newer of two overlapping pools not Ready.
+		return nil
 	}
 	var errs field.ErrorList
 	var pools v1.ExternalIPPoolList

@@ -176,3 +176,35 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 	t.Fatalf("timed out waiting for %s", what)
 }
+
+// Two overlapping pools can both be admitted when created at the same
+// moment (each create's check ran before the other was stored). Updates
+// that leave the ranges alone (the controller's finalizer, labels) must
+// still pass, or the newer pool could never get its finalizer; an update
+// that changes the ranges is checked again.
+func TestPoolUpdateKeepingRangesSkipsOverlapCheck(t *testing.T) {
+	create(t, pool("race-a", v1.IPRange{CIDR: "198.51.100.64/28"}), "")
+	v := &egwebhook.PoolValidator{Reader: env.Client}
+	raced := pool("race-b", v1.IPRange{CIDR: "198.51.100.64/28"})
+	var err error
+	for range 50 { // the pool may take a moment to be listed
+		if _, err = v.ValidateCreate(context.Background(), raced); err != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), `overlaps ExternalIPPool "race-a"`) {
+		t.Fatalf("create of an overlapping pool = %v; want the overlap error", err)
+	}
+	withFinalizer := raced.DeepCopy()
+	withFinalizer.Finalizers = []string{"egressip.io/pool-in-use"}
+	withFinalizer.Labels = map[string]string{"team": "x"}
+	if _, err := v.ValidateUpdate(context.Background(), raced, withFinalizer); err != nil {
+		t.Errorf("metadata-only update of a pool that raced past the overlap check = %v; want it allowed", err)
+	}
+	moved := withFinalizer.DeepCopy()
+	moved.Spec.IPRanges = []v1.IPRange{{CIDR: "198.51.100.72/29"}}
+	if _, err := v.ValidateUpdate(context.Background(), withFinalizer, moved); err == nil || !strings.Contains(err.Error(), "overlaps") {
+		t.Errorf("range update that still overlaps = %v; want the overlap error", err)
+	}
+}
