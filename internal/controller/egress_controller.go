@@ -309,6 +309,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}
+	nd := &NodeDatapathReconciler{Client: mgr.GetClient(), Recorder: r.Recorder, Liveness: l}
+	if err := nd.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the Node datapath condition: %w", err)
+	}
 	m := &MembersReconciler{Client: mgr.GetClient(), MaxPerSlice: o.MaxMembersPerSlice}
 	if err := m.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up member slices: %w", err)
