@@ -33,6 +33,12 @@ const (
 	// address bound and announced. On an ExternalIPPool, Ready is True when
 	// the pool is valid and usable.
 	ConditionReady = "Ready"
+	// ConditionSelectorValid is False, with the parse error, while
+	// spec.appliedTo holds a selector that cannot be parsed (such an Egress
+	// selects no Pod); the condition is absent when the selectors are
+	// valid. Admission rejects such selectors (CEL, and the webhook when
+	// enabled); the condition covers objects admitted before.
+	ConditionSelectorValid = "SelectorValid"
 )
 
 // EgressNodeField is the field path of the egress Node, selectable in list

@@ -7,8 +7,11 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -94,4 +97,49 @@ func TestNodeDatapathCondition(t *testing.T) {
 	if c, ok, _ := cond(silent); ok {
 		t.Errorf("Node whose agent serves no finding got a condition: %+v", c)
 	}
+}
+
+// TestInvalidSelectorIsReported: an appliedTo selector the schema admits
+// (no webhook here) but that cannot be parsed gets SelectorValid=False
+// with the parse error and a Warning Event; fixing it removes the
+// condition. The Egress is still allocated and placed.
+func TestInvalidSelectorIsReported(t *testing.T) {
+	cl := newCluster(t, "badsel", 1, 10)
+	cl.pool("badsel", nil)
+	e := cl.egress("badsel-a", "badsel", "")
+	patch := client.MergeFrom(e.DeepCopy())
+	e.Spec.AppliedTo.PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "pay/ments"}}
+	if err := cl.c.Patch(cl.ctx, e, patch); err != nil {
+		t.Fatalf("the schema should admit a bad label value (only the webhook rejects it): %v", err)
+	}
+	cl.eventually("SelectorValid=False", func() (bool, string) {
+		e := cl.get("badsel-a")
+		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionSelectorValid)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonInvalidSelector && strings.Contains(c.Message, "pay/ments") &&
+			c.ObservedGeneration == e.Generation, describe(e)
+	})
+	cl.eventually("InvalidSelector Event", func() (bool, string) {
+		var evs eventsv1.EventList
+		if err := cl.c.List(cl.ctx, &evs); err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range evs.Items {
+			if ev.Regarding.Name == "badsel-a" && ev.Reason == ReasonInvalidSelector {
+				return strings.Contains(ev.Note, "podSelector"), ev.Note
+			}
+		}
+		return false, fmt.Sprintf("%d events, none InvalidSelector", len(evs.Items))
+	})
+	cl.waitReady("badsel-a")
+
+	e = cl.get("badsel-a")
+	patch = client.MergeFrom(e.DeepCopy())
+	e.Spec.AppliedTo.PodSelector.MatchLabels = map[string]string{"app": "payments"}
+	if err := cl.c.Patch(cl.ctx, e, patch); err != nil {
+		t.Fatal(err)
+	}
+	cl.eventually("SelectorValid condition removed", func() (bool, string) {
+		e := cl.get("badsel-a")
+		return meta.FindStatusCondition(e.Status.Conditions, v1.ConditionSelectorValid) == nil, describe(e)
+	})
 }
