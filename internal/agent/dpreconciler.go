@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -118,8 +119,11 @@ type HostStackCheck interface {
 // statusOf turns a host stack finding into the report's datapath status.
 func statusOf(f hostpath.Finding) *report.DatapathStatus {
 	if !f.Bypass {
-		return &report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack,
-			Message: fmt.Sprintf("no eBPF bypass of the host stack found (%d Pod devices examined)", f.Devices)}
+		msg := fmt.Sprintf("no eBPF bypass of the host stack found (%d Pod devices examined)", f.Devices)
+		if len(f.Unexamined) > 0 {
+			msg += "; not examined: " + strings.Join(f.Unexamined, ", ")
+		}
+		return &report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: msg}
 	}
 	msg := f.Message()
 	if len(msg) > report.MaxDatapathMessage {

@@ -18,6 +18,10 @@
 //   - Known devices of BPF dataplanes are evidence on their own: cilium_host
 //     (Cilium), bpfin.cali / bpfnatin (Calico eBPF).
 //
+// Querying tcx needs the bpf() system call, which a container's default
+// seccomp profile refuses without CAP_BPF or CAP_SYS_ADMIN (the agent has
+// neither); the finding then lists tcx as unexamined.
+//
 // A direct-action program may also return TC_ACT_OK and let packets reach
 // the stack (Cilium with bpf.hostLegacyRouting=true does so for traffic
 // leaving the cluster), which this check cannot tell apart from a
@@ -64,6 +68,10 @@ type Finding struct {
 	Evidence []string
 	// Devices is the number of Pod-side host devices examined.
 	Devices int
+	// Unexamined names checks that could not run, such as the tcx query
+	// when the bpf() system call is not permitted (a container's default
+	// seccomp profile allows it only with CAP_BPF or CAP_SYS_ADMIN).
+	Unexamined []string
 }
 
 // Message is the evidence joined for a condition message ("" without).
@@ -73,6 +81,8 @@ func (f Finding) Message() string { return strings.Join(f.Evidence, "; ") }
 type Detector struct {
 	ns netns.NsHandle
 	nl *netlink.Handle
+	// unexamined is set by examine when a check could not run.
+	unexamined string
 }
 
 // NewDetector opens a detector on the namespace ns (netns.None(): the
@@ -101,12 +111,13 @@ func (d *Detector) Close() error {
 
 // Detect examines the known BPF dataplane devices and the host devices of
 // the routes to podIPs (local, non-host-network Pods; at most MaxDevices
-// distinct devices). It returns an error, with what it found so far, when
-// a device's filters or programs cannot be listed; Pod IPs without a
-// route are skipped.
+// distinct devices). Pod IPs without a route are skipped. It returns an
+// error, with what it found so far, when a device's filters or programs
+// cannot be listed. It is not safe for concurrent use.
 func (d *Detector) Detect(podIPs []netip.Addr) (Finding, error) {
 	var f Finding
 	var errs []error
+	d.unexamined = ""
 	for name, what := range KnownDevices {
 		if _, err := d.nl.LinkByName(name); err == nil {
 			f.Evidence = append(f.Evidence, fmt.Sprintf("device %s of the %s BPF dataplane exists", name, what))
@@ -139,6 +150,9 @@ func (d *Detector) Detect(podIPs []netip.Addr) (Finding, error) {
 	slices.Sort(f.Evidence)
 	f.Evidence = slices.Compact(f.Evidence)
 	f.Bypass = len(f.Evidence) > 0
+	if d.unexamined != "" {
+		f.Unexamined = []string{d.unexamined}
+	}
 	return f, errors.Join(errs...)
 }
 
@@ -169,6 +183,8 @@ func (d *Detector) examine(l netlink.Link, ip netip.Addr) ([]string, error) {
 	}
 	n, err := d.tcxIngress(l.Attrs().Index)
 	switch {
+	case errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES):
+		d.unexamined = "tcx programs (bpf() not permitted)"
 	case err != nil:
 		errs = append(errs, fmt.Errorf("query tcx programs of %s: %w", name, err))
 	case n > 0:
