@@ -105,9 +105,9 @@ func TestReusedPodIP(t *testing.T) {
 			}
 			id1n1, id1n2 := uint32(f.dps[n1].IDs()["e1"]), uint32(f.dps[n2].IDs()["e1"])
 			aIP, bIP, cIP := a.IP(fm.v6), b.IP(fm.v6), c.IP(fm.v6)
-			if entriesFrom(t, n1, aIP, id1n1) == 0 || entriesFrom(t, n2, cIP, id1n2) == 0 || entriesFrom(t, n2, aIP, id1n2) == 0 {
-				t.Fatalf("no e1 conntrack entries before the change: n1 a=%d, n2 c=%d, n2 a=%d",
-					entriesFrom(t, n1, aIP, id1n1), entriesFrom(t, n2, cIP, id1n2), entriesFrom(t, n2, aIP, id1n2))
+			n1a, n2c, n2a := entriesFrom(t, n1, aIP, id1n1), entriesFrom(t, n2, cIP, id1n2), entriesFrom(t, n2, aIP, id1n2)
+			if n1a == 0 || n2c == 0 || n2a == 0 {
+				t.Fatalf("no e1 conntrack entries before the change: n1 a=%d, n2 c=%d, n2 a=%d", n1a, n2c, n2a)
 			}
 			keptB := entriesFrom(t, n1, bIP, id1n1)
 
