@@ -33,6 +33,12 @@ const (
 	// address bound and announced. On an ExternalIPPool, Ready is True when
 	// the pool is valid and usable.
 	ConditionReady = "Ready"
+	// ConditionSelectorValid is False, with the parse error, while
+	// spec.appliedTo holds a selector that cannot be parsed (such an Egress
+	// selects no Pod); the condition is absent when the selectors are
+	// valid. Admission rejects such selectors (CEL, and the webhook when
+	// enabled); the condition covers objects admitted before.
+	ConditionSelectorValid = "SelectorValid"
 )
 
 // EgressNodeField is the field path of the egress Node, selectable in list
@@ -53,6 +59,7 @@ type AppliedTo struct {
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="namespaceSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['In', 'NotIn']) || (has(e.values) && size(e.values) > 0))",message="namespaceSelector.matchExpressions: In and NotIn need at least one value"
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['Exists', 'DoesNotExist']) || !has(e.values) || size(e.values) == 0)",message="namespaceSelector.matchExpressions: Exists and DoesNotExist take no values"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) > 64 || self.matchLabels.all(k, !format.qualifiedName().validate(k).hasValue())",message="namespaceSelector.matchLabels: label keys are an optional DNS subdomain prefix and '/', then a name of at most 63 characters: letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
 	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
 
 	// PodSelector selects Pods within the selected namespaces; absent means
@@ -63,6 +70,7 @@ type AppliedTo struct {
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="podSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['In', 'NotIn']) || (has(e.values) && size(e.values) > 0))",message="podSelector.matchExpressions: In and NotIn need at least one value"
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['Exists', 'DoesNotExist']) || !has(e.values) || size(e.values) == 0)",message="podSelector.matchExpressions: Exists and DoesNotExist take no values"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) > 64 || self.matchLabels.all(k, !format.qualifiedName().validate(k).hasValue())",message="podSelector.matchLabels: label keys are an optional DNS subdomain prefix and '/', then a name of at most 63 characters: letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
 }
 

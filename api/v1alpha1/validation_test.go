@@ -70,6 +70,16 @@ func withPodExpr(e *v1.Egress, rs ...metav1.LabelSelectorRequirement) *v1.Egress
 	return e
 }
 
+func withNSLabels(e *v1.Egress, m map[string]string) *v1.Egress {
+	e.Spec.AppliedTo.NamespaceSelector = &metav1.LabelSelector{MatchLabels: m}
+	return e
+}
+
+func withPodLabels(e *v1.Egress, m map[string]string) *v1.Egress {
+	e.Spec.AppliedTo.PodSelector = &metav1.LabelSelector{MatchLabels: m}
+	return e
+}
+
 func withPolicy(e *v1.Egress, p v1.FailurePolicy) *v1.Egress {
 	e.Spec.FailurePolicy = p
 	return e
@@ -141,6 +151,8 @@ func TestValidation(t *testing.T) {
 		{"selector expressions", withPodExpr(egress("ok-expr", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"db"}},
 			metav1.LabelSelectorRequirement{Key: "tier", Operator: metav1.LabelSelectorOpDoesNotExist}), ""},
 		{"egress ipv6", egress("ok-v6", "v6-pool", "2001:db8::5"), ""},
+		{"selector prefixed keys, empty value", withPodLabels(egress("ok-keys", "office-egress", ""), map[string]string{"app.kubernetes.io/name": "pay_v1.2", "tier": ""}), ""},
+		{"selector 63-character name and value", withNSLabels(egress("ok-63", "office-egress", ""), map[string]string{"example.com/" + strings.Repeat("k", 63): strings.Repeat("v", 63)}), ""},
 
 		{"cloud pool without ranges", pool("ok-cloud", cloudAWS("subnet-0123456789abcdef0", 10, 2)), ""},
 		{"cloud pool with ipv4 ranges", pool("ok-cloud-ranges", cloudAWS("subnet-01234567", 1000, 1000), cidr("10.0.1.0/28")), ""},
@@ -218,6 +230,10 @@ func TestValidation(t *testing.T) {
 		{"selector operator unknown", withPodExpr(egress("bad-op", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: "Near", Values: []string{"x"}}), "podSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"},
 		{"selector In without values", withPodExpr(egress("bad-in", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpIn}), "podSelector.matchExpressions: In and NotIn need at least one value"},
 		{"selector Exists with values", withPodExpr(egress("bad-exists", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: metav1.LabelSelectorOpExists, Values: []string{"x"}}), "podSelector.matchExpressions: Exists and DoesNotExist take no values"},
+		{"namespace label key with a space", withNSLabels(egress("bad-ns-key", "office-egress", ""), map[string]string{"team name": "pay"}), "namespaceSelector.matchLabels: label keys are an optional DNS subdomain prefix"},
+		{"pod label key name too long", withPodLabels(egress("bad-pod-key", "office-egress", ""), map[string]string{strings.Repeat("k", 64): "x"}), "podSelector.matchLabels: label keys are"},
+		{"pod label key bad prefix", withPodLabels(egress("bad-pod-prefix", "office-egress", ""), map[string]string{"Example_Com/app": "x"}), "podSelector.matchLabels: label keys are"},
+		{"pod label key empty name", withPodLabels(egress("bad-pod-slash", "office-egress", ""), map[string]string{"example.com/": "x"}), "podSelector.matchLabels: label keys are"},
 		{"failurePolicy unknown", withPolicy(egress("bad-policy", "office-egress", ""), "Drop"), `spec.failurePolicy: Unsupported value: "Drop"`},
 
 		// EgressMemberSlice.

@@ -51,11 +51,17 @@ func run(args []string, stderr io.Writer) int {
 		withDatapath                  bool
 		clusterCIDRs, svcCIDRs, excls cidrList
 		dpUplink                      string
+		hostStackCheck                bool
 	)
 	fs.BoolVar(&withDatapath, "datapath", false, "Also program the datapath that makes selected Pods' traffic leave with their Egress's IP (a VXLAN-GPE tunnel device, an nftables table and policy routing of egressip's own). The chart turns it on.")
 	fs.Var(&clusterCIDRs, "cluster-cidrs", "Comma-separated Pod CIDRs, never sent through an egress IP. Default: every Node's spec.podCIDRs.")
 	fs.Var(&svcCIDRs, "service-cidrs", "Comma-separated Service CIDRs, never sent through an egress IP (traffic to a ClusterIP is matched after kube-proxy's DNAT, so this matters for Services without endpoints or with external ones).")
 	fs.Var(&excls, "exclude-cidrs", "Comma-separated further destinations never sent through an egress IP (for example a corporate network reached without NAT).")
+	fs.BoolVar(&hostStackCheck, "datapath-host-stack-check", true,
+		"With --datapath, check whether the CNI steers Pod traffic past the host's IP stack with eBPF "+
+			"(direct-action tc or tcx programs on Pods' host devices, netkit, Cilium or Calico eBPF devices) and report it"+
+			" in the Node condition EgressDatapathSupported. "+
+			"Turn it off where such programs let traffic reach the stack (Cilium with bpf.hostLegacyRouting=true).")
 	fs.StringVar(&dpUplink, "datapath-uplink", "", "Interface toward the other Nodes, whose MTU sizes the tunnel. Default: --interface, else the interface of the default route.")
 	// --kubeconfig, as every controller-runtime binary has it (registered
 	// on the default flag set by controller-runtime's config package).
@@ -100,6 +106,15 @@ func run(args []string, stderr io.Writer) int {
 		}
 		defer func() { _ = eng.Close() }()
 		o.Datapath = eng
+		if hostStackCheck {
+			hc, err := agent.NewHostCheck(o.NetNSPath)
+			if err != nil {
+				log.Error(err, "cannot start the host stack check")
+				return 1
+			}
+			defer func() { _ = hc.Close() }()
+			o.HostCheck = hc
+		}
 		o.CIDRs = agent.CIDRs{ClusterCIDRs: clusterCIDRs.list, ServiceCIDRs: svcCIDRs.list, ExcludeCIDRs: excls.list}
 		log.Info("datapath on", "uplink", eng.Config().Uplink, "uplinkMTU", eng.Config().UplinkMTU, "clusterCIDRs", cmp.Or(clusterCIDRs.String(), "Nodes' podCIDRs"), "serviceCIDRs", svcCIDRs.String(), "excludeCIDRs", excls.String())
 	}

@@ -85,7 +85,14 @@ type Agent struct {
 	state map[netip.Addr]*entry
 
 	synced atomic.Bool // a reconcile has completed
+
+	// dpStatus is the datapath finding served in the report (nil: none).
+	dpStatus atomic.Pointer[report.DatapathStatus]
 }
+
+// SetDatapathStatus sets the datapath finding the report serves; nil
+// removes it.
+func (a *Agent) SetDatapathStatus(s *report.DatapathStatus) { a.dpStatus.Store(s) }
 
 // New opens the netlink and announcement machinery in the configured
 // namespace and reads the addresses egressip already owns there (left by a
@@ -176,6 +183,10 @@ func (a *Agent) Report() report.Report {
 	r := report.Report{Node: a.cfg.NodeName, Instance: a.instance, Bound: make([]report.BoundIP, 0, len(a.state))}
 	for ip, e := range a.state {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: e.iface, Announced: e.announced})
+	}
+	if st := a.dpStatus.Load(); st != nil {
+		c := *st
+		r.Datapath = &c
 	}
 	r.Sort()
 	return r

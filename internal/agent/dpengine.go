@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/agent/hostpath"
 )
 
 // Engine is the kernel datapath of one Node with the namespace handle it
@@ -93,4 +94,42 @@ func routeLink(ns netns.NsHandle) (string, error) {
 		return l.Attrs().Name, nil
 	}
 	return "", errors.Join(errs...)
+}
+
+// HostCheck is package hostpath's detector on a Node's namespace; Close
+// releases both.
+type HostCheck struct {
+	*hostpath.Detector
+	ns netns.NsHandle
+}
+
+// Close releases the detector and the namespace handle.
+func (c *HostCheck) Close() error {
+	err := c.Detector.Close()
+	if c.ns.IsOpen() {
+		err = errors.Join(err, c.ns.Close())
+	}
+	return err
+}
+
+// NewHostCheck opens the host stack check (package hostpath) in the
+// network namespace at netnsPath (empty: the agent's own). It fails when
+// the namespace or a netlink socket cannot be opened.
+func NewHostCheck(netnsPath string) (*HostCheck, error) {
+	ns := netns.None()
+	if netnsPath != "" {
+		h, err := netns.GetFromPath(netnsPath)
+		if err != nil {
+			return nil, fmt.Errorf("host stack check: open network namespace %s: %w", netnsPath, err)
+		}
+		ns = h
+	}
+	d, err := hostpath.NewDetector(ns)
+	if err != nil {
+		if ns.IsOpen() {
+			_ = ns.Close()
+		}
+		return nil, err
+	}
+	return &HostCheck{Detector: d, ns: ns}, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +32,8 @@ import (
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/agent/hostpath"
+	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/selection"
 )
 
@@ -106,6 +110,76 @@ func init() {
 	}
 }
 
+// HostStackCheck is package hostpath's *Detector, or a stand-in in tests.
+type HostStackCheck interface {
+	// Detect examines the host devices of the routes to podIPs.
+	Detect(podIPs []netip.Addr) (hostpath.Finding, error)
+}
+
+// statusOf turns a host stack finding into the report's datapath status.
+func statusOf(f hostpath.Finding) *report.DatapathStatus {
+	if !f.Bypass {
+		msg := fmt.Sprintf("no eBPF bypass of the host stack found (%d Pod devices examined)", f.Devices)
+		if len(f.Unexamined) > 0 {
+			msg += "; not examined: " + strings.Join(f.Unexamined, ", ")
+		}
+		return &report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: msg}
+	}
+	msg := f.Message()
+	if len(msg) > report.MaxDatapathMessage {
+		msg = msg[:report.MaxDatapathMessage-3] + "..."
+	}
+	return &report.DatapathStatus{Supported: false, Reason: report.ReasonHostStackBypass, Message: msg}
+}
+
+// localPodIPs returns the IPs of the Pods running on node, host-network
+// Pods excepted.
+func localPodIPs(pods []corev1.Pod, node string) []netip.Addr {
+	var out []netip.Addr
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.NodeName != node || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, pip := range p.Status.PodIPs {
+			if ip, err := netip.ParseAddr(pip.IP); err == nil {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out
+}
+
+// checkHostStack runs HostCheck and hands a changed finding to OnFinding,
+// logging and recording an Event on a change.
+func (r *DatapathReconciler) checkHostStack(ctx context.Context, pods []corev1.Pod) {
+	if r.HostCheck == nil {
+		return
+	}
+	log := ctrllog.FromContext(ctx)
+	f, err := r.HostCheck.Detect(localPodIPs(pods, r.NodeName))
+	if err != nil {
+		log.Error(err, "check whether Pod traffic crosses the host stack")
+		return
+	}
+	st := statusOf(f)
+	r.mu.Lock()
+	changed := r.lastFinding == nil || *r.lastFinding != *st
+	r.lastFinding = st
+	r.mu.Unlock()
+	if !changed {
+		return
+	}
+	if st.Supported {
+		log.Info("Pod traffic crosses the host stack", "devices", f.Devices)
+	} else {
+		log.Info("Pod traffic bypasses the host stack: the datapath cannot carry it", "evidence", st.Message)
+	}
+	if r.OnFinding != nil {
+		r.OnFinding(st)
+	}
+}
+
 // DatapathReconciler computes this Node's datapath State from the cache
 // (all Egresses and pools, all Namespaces and Nodes, this Node's Pods, the
 // EgressMemberSlices) and applies it to DP when it changed, and again every
@@ -119,13 +193,21 @@ type DatapathReconciler struct {
 	// ResyncPeriod is the period of re-applying an unchanged State; 0
 	// means DefaultResyncPeriod.
 	ResyncPeriod time.Duration
+	// HostCheck, when set, is run on every reconcile over the IPs of this
+	// Node's Pods (host-network Pods excepted) to find a CNI that bypasses
+	// the host's IP stack; its finding goes to OnFinding.
+	HostCheck HostStackCheck
+	// OnFinding receives each finding of HostCheck (the agent serves it in
+	// its report); it is not called when the check fails.
+	OnFinding func(*report.DatapathStatus)
 
 	reader client.Reader
 	log    logr.Logger
 
-	mu        sync.Mutex
-	last      *datapath.State
-	lastApply time.Time
+	mu          sync.Mutex
+	last        *datapath.State
+	lastApply   time.Time
+	lastFinding *report.DatapathStatus
 }
 
 func (r *DatapathReconciler) lastNames() []string {
@@ -180,6 +262,7 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 		}
 	}
 	in.Egresses, in.Pools, in.Namespaces, in.Pods, in.Slices, in.Nodes = egs.Items, pools.Items, nss.Items, pods.Items, slices.Items, nodes.Items
+	r.checkHostStack(ctx, pods.Items)
 	st := computeState(in)
 
 	r.mu.Lock()

@@ -293,6 +293,10 @@ type RunOptions struct {
 	Datapath Datapath
 	// CIDRs are the destinations kept off egress paths (Datapath only).
 	CIDRs CIDRs
+	// HostCheck, when set with Datapath, checks on every datapath
+	// reconcile whether the CNI bypasses the host stack; the finding is
+	// served in the report (report.Report.Datapath).
+	HostCheck HostStackCheck
 }
 
 // Run runs the agent until ctx is done: it creates the Agent (New), starts
@@ -351,6 +355,9 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	}
 	if o.Datapath != nil {
 		dr := &DatapathReconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod}
+		if o.HostCheck != nil {
+			dr.HostCheck, dr.OnFinding = o.HostCheck, a.SetDatapathStatus
+		}
 		if err := dr.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("agent: set up datapath controller: %w", err)
 		}

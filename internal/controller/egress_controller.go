@@ -163,6 +163,9 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			if ch.EventReason != "" {
 				r.Recorder.Eventf(e, nil, ch.EventType, ch.EventReason, "Schedule", "%s", ch.EventNote)
 			}
+			if ch.SelectorEvent != "" {
+				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
+			}
 			if ch.MoveReason != "" {
 				movesTotal.WithLabelValues(ch.MoveReason).Inc()
 			}
@@ -337,6 +340,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
+	}
+	nd := &NodeDatapathReconciler{Client: mgr.GetClient(), Recorder: r.Recorder, Liveness: l}
+	if err := nd.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the Node datapath condition: %w", err)
 	}
 	m := &MembersReconciler{Client: mgr.GetClient(), MaxPerSlice: o.MaxMembersPerSlice}
 	if err := m.SetupWithManager(mgr); err != nil {

@@ -85,6 +85,35 @@ type Liveness struct {
 	agents    map[string]*AgentState
 	expedited map[string]bool
 	runCtx    context.Context // the context Start runs with
+	// dpHook is called with a Node's name when its agent's datapath
+	// finding changes (see onDatapathChange).
+	dpHook func(node string)
+}
+
+// onDatapathChange makes fn be called, outside the lock, with the name of
+// every Node whose agent's datapath finding (report.Report.Datapath)
+// changes, and at once for every Node already known.
+func (l *Liveness) onDatapathChange(fn func(node string)) {
+	l.mu.Lock()
+	l.dpHook = fn
+	known := make([]string, 0, len(l.agents))
+	for n, s := range l.agents {
+		if s.Known {
+			known = append(known, n)
+		}
+	}
+	l.mu.Unlock()
+	for _, n := range known {
+		fn(n)
+	}
+}
+
+// sameDatapath reports whether two findings are equal (nil: none).
+func sameDatapath(a, b *report.DatapathStatus) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
 }
 
 // expediteInterval and expediteFor: how often and how long a Node that must
@@ -212,9 +241,10 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 		s = &AgentState{LastSeen: now}
 		l.agents[node] = s
 	}
-	changed := false
+	changed, dpChanged := false, false
 	if hasAddr && err == nil && rep.Node == node {
 		changed = !s.Known || s.Dead || !sameBound(s.Report, rep)
+		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath)
 		s.Known, s.Dead, s.failures, s.LastSeen, s.Report = true, false, 0, now, rep
 	} else {
 		s.failures++
@@ -223,9 +253,13 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 			log.FromContext(ctx).Info("agent declared dead", "node", node, "failures", s.failures, "lastSeen", s.LastSeen, "err", err)
 		}
 	}
+	hook := l.dpHook
 	l.mu.Unlock()
 	if changed {
 		l.notify()
+	}
+	if dpChanged && hook != nil {
+		hook(node)
 	}
 }
 

@@ -34,6 +34,9 @@ const (
 	ReasonValid             = "Valid"
 	ReasonInvalid           = "Invalid"
 	ReasonInUse             = "InUse"
+	// ReasonInvalidSelector: spec.appliedTo holds a selector that cannot be
+	// parsed (condition SelectorValid and a Warning Event).
+	ReasonInvalidSelector = "InvalidSelector"
 	// ReasonNoEgressNode is the Ready reason while no Node holds the
 	// Egress's IP (none allocated or none assigned); the selected Pods'
 	// traffic then follows spec.failurePolicy.
@@ -79,6 +82,9 @@ type egressChange struct {
 	EventType, EventReason, EventNote string
 	// MoveReason is set when the Egress leaves a Node (for metrics).
 	MoveReason string
+	// SelectorEvent, when set, is the note of a Warning Event
+	// (ReasonInvalidSelector): the Egress's selectors became unparsable.
+	SelectorEvent string
 }
 
 // passOutput is what a pass decides.
@@ -460,6 +466,16 @@ func plan(in passInput) passOutput {
 			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, ReasonNoEgressNode, rc.Message
 		}
 		meta.SetStatusCondition(&st.Conditions, rc)
+		if err := selectorError(e); err != nil {
+			msg := "spec.appliedTo selects no Pod: " + err.Error()
+			if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionSelectorValid); prev == nil || prev.Message != msg {
+				ch.SelectorEvent = msg
+			}
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionSelectorValid, Status: metav1.ConditionFalse,
+				Reason: ReasonInvalidSelector, Message: msg, ObservedGeneration: e.Generation})
+		} else {
+			meta.RemoveStatusCondition(&st.Conditions, v1.ConditionSelectorValid)
+		}
 		ch.Status = st
 		out.Egresses[e.Name] = ch
 	}
@@ -535,6 +551,24 @@ func plan(in passInput) passOutput {
 		out.Pools[p.Name] = st
 	}
 	return out
+}
+
+// selectorError is the error parsing e's appliedTo selectors would give
+// the member publication and the agents (metav1.LabelSelectorAsSelector),
+// or nil.
+func selectorError(e *v1.Egress) error {
+	for _, s := range []struct {
+		name string
+		sel  *metav1.LabelSelector
+	}{{"namespaceSelector", e.Spec.AppliedTo.NamespaceSelector}, {"podSelector", e.Spec.AppliedTo.PodSelector}} {
+		if s.sel == nil {
+			continue
+		}
+		if _, err := metav1.LabelSelectorAsSelector(s.sel); err != nil {
+			return fmt.Errorf("%s: %w", s.name, err)
+		}
+	}
+	return nil
 }
 
 // olderFirst orders objects by creationTimestamp, then name: the priority

@@ -44,15 +44,23 @@ type fakeAgent struct {
 	addr netip.Addr
 	srv  *http.Server
 
-	mu      sync.Mutex
-	bound   map[netip.Addr]bool
-	stopped bool
+	mu       sync.Mutex
+	bound    map[netip.Addr]bool
+	stopped  bool
+	datapath *report.DatapathStatus // served as the report's finding
+}
+
+// setDatapath sets the datapath finding the agent serves (nil: none).
+func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
+	a.mu.Lock()
+	a.datapath = st
+	a.mu.Unlock()
 }
 
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test"}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath}
 	for ip := range a.bound {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
 	}

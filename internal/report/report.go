@@ -50,6 +50,38 @@ type Report struct {
 	Instance string `json:"instance"`
 	// Bound lists the egress IPs bound on the Node, sorted by IP.
 	Bound []BoundIP `json:"bound"`
+	// Datapath is the agent's finding on whether its datapath can carry
+	// the Node's Pod traffic; nil when the agent runs no datapath, has the
+	// check turned off, or has not checked yet. The controller mirrors it
+	// in the Node condition EgressDatapathSupported.
+	Datapath *DatapathStatus `json:"datapath,omitempty"`
+}
+
+// Reasons of DatapathStatus, also the reasons of the Node condition.
+const (
+	// ReasonHostStack: the Pods' traffic crosses the host's IP stack, where
+	// the datapath acts (no evidence of a BPF bypass).
+	ReasonHostStack = "HostStackCrossed"
+	// ReasonHostStackBypass: the CNI steers Pod traffic past the host's
+	// IP stack with eBPF, so selected Pods would leave with their own
+	// address; the message names the evidence.
+	ReasonHostStackBypass = "HostStackBypass"
+)
+
+// MaxDatapathMessage bounds DatapathStatus.Message, in bytes.
+const MaxDatapathMessage = 1024
+
+// DatapathStatus is whether the agent's datapath can work on its Node.
+type DatapathStatus struct {
+	// Supported is false when the check found evidence that Pod traffic
+	// bypasses the host's IP stack.
+	Supported bool `json:"supported"`
+	// Reason is ReasonHostStack or ReasonHostStackBypass (CamelCase, as a
+	// Kubernetes condition reason).
+	Reason string `json:"reason"`
+	// Message is a human-readable account of the evidence, at most
+	// MaxDatapathMessage bytes.
+	Message string `json:"message,omitempty"`
 }
 
 // Lookup returns the entry for ip and whether the report lists it.

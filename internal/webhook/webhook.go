@@ -6,7 +6,12 @@
 //     allocated to Egresses (adding a separate range is fine);
 //   - an Egress's spec.egressIP must lie in the pool it names and be of that
 //     pool's family (when the pool exists; a missing pool is reported by the
-//     controller as a condition, since pools may be created after Egresses).
+//     controller as a condition, since pools may be created after Egresses);
+//   - an Egress's appliedTo selectors must parse as Kubernetes label
+//     selectors (label values and matchExpressions keys and values; CEL in
+//     the schema checks the operators and matchLabels keys, but checking
+//     every value exceeds the CEL cost budget of an unbounded
+//     metav1.LabelSelector).
 //
 // The checks read the manager's cache, so two conflicting objects created
 // in the same instant can both pass; the controller's pass catches that case
@@ -22,6 +27,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -138,7 +144,8 @@ func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool)
 	return nil
 }
 
-// EgressValidator checks an Egress's named IP against its pool.
+// EgressValidator checks an Egress's selectors, and its named IP against
+// its pool.
 type EgressValidator struct {
 	Reader client.Reader
 }
@@ -159,6 +166,19 @@ func (v *EgressValidator) ValidateDelete(context.Context, *v1.Egress) (admission
 }
 
 func (v *EgressValidator) validate(ctx context.Context, e *v1.Egress) (admission.Warnings, error) {
+	// The same rules metav1.LabelSelectorAsSelector applies when the
+	// controller and the agents parse the selectors.
+	at := field.NewPath("spec", "appliedTo")
+	var errs field.ErrorList
+	if s := e.Spec.AppliedTo.NamespaceSelector; s != nil {
+		errs = append(errs, metav1validation.ValidateLabelSelector(s, metav1validation.LabelSelectorValidationOptions{}, at.Child("namespaceSelector"))...)
+	}
+	if s := e.Spec.AppliedTo.PodSelector; s != nil {
+		errs = append(errs, metav1validation.ValidateLabelSelector(s, metav1validation.LabelSelectorValidationOptions{}, at.Child("podSelector"))...)
+	}
+	if len(errs) > 0 {
+		return nil, apierrors.NewInvalid(egressGK, e.Name, errs)
+	}
 	var p v1.ExternalIPPool
 	if err := v.Reader.Get(ctx, client.ObjectKey{Name: e.Spec.ExternalIPPool}, &p); err != nil {
 		if apierrors.IsNotFound(err) {

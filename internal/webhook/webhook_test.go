@@ -114,6 +114,27 @@ func TestEgressIPMustLieInItsPool(t *testing.T) {
 	create(t, egress("eip-ok", "eip-in", "203.0.113.5"), "")
 }
 
+// TestEgressSelectorsMustParse: selectors the schema's CEL lets through
+// but the controller and agents could not parse are rejected here.
+func TestEgressSelectorsMustParse(t *testing.T) {
+	create(t, pool("sel-pool", v1.IPRange{CIDR: "203.0.113.32/28"}), "")
+	withPod := func(name string, s *metav1.LabelSelector) *v1.Egress {
+		e := egress(name, "sel-pool", "")
+		e.Spec.AppliedTo.PodSelector = s
+		return e
+	}
+	create(t, withPod("sel-ok", &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "pay", "tier": ""},
+		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "env", Operator: metav1.LabelSelectorOpIn, Values: []string{"prod", "stage"}}}}), "")
+	create(t, withPod("sel-val-slash", &metav1.LabelSelector{MatchLabels: map[string]string{"team": "pay/ments"}}), "spec.appliedTo.podSelector.matchLabels")
+	create(t, withPod("sel-val-long", &metav1.LabelSelector{MatchLabels: map[string]string{"app": strings.Repeat("v", 64)}}), "must be no more than 63 bytes")
+	create(t, withPod("sel-val-dash", &metav1.LabelSelector{MatchLabels: map[string]string{"app": "pay-"}}), "spec.appliedTo.podSelector.matchLabels")
+	create(t, withPod("sel-expr-key", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "-app", Operator: metav1.LabelSelectorOpExists}}}), "spec.appliedTo.podSelector.matchExpressions[0].key")
+	create(t, withPod("sel-expr-val", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: []string{"ok", "not ok"}}}}), "spec.appliedTo.podSelector.matchExpressions[0].values[1]")
+	ns := egress("sel-ns-val", "sel-pool", "")
+	ns.Spec.AppliedTo.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a b"}}
+	create(t, ns, "spec.appliedTo.namespaceSelector.matchLabels")
+}
+
 func TestPoolUpdateMustKeepAllocatedIPs(t *testing.T) {
 	ctx := context.Background()
 	create(t, pool("upd", v1.IPRange{CIDR: "192.0.2.64/28"}), "")

@@ -32,6 +32,10 @@ type Plan struct {
 	Roles map[string]Role
 	// EIPs is the egress IP of every Egress whose role here is RoleEgress.
 	EIPs map[string]netip.Addr
+	// Members maps every member IP classified on this Node (the local and
+	// remote maps of the table) to the connection-mark bits it gets: the
+	// Egress's ID mark, with FromTunnel for remote members.
+	Members map[netip.Addr]uint32
 	// NFT is the content of the nftables table.
 	NFT Ruleset
 	// Routes are the encapsulating routes, sorted by table then prefix.
@@ -203,6 +207,7 @@ func Build(cfg Config, st State, prev IDs) (Plan, error) {
 		}
 	}
 	p.NFT = buildRuleset(cfg, st, plans)
+	p.Members = membersOf(p.NFT.Sets)
 	p.Routes, p.Rules = buildRouting(cfg, plans)
 	if len(left) > 0 {
 		return p, fmt.Errorf("build datapath: %w: %d left without a datapath: %v", ErrTooManyEgresses, len(left), left)

@@ -42,6 +42,8 @@ type Datapath struct {
 	ids   IDs
 	roles map[string]Role
 	eips  map[string]netip.Addr
+	// members is the programmed member classification (Plan.Members).
+	members map[netip.Addr]uint32
 	// applied is the last Plan applied; nil until the first Apply, which
 	// then reconciles against the kernel rather than memory.
 	applied *Plan
@@ -123,7 +125,7 @@ func (d *Datapath) table() *nftables.Table {
 // readBack loads IDs, roles and held egress IPs from the table's ids and
 // snat sets. A missing table means a fresh Node.
 func (d *Datapath) readBack() error {
-	d.ids, d.roles, d.eips = IDs{}, map[string]Role{}, map[string]netip.Addr{}
+	d.ids, d.roles, d.eips, d.members = IDs{}, map[string]Role{}, map[string]netip.Addr{}, map[netip.Addr]uint32{}
 	c, err := d.nft()
 	if err != nil {
 		return err
@@ -158,6 +160,21 @@ func (d *Datapath) readBack() error {
 		d.ids[name] = uint16(mark >> d.cfg.idShift())
 		byMark[mark] = name
 	}
+	var members []SetContent
+	for _, f := range families {
+		for _, name := range []string{mapLocal + f.suffix, mapRemote + f.suffix} {
+			s, err := c.GetSetByName(t, name)
+			if err != nil {
+				continue
+			}
+			els, err := c.GetSetElements(s)
+			if err != nil {
+				return fmt.Errorf("read back map %s: %w", name, err)
+			}
+			members = append(members, SetContent{Set: nftables.Set{Name: name}, Elements: els})
+		}
+	}
+	d.members = membersOf(members)
 	for _, f := range families {
 		s, err := c.GetSetByName(t, mapSNAT+f.suffix)
 		if err != nil {
@@ -215,7 +232,7 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 	if n > 0 {
 		logger.Info("conntrack entries deleted after role changes", "entries", n)
 	}
-	d.ids, d.roles, d.eips, d.applied = plan.IDs, plan.Roles, plan.EIPs, &plan
+	d.ids, d.roles, d.eips, d.members, d.applied = plan.IDs, plan.Roles, plan.EIPs, plan.Members, &plan
 	return buildErr
 }
 
@@ -562,29 +579,42 @@ func (d *Datapath) syncRules(want []PolicyRule) error {
 	return nil
 }
 
-// ctFilter selects conntrack entries by connection-mark ID or by the
-// reply-direction destination (the egress IP of an SNATed flow).
+// ctFilter selects conntrack entries by connection-mark ID, by the
+// reply-direction destination (the egress IP of an SNATed flow), or by
+// original source and ID together (a member IP that left that Egress).
 type ctFilter struct {
 	mask  uint32
 	marks map[uint32]bool
 	ips   map[netip.Addr]bool
+	// left maps a member IP that no longer belongs to an Egress here to
+	// the ID mark (masked) its old entries carry.
+	left map[netip.Addr]uint32
 }
 
 func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
-	if f.marks[flow.Mark&f.mask] {
+	id := flow.Mark & f.mask
+	if f.marks[id] {
 		return true
 	}
 	if a, ok := netip.AddrFromSlice(flow.Reverse.DstIP); ok && f.ips[a.Unmap()] {
 		return true
 	}
+	if a, ok := netip.AddrFromSlice(flow.Forward.SrcIP); ok && id != 0 {
+		if m, ok := f.left[a.Unmap()]; ok && m == id {
+			return true
+		}
+	}
 	return false
 }
 
 // cleanConntrack deletes the entries of Egresses whose role on this Node
-// changed (local <-> tunnelled <-> failed <-> none) and of egress IPs this
-// Node no longer holds; it returns how many were deleted.
+// changed (local <-> tunnelled <-> failed <-> none), of egress IPs this
+// Node no longer holds, and of member IPs that left an Egress here (only
+// the entries they opened under that Egress's mark: an IP reused by
+// another Pod must be classified afresh, while its unmarked in-cluster
+// flows stay). It returns how many were deleted.
 func (d *Datapath) cleanConntrack(plan Plan) (uint, error) {
-	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}}
+	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}, left: map[netip.Addr]uint32{}}
 	for name, id := range d.ids {
 		if nid, ok := plan.IDs[name]; !ok || nid != id || plan.Roles[name] != d.roles[name] {
 			f.marks[d.cfg.Mark(id)] = true
@@ -595,7 +625,14 @@ func (d *Datapath) cleanConntrack(plan Plan) (uint, error) {
 			f.ips[ip] = true
 		}
 	}
-	if len(f.marks) == 0 && len(f.ips) == 0 {
+	for ip, mark := range d.members {
+		if nm, ok := plan.Members[ip]; !ok || nm != mark {
+			if id := mark & d.cfg.IDMask; id != 0 && !f.marks[id] {
+				f.left[ip] = id
+			}
+		}
+	}
+	if len(f.marks) == 0 && len(f.ips) == 0 && len(f.left) == 0 {
 		return 0, nil
 	}
 	var total uint
@@ -654,6 +691,6 @@ func (d *Datapath) Teardown(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("delete %s: %w", d.cfg.TunnelDevice, err))
 		}
 	}
-	d.applied, d.ids, d.roles, d.eips = nil, IDs{}, map[string]Role{}, map[string]netip.Addr{}
+	d.applied, d.ids, d.roles, d.eips, d.members = nil, IDs{}, map[string]Role{}, map[string]netip.Addr{}, map[netip.Addr]uint32{}
 	return errors.Join(errs...)
 }

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"os/exec"
 	"strings"
@@ -105,6 +106,11 @@ func TestApplyIdempotentRestartTeardown(t *testing.T) {
 		if d2.IDs()[k] != v {
 			t.Fatalf("read-back ID of %s = %d, want %d", k, d2.IDs()[k], v)
 		}
+	}
+	// The member classification is read back too: a member that leaves
+	// while the agent is down still gets its entries cleaned.
+	if want := d.applied.Members; len(want) != 7 || !maps.Equal(d2.members, want) {
+		t.Fatalf("read-back members %v, want %v (7 entries)", d2.members, want)
 	}
 	// Shuffle the Egress order: the result must not depend on it.
 	st2 := sampleState()

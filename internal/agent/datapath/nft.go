@@ -457,3 +457,26 @@ func markOf(b []byte) (uint32, error) {
 	}
 	return binary.NativeEndian.Uint32(b), nil
 }
+
+// membersOf decodes the member maps (local and remote, both families) of
+// a ruleset or of a table read back from the kernel: member IP -> the
+// connection-mark bits the classify chain gives its new flows. Elements
+// that do not decode are skipped.
+func membersOf(sets []SetContent) map[netip.Addr]uint32 {
+	out := map[netip.Addr]uint32{}
+	for _, sc := range sets {
+		for _, f := range families {
+			if sc.Set.Name != mapLocal+f.suffix && sc.Set.Name != mapRemote+f.suffix {
+				continue
+			}
+			for _, e := range sc.Elements {
+				ip, ok := netip.AddrFromSlice(e.Key)
+				mark, err := markOf(e.Val)
+				if ok && err == nil && len(e.Key) == int(f.addrLen) {
+					out[ip.Unmap()] = mark
+				}
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,145 @@
+package controller
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/report"
+)
+
+// TestNodeDatapathCondition: an agent's host stack finding becomes the
+// Node condition EgressDatapathSupported (False with the evidence and a
+// Warning Event; True again with a Normal Event when it clears), the
+// kubelet's Ready condition is left alone, and a Node whose agent serves
+// no finding gets no condition.
+func TestNodeDatapathCondition(t *testing.T) {
+	cl := newCluster(t, "dpc", 2, 4)
+	bypassed, silent := "dpc-n1", "dpc-n2"
+	cond := func(node string) (corev1.NodeCondition, bool, *corev1.Node) {
+		var n corev1.Node
+		if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: node}, &n); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == NodeConditionDatapath {
+				return c, true, &n
+			}
+		}
+		return corev1.NodeCondition{}, false, &n
+	}
+	event := func(node, reason string) (bool, string) {
+		var evs eventsv1.EventList
+		if err := cl.c.List(cl.ctx, &evs); err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range evs.Items {
+			if ev.Regarding.Name == node && ev.Reason == reason {
+				return true, ev.Note
+			}
+		}
+		return false, fmt.Sprintf("%d events, none %s for %s", len(evs.Items), reason, node)
+	}
+
+	evidence := `tc BPF program "cil_from_container" in direct-action mode on the ingress of lxc1 (route to Pod 10.0.1.5)`
+	cl.agents[bypassed].setDatapath(&report.DatapathStatus{Supported: false, Reason: report.ReasonHostStackBypass, Message: evidence})
+	cl.eventually("condition False with the evidence", func() (bool, string) {
+		c, ok, _ := cond(bypassed)
+		return ok && c.Status == corev1.ConditionFalse && c.Reason == report.ReasonHostStackBypass && c.Message == evidence, fmt.Sprintf("%+v", c)
+	})
+	cl.eventually("Warning Event", func() (bool, string) {
+		ok, note := event(bypassed, EventHostStackBypass)
+		return ok && strings.Contains(note, "lxc1"), note
+	})
+	_, _, n := cond(bypassed)
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+			t.Errorf("Ready condition changed: %+v", c)
+		}
+	}
+	first, _, _ := cond(bypassed)
+
+	cl.agents[bypassed].setDatapath(&report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: "no eBPF bypass of the host stack found (1 Pod devices examined)"})
+	cl.eventually("condition True again", func() (bool, string) {
+		c, ok, _ := cond(bypassed)
+		return ok && c.Status == corev1.ConditionTrue && c.Reason == report.ReasonHostStack, fmt.Sprintf("%+v", c)
+	})
+	cl.eventually("Normal Event", func() (bool, string) { return event(bypassed, EventDatapathSupported) })
+	if c, _, _ := cond(bypassed); c.LastTransitionTime.Before(&first.LastTransitionTime) {
+		t.Errorf("transition time went back: %v then %v", first.LastTransitionTime, c.LastTransitionTime)
+	}
+
+	// Someone removes the condition by hand: it is written again.
+	_, _, n = cond(bypassed)
+	orig := n.DeepCopy()
+	var kept []corev1.NodeCondition
+	for _, c := range n.Status.Conditions {
+		if c.Type != NodeConditionDatapath {
+			kept = append(kept, c)
+		}
+	}
+	n.Status.Conditions = kept
+	if err := cl.c.Status().Patch(cl.ctx, n, client.MergeFrom(orig)); err != nil {
+		t.Fatal(err)
+	}
+	cl.eventually("condition restored", func() (bool, string) {
+		c, ok, _ := cond(bypassed)
+		return ok && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v", c)
+	})
+
+	if c, ok, _ := cond(silent); ok {
+		t.Errorf("Node whose agent serves no finding got a condition: %+v", c)
+	}
+}
+
+// TestInvalidSelectorIsReported: an appliedTo selector the schema admits
+// (no webhook here) but that cannot be parsed gets SelectorValid=False
+// with the parse error and a Warning Event; fixing it removes the
+// condition. The Egress is still allocated and placed.
+func TestInvalidSelectorIsReported(t *testing.T) {
+	cl := newCluster(t, "badsel", 1, 10)
+	cl.pool("badsel", nil)
+	e := cl.egress("badsel-a", "badsel", "")
+	patch := client.MergeFrom(e.DeepCopy())
+	e.Spec.AppliedTo.PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": "pay/ments"}}
+	if err := cl.c.Patch(cl.ctx, e, patch); err != nil {
+		t.Fatalf("the schema should admit a bad label value (only the webhook rejects it): %v", err)
+	}
+	cl.eventually("SelectorValid=False", func() (bool, string) {
+		e := cl.get("badsel-a")
+		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionSelectorValid)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonInvalidSelector && strings.Contains(c.Message, "pay/ments") &&
+			c.ObservedGeneration == e.Generation, describe(e)
+	})
+	cl.eventually("InvalidSelector Event", func() (bool, string) {
+		var evs eventsv1.EventList
+		if err := cl.c.List(cl.ctx, &evs); err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range evs.Items {
+			if ev.Regarding.Name == "badsel-a" && ev.Reason == ReasonInvalidSelector {
+				return strings.Contains(ev.Note, "podSelector"), ev.Note
+			}
+		}
+		return false, fmt.Sprintf("%d events, none InvalidSelector", len(evs.Items))
+	})
+	cl.waitReady("badsel-a")
+
+	e = cl.get("badsel-a")
+	patch = client.MergeFrom(e.DeepCopy())
+	e.Spec.AppliedTo.PodSelector.MatchLabels = map[string]string{"app": "payments"}
+	if err := cl.c.Patch(cl.ctx, e, patch); err != nil {
+		t.Fatal(err)
+	}
+	cl.eventually("SelectorValid condition removed", func() (bool, string) {
+		e := cl.get("badsel-a")
+		return meta.FindStatusCondition(e.Status.Conditions, v1.ConditionSelectorValid) == nil, describe(e)
+	})
+}
