@@ -104,7 +104,7 @@ type EgressSpec struct {
 	// FailurePolicy says what happens to the selected Pods' traffic to
 	// destinations outside the cluster while no Node holds the egress IP
 	// (no IP allocated, no eligible Node, or a failover in progress): Fail
-	// rejects it at once (the sender sees ICMP administratively prohibited,
+	// rejects it at once (the sender gets an ICMP host unreachable error,
 	// EHOSTUNREACH on a socket), Ignore lets it leave with the IP of the
 	// Pod's Node, as if no Egress selected the Pod. The names and the
 	// default follow the admission webhooks' failurePolicy: Fail is safe for

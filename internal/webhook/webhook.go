@@ -150,8 +150,17 @@ type EgressValidator struct {
 	Reader client.Reader
 }
 
-// ValidateCreate rejects an egressIP outside the named pool.
+// ValidateCreate rejects an egressIP outside the named pool and an Egress
+// of a pool that is being deleted.
 func (v *EgressValidator) ValidateCreate(ctx context.Context, e *v1.Egress) (admission.Warnings, error) {
+	var p v1.ExternalIPPool
+	err := v.Reader.Get(ctx, client.ObjectKey{Name: e.Spec.ExternalIPPool}, &p)
+	if err == nil && p.DeletionTimestamp != nil {
+		// A new Egress would only hold up the deletion (the pool's
+		// finalizer waits for its Egresses) and lose its IP with the pool.
+		return nil, apierrors.NewInvalid(egressGK, e.Name, field.ErrorList{field.Invalid(field.NewPath("spec", "externalIPPool"), e.Spec.ExternalIPPool,
+			fmt.Sprintf("ExternalIPPool %q is being deleted", e.Spec.ExternalIPPool))})
+	}
 	return v.validate(ctx, e)
 }
 

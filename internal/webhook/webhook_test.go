@@ -178,6 +178,8 @@ func TestPoolDeletionWaitsForItsEgresses(t *testing.T) {
 		c := meta.FindStatusCondition(p.Status.Conditions, v1.ConditionReady)
 		return p.DeletionTimestamp != nil && c != nil && c.Reason == controller.ReasonInUse && strings.Contains(c.Message, "del-a")
 	})
+	// A new Egress of the pool would only hold the deletion up.
+	create(t, egress("del-b", "del", ""), `ExternalIPPool "del" is being deleted`)
 	if err := env.Client.Delete(ctx, egress("del-a", "del", "")); err != nil {
 		t.Fatal(err)
 	}

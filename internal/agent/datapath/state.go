@@ -28,7 +28,7 @@ type FailurePolicy string
 
 const (
 	// FailurePolicyFail rejects members' external traffic while the Egress
-	// has no Node (ICMP admin-prohibited, so sockets see EHOSTUNREACH).
+	// has no Node (ICMP host unreachable, so sockets see EHOSTUNREACH).
 	FailurePolicyFail FailurePolicy = "Fail"
 	// FailurePolicyIgnore lets members' traffic leave with the Node's IP.
 	FailurePolicyIgnore FailurePolicy = "Ignore"

@@ -252,8 +252,11 @@ func (d *demo) sources(down *harness.Node) error {
 				got, err = d.c.Who(d.ctx, p, v6)
 				return err == nil && got == want
 			})
-			if err != nil || got != want {
-				return fmt.Errorf("%s over IPv%s: the server saw %v (%v), want %s %s", p, fam[1:], got, err, what, want)
+			if err != nil {
+				return fmt.Errorf("%s over IPv%s: no connection reached the server (want it seen from the %s %s): %w", p, fam[1:], what, want, err)
+			}
+			if got != want {
+				return fmt.Errorf("%s over IPv%s: the server saw %v, want the %s %s", p, fam[1:], got, what, want)
 			}
 			cols = append(cols, fmt.Sprintf("%s (%s)", got, what))
 		}

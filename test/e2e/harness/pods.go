@@ -23,11 +23,13 @@ import (
 // Addresses of the stand-in Pods, Services and the external server
 // (documentation ranges, RFC 5737 and RFC 3849). Node i's Pod CIDRs are
 // 203.0.113.16i/28 and 2001:db8:1:i::/64; Pod j of Node i has
-// 203.0.113.(16i+j) and 2001:db8:1:i::j.
+// 203.0.113.(16i+j) and 2001:db8:1:i::j. PodRangeV4 holds the Pod CIDRs of
+// all 9 Nodes a cluster may have (up to 203.0.113.159); it also spans the
+// Service range, which is harmless: both are cluster addresses.
 var (
 	ExtV4          = netip.MustParseAddr("192.0.2.60")
 	ExtV6          = netip.MustParseAddr("2001:db8::60")
-	PodRangeV4     = netip.MustParsePrefix("203.0.113.0/26")
+	PodRangeV4     = netip.MustParsePrefix("203.0.113.0/24")
 	PodRangeV6     = netip.MustParsePrefix("2001:db8:1::/48")
 	ServiceRangeV4 = netip.MustParsePrefix("203.0.113.240/28")
 	ServiceRangeV6 = netip.MustParsePrefix("2001:db8:2::/64")
