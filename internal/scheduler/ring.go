@@ -74,7 +74,7 @@ type ring struct {
 	pts []point // ascending position
 	// The points of bucket b (positions whose top bits are b, that is
 	// h>>shift == b) are pts[start[b]:start[b+1]]. Positions are uniform,
-	// so a bucket holds about two points and finding a unit's place on the
+	// so a bucket holds one or two points and finding a unit's place on the
 	// ring is O(1) expected.
 	shift uint
 	start []int32
@@ -102,9 +102,9 @@ func (s *state) buildRing(p int32) *ring {
 	for size < n {
 		size <<= 1
 	}
-	// Bucket sort by position (see ring) into about n/2 buckets: count,
+	// Bucket sort by position (see ring) into n to 2n buckets: count,
 	// then place each point at the end of its bucket's range.
-	shift := uint(64 - max(bits.Len(uint(n))-1, 0))
+	shift := uint(64 - bits.Len(uint(n)))
 	// Rings are reused from earlier passes: the k-th ring built in a pass
 	// takes the memory of the k-th ring of the pass before.
 	var r *ring
@@ -156,8 +156,14 @@ func (s *state) buildRing(p int32) *ring {
 		return cmp.Compare(a.v, b.v)
 	}
 	for b := 0; b+1 < len(r.start); b++ {
-		if r.start[b+1]-r.start[b] >= 2 {
-			sortBucket(r.pts[r.start[b]:r.start[b+1]], tie)
+		lo, hi := r.start[b], r.start[b+1]
+		switch {
+		case hi-lo < 2:
+		case hi-lo == 2 && r.pts[lo].h < r.pts[lo+1].h:
+		case hi-lo == 2 && r.pts[lo].h > r.pts[lo+1].h:
+			r.pts[lo], r.pts[lo+1] = r.pts[lo+1], r.pts[lo]
+		default:
+			sortBucket(r.pts[lo:hi], tie)
 		}
 	}
 	for i, pt := range r.pts {

@@ -505,7 +505,9 @@ func (s *state) buildUnits(byName []int32) {
 			lo: uint64(t.Nanosecond())<<32 | uint64(rank),
 		})
 	}
-	order = radixSort(order, buf[len(eg):len(eg)+len(order)], ^uint64(0))
+	// order is in rank order already and the sort is stable, so sorting
+	// on the creation time alone leaves equal times in rank order.
+	order = radixSort(order, buf[len(eg):len(eg)+len(order)], 0xffffffff_00000000)
 	s.units = reuse(s.units, len(order))[:0]
 	// Units by (pool, IP): open addressing with linear probing on the
 	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
@@ -659,19 +661,28 @@ func (s *state) result(byName []int32) Result {
 			nMove++
 		}
 	}
-	res := Result{Placements: make([]Placement, 0, nPlace)}
+	res := Result{Placements: make([]Placement, nPlace)}
 	if nMove > 0 {
 		res.Moves = make([]Move, 0, nMove)
 	}
 	var missing map[string]string // PoolNotFound messages by pool name
+	j := 0
 	for k, i := range byName {
 		if s.sameName(byName, k) {
 			continue
 		}
 		r := &s.eg[i]
 		in := &eg[i]
-		p := Placement{Egress: in.Name}
-		if n := s.nodeOf(i); n >= 0 {
+		// Fields are stored one by one into the zeroed slice: cheaper than
+		// copying a whole Placement while the garbage collector runs.
+		p := &res.Placements[j]
+		j++
+		p.Egress = in.Name
+		n := int32(-1)
+		if r.unit >= 0 {
+			n = s.units[r.unit].node
+		}
+		if n >= 0 {
 			p.Node = s.nodeName(n)
 		} else {
 			code := r.reason
@@ -704,8 +715,7 @@ func (s *state) result(byName []int32) Result {
 				p.Message = s.poolMessage(in.Pool, code)
 			}
 		}
-		res.Placements = append(res.Placements, p)
-		if s.moves(i) {
+		if nMove > 0 && in.CurrentNode != "" && s.moves(i) {
 			res.Moves = append(res.Moves, Move{Egress: in.Name, From: in.CurrentNode, To: p.Node, Reason: s.moveReason(r)})
 		}
 	}
