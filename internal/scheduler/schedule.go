@@ -193,7 +193,7 @@ func (s *state) release() {
 
 func (s *state) indexNodes() {
 	in := s.in
-	s.nodes = reuse(s.nodes, len(in.Nodes))[:0]
+	s.nodes = grow(s.nodes, len(in.Nodes))[:0]
 	tabBits := bits.Len(uint(2 * len(in.Nodes)))
 	s.nodeTab = reuse(s.nodeTab, 1<<tabBits)
 	s.nodeShift = uint(64 - tabBits)
@@ -247,7 +247,7 @@ func (s *state) nodeName(n int32) string { return s.in.Nodes[s.nodes[n].src].Nam
 
 func (s *state) indexPools() {
 	in := s.in
-	s.pools = reuse(s.pools, len(in.Pools))[:0]
+	s.pools = grow(s.pools, len(in.Pools))[:0]
 	if s.poolIdx == nil {
 		s.poolIdx = make(map[string]int32, len(in.Pools))
 	}
@@ -271,7 +271,7 @@ func (s *state) indexPools() {
 	for i := range in.Pools {
 		total += len(in.Pools[i].EligibleNodes)
 	}
-	s.slotNode = reuse(s.slotNode, total)[:0]
+	s.slotNode = grow(s.slotNode, total)[:0]
 	s.seen = reuse(s.seen, len(s.nodes)) // pool index + 1 that last took the Node
 	s.done = reuse(s.done, len(s.pools))
 	seen, done := s.seen, s.done
@@ -299,7 +299,7 @@ func (s *state) indexPools() {
 		pl.end = int32(len(s.slotNode))
 	}
 	nslots := len(s.slotNode)
-	s.slotPool = reuse(s.slotPool, nslots)
+	s.slotPool = grow(s.slotPool, nslots)
 	s.poolLoad = reuse(s.poolLoad, nslots)
 	for pi := range s.pools {
 		for sl := s.pools[pi].off; sl < s.pools[pi].end; sl++ {
@@ -314,7 +314,7 @@ func (s *state) indexPools() {
 	for n := range s.nodes {
 		s.nodeSlotOff[n+1] += s.nodeSlotOff[n]
 	}
-	s.nodeSlots = reuse(s.nodeSlots, nslots)
+	s.nodeSlots = grow(s.nodeSlots, nslots)
 	fill := seen // reuse: next free index per Node
 	copy(fill, s.nodeSlotOff[:len(s.nodes)])
 	// Slots are visited in pool order, but pools were laid out in
@@ -370,7 +370,7 @@ func (s *state) sortNames() []int32 {
 			common = c
 		}
 	}
-	s.keyBuf = reuse(s.keyBuf, 2*len(eg))
+	s.keyBuf = grow(s.keyBuf, 2*len(eg))
 	buf := s.keyBuf
 	recs := buf[:len(eg)]
 	const keyBits = 0xffffffff_00000000 // lo: 4 key bytes, then the index
@@ -395,7 +395,7 @@ func (s *state) sortNames() []int32 {
 		}
 		k = j
 	}
-	s.byName = reuse(s.byName, len(eg))
+	s.byName = grow(s.byName, len(eg))
 	byName := s.byName
 	for k, r := range recs {
 		byName[k] = r.index()
@@ -431,7 +431,7 @@ func (s *state) sameName(byName []int32, k int) bool {
 // byName), radix-sorted on that key.
 func (s *state) buildUnits(byName []int32) {
 	eg := s.in.Egresses
-	s.keys = reuse(s.keys, len(eg))
+	s.keys = grow(s.keys, len(eg))
 	keys := s.keys
 	lastPool, lastIdx := "", int32(-1)
 	for i := range eg {
@@ -492,7 +492,7 @@ func (s *state) buildUnits(byName []int32) {
 		}
 	}
 
-	s.keyBuf = reuse(s.keyBuf, 2*len(eg))
+	s.keyBuf = grow(s.keyBuf, 2*len(eg))
 	buf := s.keyBuf
 	order := buf[:0]
 	for rank, i := range byName {
@@ -508,7 +508,7 @@ func (s *state) buildUnits(byName []int32) {
 	// order is in rank order already and the sort is stable, so sorting
 	// on the creation time alone leaves equal times in rank order.
 	order = radixSort(order, buf[len(eg):len(eg)+len(order)], 0xffffffff_00000000)
-	s.units = reuse(s.units, len(order))[:0]
+	s.units = grow(s.units, len(order))[:0]
 	// Units by (pool, IP): open addressing with linear probing on the
 	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
 	// free; it is at least twice the number of units.
