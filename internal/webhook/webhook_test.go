@@ -148,15 +148,17 @@ func TestPoolUpdateMustKeepAllocatedIPs(t *testing.T) {
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: "upd"}, &p); err != nil {
 		t.Fatal(err)
 	}
+	// Merge patches (no resourceVersion): the controller writes the pool's
+	// status meanwhile, and a stale update would fail on the conflict.
 	shrunk := p.DeepCopy()
 	shrunk.Spec.IPRanges = []v1.IPRange{{CIDR: "192.0.2.64/30"}}
-	err := env.Client.Update(ctx, shrunk)
+	err := env.Client.Patch(ctx, shrunk, client.MergeFrom(&p))
 	if err == nil || !strings.Contains(err.Error(), "would drop 192.0.2.70, allocated to Egress upd-a") {
 		t.Fatalf("shrinking update: want rejection naming the IP and Egress, got %v", err)
 	}
 	grown := p.DeepCopy()
 	grown.Spec.IPRanges = append(grown.Spec.IPRanges, v1.IPRange{Start: "192.0.2.90", End: "192.0.2.95"})
-	if err := env.Client.Update(ctx, grown); err != nil {
+	if err := env.Client.Patch(ctx, grown, client.MergeFrom(&p)); err != nil {
 		t.Fatalf("adding a separate range: %v", err)
 	}
 }
