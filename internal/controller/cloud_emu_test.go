@@ -1,12 +1,8 @@
 package controller
 
 import (
-	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"strconv"
-	"sync"
 	"testing"
 	"time"
 
@@ -262,138 +258,6 @@ func maps2Equal(a, b map[netip.Addr]string) bool {
 	return true
 }
 
-// TestEmuFigures measures, on an emulator with 200 ms per call and 20
-// calls/s: the time until 100 Egresses created at once are Ready, and the
-// EC2 calls spent, for warm targets 0, 10 and 50; and the calls to fill
-// one c5.4xlarge (8 interfaces x 30 addresses) one address at a time
-// versus one call per interface. Slow: set EGRESSIP_CLOUD_FIGURES=1.
-func TestEmuFigures(t *testing.T) {
-	if os.Getenv("EGRESSIP_CLOUD_FIGURES") == "" {
-		t.Skip("set EGRESSIP_CLOUD_FIGURES=1 to measure the cloud figures (minutes)")
-	}
-	cfg := ec2emu.Config{Latency: map[string]time.Duration{"*": 200 * time.Millisecond}, Rate: 20, Burst: 20}
-	for i, warmTarget := range []int32{0, 10, 50} {
-		t.Run("warm="+strconv.Itoa(int(warmTarget)), func(t *testing.T) {
-			ec := newEmuCloud(t, cfg, fmt.Sprintf("10.%d.0.0/22", 10+i))
-			prefix := fmt.Sprintf("fig%d", warmTarget)
-			cl := newEmuCluster(t, prefix, 5, 29, ec, "c5.4xlarge")
-			cl.pool(prefix, emuPool(ec, warmTarget, 0))
-			if warmTarget > 0 {
-				cl.waitWarm(prefix, warmTarget)
-			}
-			time.Sleep(2 * time.Second)
-			ec.emu.ResetCounts()
-			egs := names(prefix, 100)
-			start := time.Now()
-			var wg sync.WaitGroup
-			for _, e := range egs {
-				wg.Add(1)
-				go func() { defer wg.Done(); cl.egress(e, prefix, "") }()
-			}
-			wg.Wait()
-			deadline := time.Now().Add(3 * time.Minute)
-			for {
-				n := 0
-				for _, e := range egs {
-					if ready(cl.get(e)) {
-						n++
-					}
-				}
-				if n == len(egs) {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("only %d of 100 Ready after 3 min", n)
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			took := time.Since(start)
-			counts := ec.emu.Counts()
-			mut := ec.emu.Calls("AssignPrivateIpAddresses") + ec.emu.Calls("UnassignPrivateIpAddresses")
-			t.Logf("FIGURE warm=%d: 100 Egresses Ready in %v; EC2 calls %d (Assign/Unassign %d): %v", warmTarget, took.Round(10*time.Millisecond), ec.emu.Calls(""), mut, counts)
-		})
-	}
-	t.Run("controller-fill-primary-eni", func(t *testing.T) {
-		// Through the controller, warm target 0: one c5.4xlarge Node's
-		// primary interface (29 secondary slots) filled by Egresses
-		// created one at a time (each waits for the previous one to be
-		// Ready) versus all at once.
-		for i, oneByOne := range []bool{true, false} {
-			t.Run(fmt.Sprintf("oneByOne=%v", oneByOne), func(t *testing.T) {
-				ec := newEmuCloud(t, cfg, fmt.Sprintf("10.%d.0.0/24", 30+i))
-				prefix := fmt.Sprintf("figfill%d", i)
-				cl := newEmuCluster(t, prefix, 1, 29, ec, "c5.4xlarge")
-				cl.pool(prefix, emuPool(ec, 0, 0))
-				time.Sleep(2 * time.Second)
-				ec.emu.ResetCounts()
-				egs := names(prefix, 29)
-				start := time.Now()
-				if oneByOne {
-					for _, e := range egs {
-						cl.egress(e, prefix, "")
-						cl.waitReady(e)
-					}
-				} else {
-					for _, e := range egs {
-						cl.egress(e, prefix, "")
-					}
-					cl.waitReady(egs...)
-				}
-				t.Logf("FIGURE controller, 29 Egresses on one primary ENI, one at a time=%v: %d AssignPrivateIpAddresses calls, %v",
-					oneByOne, ec.emu.Calls("AssignPrivateIpAddresses"), time.Since(start).Round(10*time.Millisecond))
-			})
-		}
-	})
-	t.Run("fill-c5.4xlarge", func(t *testing.T) {
-		ec := newEmuCloud(t, cfg, "10.20.0.0/22")
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		instance := func() []string {
-			in, err := ec.emu.AddInstance(ec2emu.Instance{Type: "c5.4xlarge", SubnetID: ec.subnet})
-			if err != nil {
-				t.Fatal(err)
-			}
-			enis := []string{in.PrimaryInterface}
-			for range 7 {
-				id, err := ec.emu.AddInterface(in.ID, ec2emu.InterfaceOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				enis = append(enis, id)
-			}
-			return enis
-		}
-		// 30 addresses per interface, the primary included: 29 secondaries.
-		one, batch := instance(), instance()
-		ec.emu.ResetCounts()
-		start := time.Now()
-		for _, eni := range one {
-			for range 29 {
-				if _, err := ec.p.AssignCount(ctx, eni, 1); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-		oneTook, oneCalls := time.Since(start), ec.emu.Calls("AssignPrivateIpAddresses")
-		ec.emu.ResetCounts()
-		start = time.Now()
-		for _, eni := range batch {
-			if _, err := ec.p.AssignCount(ctx, eni, 29); err != nil {
-				t.Fatal(err)
-			}
-		}
-		batchTook, batchCalls := time.Since(start), ec.emu.Calls("AssignPrivateIpAddresses")
-		t.Logf("FIGURE fill one c5.4xlarge, 8 ENIs x 29 secondary IPs: one IP per call %d calls in %v; one call per ENI %d calls in %v",
-			oneCalls, oneTook.Round(10*time.Millisecond), batchCalls, batchTook.Round(10*time.Millisecond))
-		for _, eni := range append(one, batch...) {
-			st, _ := ec.emu.Interface(eni)
-			if len(st.Secondary) != 29 {
-				t.Fatalf("%s holds %d secondaries, want 29", eni, len(st.Secondary))
-			}
-		}
-	})
-}
-
 // A Node whose spec.providerID is not an AWS one (a Fargate or on-premises
 // Node in the same cluster) neither blocks the others nor gets IPs.
 func TestEmuMalformedProviderIDBlocksNoOtherNode(t *testing.T) {
@@ -423,4 +287,66 @@ func TestEmuMalformedProviderIDBlocksNoOtherNode(t *testing.T) {
 		t.Fatalf("Egress placed on the Node without an AWS instance")
 	}
 	cl.noLeakEmu(ec, "emal", nil)
+}
+
+// A user-named IP in a cloud pool is attached by EC2 with one call and bound
+// on the interface of the Node the status names.
+func TestEmuUserNamedIP(t *testing.T) {
+	ec := newEmuCloud(t, ec2emu.Config{ConsistencyDelay: 500 * time.Millisecond}, "10.6.0.0/24")
+	cl := newEmuCluster(t, "enamed", 2, 10, ec, "m5.large")
+	cl.pool("enamed", emuPool(ec, 0, 0))
+	ec.emu.ResetCounts()
+	cl.egress("enamed-a", "enamed", "10.6.0.200")
+	e := cl.waitReady("enamed-a")["enamed-a"]
+	eni := ec.attached()[netip.MustParseAddr("10.6.0.200")]
+	want := ""
+	for i, in := range ec.instances {
+		if fmt.Sprintf("enamed-n%d", i+1) == e.Status.EgressNode {
+			want = in.PrimaryInterface
+		}
+	}
+	if eni == "" || eni != want || e.Status.InterfaceMAC == "" {
+		t.Fatalf("10.6.0.200 attached to %q, want %q (Node %s), MAC %q", eni, want, e.Status.EgressNode, e.Status.InterfaceMAC)
+	}
+	if n := ec.emu.Calls("AssignPrivateIpAddresses"); n != 1 {
+		t.Fatalf("%d AssignPrivateIpAddresses calls for one named IP, want 1", n)
+	}
+	cl.noLeakEmu(ec, "enamed", nil)
+}
+
+// Lowering the warm target detaches the excess with one call per interface,
+// down to the minimum; a second scale-down waits out the 30 s spacing.
+func TestEmuScaleDownSpacingAndMinimum(t *testing.T) {
+	ec := newEmuCloud(t, ec2emu.Config{}, "10.7.0.0/24")
+	cl := newEmuCluster(t, "edown", 2, 20, ec, "m5.large")
+	cl.pool("edown", emuPool(ec, 6, 4))
+	cl.waitWarm("edown", 6)
+	ec.emu.ResetCounts()
+	cl.patchPool("edown", func(p *v1.ExternalIPPool) { p.Spec.Cloud.WarmIPTarget = 0 })
+	cl.waitWarm("edown", 4) // the minimum holds
+	first := ec.emu.Calls("UnassignPrivateIpAddresses")
+	firstSeen := time.Now()
+	if first == 0 || first > 2 {
+		t.Fatalf("%d UnassignPrivateIpAddresses calls, want one per interface (1 or 2)", first)
+	}
+	cl.patchPool("edown", func(p *v1.ExternalIPPool) { p.Spec.Cloud.MinimumIPTarget = 0 })
+	time.Sleep(5 * time.Second)
+	if st := cl.poolStatus("edown").Cloud; st.Warm != 4 || ec.emu.Calls("UnassignPrivateIpAddresses") != first {
+		t.Fatalf("a second detach came before the 30 s spacing: %+v", st)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for cl.poolStatus("edown").Cloud.Warm != 0 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if st := cl.poolStatus("edown").Cloud; st.Warm != 0 {
+		t.Fatalf("warm IPs not detached after the spacing: %+v", st)
+	}
+	// firstSeen is at or after the first detach, so this gap is at most
+	// the real one; without the spacing it would be about 5 s.
+	if gap := time.Since(firstSeen); gap < 25*time.Second {
+		t.Fatalf("second scale-down %v after the first was seen, want about 30 s", gap)
+	}
+	if len(ec.attached()) != 0 {
+		t.Fatalf("addresses still attached after scale-down to 0: %v", ec.attached())
+	}
 }
