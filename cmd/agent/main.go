@@ -51,6 +51,7 @@ func run(args []string, stderr io.Writer) int {
 		withDatapath                  bool
 		clusterCIDRs, svcCIDRs, excls cidrList
 		dpUplink                      string
+		rejectQueue                   int
 		hostStackCheck                bool
 	)
 	fs.BoolVar(&withDatapath, "datapath", false, "Also program the datapath that makes selected Pods' traffic leave with their Egress's IP (a VXLAN-GPE tunnel device, an nftables table and policy routing of egressip's own). The chart turns it on.")
@@ -62,6 +63,10 @@ func run(args []string, stderr io.Writer) int {
 			"(direct-action tc or tcx programs on Pods' host devices, netkit, Cilium or Calico eBPF devices) and report it"+
 			" in the Node condition EgressDatapathSupported. "+
 			"Turn it off where such programs let traffic reach the stack (Cilium with bpf.hostLegacyRouting=true).")
+	fs.IntVar(&rejectQueue, "datapath-reject-queue", datapath.DefaultConfig().RejectQueue,
+		"Netfilter queue number (1-65535) through which the first packet of a connection that failurePolicy Fail rejects takes a round trip to the agent, "+
+			"so that TCP connects fail at once with EHOSTUNREACH (IPv6 otherwise waits for the retransmitted SYN, about 1 s). -1 turns it off. "+
+			"Change it if other software on the Node uses that queue.")
 	fs.StringVar(&dpUplink, "datapath-uplink", "", "Interface toward the other Nodes, whose MTU sizes the tunnel. Default: --interface, else the interface of the default route.")
 	// --kubeconfig, as every controller-runtime binary has it (registered
 	// on the default flag set by controller-runtime's config package).
@@ -99,6 +104,11 @@ func run(args []string, stderr io.Writer) int {
 	if withDatapath {
 		dc := datapath.DefaultConfig()
 		dc.Uplink = cmp.Or(dpUplink, o.Interface)
+		if rejectQueue == 0 || rejectQueue < -1 || rejectQueue > 65535 {
+			fmt.Fprintf(stderr, "egressip-agent: --datapath-reject-queue %d: want 1..65535, or -1 for none\n", rejectQueue)
+			return 2
+		}
+		dc.RejectQueue = rejectQueue
 		eng, err := agent.NewEngine(o.NetNSPath, dc)
 		if err != nil {
 			log.Error(err, "cannot start the datapath")
@@ -116,7 +126,7 @@ func run(args []string, stderr io.Writer) int {
 			o.HostCheck = hc
 		}
 		o.CIDRs = agent.CIDRs{ClusterCIDRs: clusterCIDRs.list, ServiceCIDRs: svcCIDRs.list, ExcludeCIDRs: excls.list}
-		log.Info("datapath on", "uplink", eng.Config().Uplink, "uplinkMTU", eng.Config().UplinkMTU, "clusterCIDRs", cmp.Or(clusterCIDRs.String(), "Nodes' podCIDRs"), "serviceCIDRs", svcCIDRs.String(), "excludeCIDRs", excls.String())
+		log.Info("datapath on", "uplink", eng.Config().Uplink, "rejectQueue", eng.Config().RejectQueue, "rejectQueueForm", eng.RejectQueueForm(), "uplinkMTU", eng.Config().UplinkMTU, "clusterCIDRs", cmp.Or(clusterCIDRs.String(), "Nodes' podCIDRs"), "serviceCIDRs", svcCIDRs.String(), "excludeCIDRs", excls.String())
 	}
 	if err := agent.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "agent failed")

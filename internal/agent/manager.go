@@ -362,6 +362,14 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 			return fmt.Errorf("agent: set up datapath controller: %w", err)
 		}
 	}
+	if rq, ok := o.Datapath.(rejectQueue); ok {
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			serveRejectQueue(ctx, rq)
+			return nil
+		})); err != nil {
+			return fmt.Errorf("agent: add the reject queue: %w", err)
+		}
+	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("agent: add health check: %w", err)
 	}
@@ -393,4 +401,26 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
+}
+
+// rejectQueue is the part of the kernel datapath that serves its reject
+// queue (datapath.Datapath.ServeRejectQueue).
+type rejectQueue interface {
+	ServeRejectQueue(ctx context.Context) error
+	RejectQueueForm() string
+}
+
+// serveRejectQueue runs rq until ctx is done. A failure is logged and not
+// retried: the ruleset's bypass then rejects synchronously, so Fail still
+// holds, with IPv6 connects failing only on the retransmitted SYN.
+func serveRejectQueue(ctx context.Context, rq rejectQueue) {
+	log := ctrl.Log.WithName("datapath")
+	if rq.RejectQueueForm() == "none" {
+		log.Info("no reject queue (turned off, or the kernel has neither nft_queue nor nft_compat with xt_NFQUEUE): failurePolicy Fail rejects without it")
+		return
+	}
+	log.Info("serving the reject queue", "form", rq.RejectQueueForm())
+	if err := rq.ServeRejectQueue(ctx); err != nil {
+		log.Error(err, "reject queue stopped; failurePolicy Fail rejects without it (IPv6 connects then fail on the retransmitted SYN, about 1 s)")
+	}
 }

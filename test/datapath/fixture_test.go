@@ -3,6 +3,7 @@ package dpharness_test
 import (
 	"context"
 	"net/netip"
+	"sync"
 	"testing"
 
 	"github.com/egressip/egressip/internal/agent/datapath"
@@ -24,12 +25,14 @@ type fixture struct {
 	c     *dp.Cluster
 	dps   map[*dp.Node]*datapath.Datapath
 	bound map[netip.Addr]*dp.Node
+	// stopQueue stops a Node's reject-queue reader (as an agent exit would).
+	stopQueue map[*dp.Node]func()
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	c := dp.New(t, dp.Options{})
-	f := &fixture{t: t, c: c, dps: map[*dp.Node]*datapath.Datapath{}, bound: map[netip.Addr]*dp.Node{}}
+	f := &fixture{t: t, c: c, dps: map[*dp.Node]*datapath.Datapath{}, bound: map[netip.Addr]*dp.Node{}, stopQueue: map[*dp.Node]func(){}}
 	for _, n := range c.Nodes {
 		f.open(n)
 	}
@@ -40,6 +43,7 @@ func newFixture(t *testing.T) *fixture {
 func (f *fixture) open(n *dp.Node) {
 	f.t.Helper()
 	if old := f.dps[n]; old != nil {
+		f.stopQueue[n]()
 		_ = old.Close()
 	}
 	d, err := datapath.New(datapath.Config{Uplink: n.Uplink}, n.Handle)
@@ -47,7 +51,18 @@ func (f *fixture) open(n *dp.Node) {
 		f.t.Fatalf("datapath.New on %s: %v", n.Name, err)
 	}
 	f.dps[n] = d
-	f.t.Cleanup(func() { _ = d.Close() })
+	// The reject-queue reader, as the agent runs it beside Apply.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := d.ServeRejectQueue(ctx); err != nil {
+			f.t.Errorf("reject queue on %s: %v", n.Name, err)
+		}
+	}()
+	var once sync.Once
+	f.stopQueue[n] = func() { once.Do(func() { cancel(); <-done }) }
+	f.t.Cleanup(func() { f.stopQueue[n](); _ = d.Close() })
 }
 
 // stateFor computes a Node's State from the specs, as the agent would:

@@ -194,7 +194,9 @@ func TCPWhoPort(ctx context.Context, ns *NS, dst netip.Addr, port uint16) (netip
 }
 
 // UDPWho sends one datagram from ns to dst (retrying a few times) and
-// returns the source address the server saw.
+// returns the source address the server saw. A socket error (an ICMP error
+// the kernel reports on the connected socket, e.g. EHOSTUNREACH) ends it at
+// once with that error.
 func UDPWho(ctx context.Context, ns *NS, dst netip.Addr) (netip.Addr, error) {
 	c, err := dialIn(ctx, ns, "udp", netip.AddrPortFrom(dst, ServerPort))
 	if err != nil {
@@ -213,6 +215,9 @@ func UDPWho(ctx context.Context, ns *NS, dst netip.Addr) (netip.Addr, error) {
 		}
 		if ctx.Err() != nil {
 			return netip.Addr{}, ctx.Err()
+		}
+		if ne, ok := errors.AsType[net.Error](err); !ok || !ne.Timeout() {
+			return netip.Addr{}, err
 		}
 	}
 	return netip.Addr{}, errors.New("no UDP reply")

@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -8,6 +9,9 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 )
 
 func TestAssignIDs(t *testing.T) {
@@ -145,6 +149,8 @@ func TestConfigValidation(t *testing.T) {
 		{TunnelDevice: "a-very-long-device"},
 		{TunnelAddr: ap("10.0.0.1")},
 		{UplinkMTU: 1000},
+		{RejectQueue: -2},
+		{RejectQueue: 65536},
 	} {
 		if _, err := c.withDefaults(); err == nil {
 			t.Errorf("config %+v accepted", c)
@@ -220,5 +226,43 @@ func BenchmarkBuild(b *testing.B) {
 		if _, err := Build(cfg, st, prev.IDs); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestBuildRejectQueue: the reject-queue chain queues in the configured
+// form and to the configured number, and is empty with RejectQueue -1.
+func TestBuildRejectQueue(t *testing.T) {
+	rules := func(cfg Config) []Rule {
+		t.Helper()
+		p, err := Build(cfg, sampleState(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ch := range p.NFT.Chains {
+			if ch.Chain.Name == chainRejectQueue {
+				return ch.Rules
+			}
+		}
+		t.Fatalf("no chain %s", chainRejectQueue)
+		return nil
+	}
+	last := func(rs []Rule) expr.Any {
+		if len(rs) != 1 {
+			t.Fatalf("%d rules in %s, want 1", len(rs), chainRejectQueue)
+		}
+		return rs[0][len(rs[0])-1]
+	}
+	if q, ok := last(rules(Config{UplinkMTU: 1500, RejectQueue: 7})).(*expr.Queue); !ok || q.Num != 7 || q.Flag != expr.QueueFlagBypass {
+		t.Errorf("native form: last expression %#v, want queue 7 with bypass", q)
+	}
+	tg, ok := last(rules(Config{UplinkMTU: 1500, RejectQueue: 7, queueForm: queueCompat})).(*expr.Target)
+	if !ok || tg.Name != "NFQUEUE" || tg.Rev != 3 {
+		t.Fatalf("compat form: last expression %#v, want the NFQUEUE target rev 3", tg)
+	}
+	if info := *tg.Info.(*xt.Unknown); binary.NativeEndian.Uint16(info[0:]) != 7 || binary.NativeEndian.Uint16(info[4:]) != xtNFQFlagBypass {
+		t.Errorf("compat form: info %v, want queue 7 with bypass", info)
+	}
+	if rs := rules(Config{UplinkMTU: 1500, RejectQueue: -1}); len(rs) != 0 {
+		t.Errorf("RejectQueue -1: %d rules, want none", len(rs))
 	}
 }

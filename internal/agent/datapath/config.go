@@ -1,10 +1,14 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/bits"
 	"net/netip"
+
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
 )
 
 // Config is the fixed part of a Node's datapath: names, numbers and marks
@@ -43,6 +47,18 @@ type Config struct {
 	// after Cilium's local rule (100) and the AWS VPC CNI's 1024, before
 	// its 1536.
 	RulePriority int
+	// RejectQueue is the netfilter queue number (1..65535) through which
+	// the first packet (TCP SYN) of a connection that failurePolicy Fail
+	// rejects takes a round trip to ServeRejectQueue, so that the ICMP
+	// error reaches the Pod after its connect() has released the socket
+	// (see ServeRejectQueue). 0 means the default, 4790 (the tunnel's port
+	// number, easy to recognise in `nft list ruleset`); -1 turns the round
+	// trip off (the rejection is then made at once, which the kernel
+	// delivers as EHOSTUNREACH only on the retransmitted SYN for IPv6).
+	RejectQueue int
+	// queueForm is how the ruleset queues (set by New after probing the
+	// kernel; the zero value, the native queue expression, for Build).
+	queueForm queueForm
 	// TableBase numbers the routing tables: Egress ID n routes its members
 	// into the tunnel from table TableBase+n (see SourceTable), and
 	// TableBase-1 holds the return routes toward remote members. Default
@@ -69,6 +85,7 @@ func DefaultConfig() Config {
 		FromTunnel:   0x10000000,
 		RulePriority: 1100,
 		TableBase:    50000,
+		RejectQueue:  4790,
 	}
 }
 
@@ -100,6 +117,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.TableBase == 0 {
 		c.TableBase = d.TableBase
 	}
+	if c.RejectQueue == 0 {
+		c.RejectQueue = d.RejectQueue
+	}
 	var errs []error
 	if len(c.TunnelDevice) > 15 {
 		errs = append(errs, fmt.Errorf("TunnelDevice %q: longer than 15 bytes", c.TunnelDevice))
@@ -120,6 +140,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.TableBase < 256 || c.TableBase+int(c.maxID()) > 1<<31-1 {
 		errs = append(errs, fmt.Errorf("TableBase %d: out of range", c.TableBase))
 	}
+	if c.RejectQueue < -1 || c.RejectQueue > 65535 {
+		errs = append(errs, fmt.Errorf("RejectQueue %d: out of 1..65535 (or -1: none)", c.RejectQueue))
+	}
 	if c.UplinkMTU != 0 && (c.UplinkMTU < 1280+overheadV6 || c.UplinkMTU > 65535) {
 		errs = append(errs, fmt.Errorf("UplinkMTU %d: out of %d..65535", c.UplinkMTU, 1280+overheadV6))
 	}
@@ -128,6 +151,61 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	return c, nil
 }
+
+// queueForm is the nftables expression that sends a packet to the reject
+// queue.
+type queueForm uint8
+
+const (
+	// queueNative is the queue expression (CONFIG_NFT_QUEUE).
+	queueNative queueForm = iota
+	// queueCompat is xtables' NFQUEUE target through nft_compat, as
+	// iptables-nft writes `-j NFQUEUE` (CONFIG_NFT_COMPAT and
+	// CONFIG_NETFILTER_XT_TARGET_NFQUEUE), for kernels built without
+	// nft_queue.
+	queueCompat
+	// queueNone: no reject queue (RejectQueue -1, or neither form is
+	// supported by the kernel).
+	queueNone
+)
+
+// String names the form as Datapath.RejectQueueForm reports it.
+func (f queueForm) String() string {
+	switch f {
+	case queueNative:
+		return "nft queue"
+	case queueCompat:
+		return "xt NFQUEUE"
+	default:
+		return "none"
+	}
+}
+
+// queueExpr is the expression that queues to c.RejectQueue with bypass,
+// nil for queueNone.
+func (c Config) queueExpr() expr.Any {
+	if c.RejectQueue < 0 {
+		return nil
+	}
+	switch c.queueForm {
+	case queueNative:
+		return &expr.Queue{Num: uint16(c.RejectQueue), Flag: expr.QueueFlagBypass}
+	case queueCompat:
+		// struct xt_NFQ_info_v3 (include/uapi/linux/netfilter/
+		// xt_NFQUEUE.h): queuenum, queues_total, flags, host byte order,
+		// padded to 8 bytes (XT_ALIGN) as the kernel stores it.
+		info := make(xt.Unknown, 8)
+		binary.NativeEndian.PutUint16(info[0:], uint16(c.RejectQueue))
+		binary.NativeEndian.PutUint16(info[2:], 1)
+		binary.NativeEndian.PutUint16(info[4:], xtNFQFlagBypass)
+		return &expr.Target{Name: "NFQUEUE", Rev: 3, Info: &info}
+	default:
+		return nil
+	}
+}
+
+// xtNFQFlagBypass is NFQ_FLAG_BYPASS (xt_NFQUEUE.h).
+const xtNFQFlagBypass = 0x01
 
 // idShift is the bit position of the ID inside the mark.
 func (c Config) idShift() int { return bits.TrailingZeros32(c.IDMask) }

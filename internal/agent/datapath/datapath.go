@@ -92,7 +92,47 @@ func New(cfg Config, ns netns.NsHandle) (*Datapath, error) {
 		h.Close()
 		return nil, err
 	}
+	if d.cfg.queueForm, err = d.probeQueue(); err != nil {
+		h.Close()
+		return nil, err
+	}
 	return d, nil
+}
+
+// RejectQueueForm names how the ruleset sends rejected SYNs to the reject
+// queue: "nft queue", "xt NFQUEUE", or "none" (Config.RejectQueue -1, or a
+// kernel with neither; the rejection is then synchronous).
+func (d *Datapath) RejectQueueForm() string { return d.cfg.queueForm.String() }
+
+// probeQueue finds the queue expression the kernel accepts: the native
+// one, else xtables' NFQUEUE through nft_compat, else none. Each try is
+// one batch that creates a table holding the expression and deletes it
+// again, so a success leaves the ruleset as it was and a failure changes
+// nothing. It fails only when nftables itself cannot be reached.
+func (d *Datapath) probeQueue() (queueForm, error) {
+	if d.cfg.RejectQueue < 0 {
+		return queueNone, nil
+	}
+	for _, form := range []queueForm{queueNative, queueCompat} {
+		c, err := d.nft()
+		if err != nil {
+			return queueNone, err
+		}
+		cfg := d.cfg
+		cfg.queueForm = form
+		t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: d.cfg.TableName + "-probe"})
+		ch := c.AddChain(&nftables.Chain{Name: "probe", Table: t})
+		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{cfg.queueExpr()}})
+		c.DelTable(t)
+		err = c.Flush()
+		if err == nil {
+			return form, nil
+		}
+		if !errors.Is(err, unix.ENOENT) && !strings.Contains(err.Error(), "no such file") && !errors.Is(err, unix.EOPNOTSUPP) {
+			return queueNone, fmt.Errorf("probe the queue expression: %w", err)
+		}
+	}
+	return queueNone, nil
 }
 
 // Config returns the effective configuration (defaults and uplink MTU

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 )
 
 // Dump renders the datapath's nftables table as read back from the kernel:
@@ -85,6 +86,11 @@ func (d *Datapath) Dump(ctx context.Context) (string, error) {
 		for _, r := range rules {
 			var parts []string
 			for _, e := range r.Exprs {
+				if tg, ok := e.(*expr.Target); ok {
+					// Info is a pointer: show what it points to.
+					parts = append(parts, fmt.Sprintf("Target{Name:%s Rev:%d Info:%+v}", tg.Name, tg.Rev, reflect.Indirect(reflect.ValueOf(tg.Info)).Interface()))
+					continue
+				}
 				v := reflect.Indirect(reflect.ValueOf(e))
 				parts = append(parts, fmt.Sprintf("%s%+v", v.Type().Name(), v.Interface()))
 			}

@@ -37,9 +37,12 @@ const (
 	chainSetMark  = "set-mark"
 	chainForward  = "forward"
 	chainReject   = "reject"
-	chainSNAT     = "snat"
-	chainInput    = "input"
-	chainEIPGuard = "eip-guard"
+	// chainRejectQueue is the base chain that sends the SYNs of rejected
+	// connections through the reject queue (Config.RejectQueue).
+	chainRejectQueue = "reject-queue"
+	chainSNAT        = "snat"
+	chainInput       = "input"
+	chainEIPGuard    = "eip-guard"
 
 	// counterUnknown counts tunnel packets dropped for an unknown inner source.
 	counterUnknown = "unknown-source"
@@ -52,6 +55,10 @@ const (
 	// packets.
 	rejectedPrefix = "rejected-"
 )
+
+// icmpPktFiltered is ICMP destination unreachable code 13, communication
+// administratively prohibited (RFC 1812 5.2.7.1; ICMP_PKT_FILTERED).
+const icmpPktFiltered = 13
 
 // roleWord is the role as written in the ids set's comments.
 var roleWord = map[Role]string{RoleSource: "source", RoleEgress: "egress", RoleFailed: "failed"}
@@ -326,6 +333,11 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 2, Size: 2},
 			&expr.Exthdr{SourceRegister: 1, Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2})),
 	}
+	// reject: count per Egress, then answer with an ICMP error that reads
+	// EHOSTUNREACH: IPv4 "communication administratively prohibited"
+	// (type 3 code 13, RFC 1812 5.2.7.1), a hard error even for connected
+	// UDP sockets; IPv6 "address unreachable" (type 1 code 3, RFC 4443;
+	// ICMPv6's administratively-prohibited would read EACCES).
 	var reject []Rule
 	for _, e := range plans {
 		if e.role != RoleFailed {
@@ -334,10 +346,29 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		name := rejectedPrefix + strconv.Itoa(int(e.id))
 		counters = append(counters, name)
 		reject = append(reject, rule(ctMarkMasked(cfg.IDMask), one(eq(native(cfg.Mark(e.id))),
-			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name},
-			// icmpx host-unreachable: EHOSTUNREACH for IPv4 and IPv6 alike
-			// (ICMPv6 admin-prohibited would surface as EACCES).
-			&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_HOST_UNREACH})))
+			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name})))
+	}
+	reject = append(reject,
+		rule(nfproto(unix.NFPROTO_IPV4), one(&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpPktFiltered})),
+		rule(one(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_HOST_UNREACH})))
+
+	// reject-queue (a base chain just before forward): the SYN of a
+	// connection forward will reject first goes to the netfilter queue
+	// that ServeRejectQueue reads, which sends it back (NF_REPEAT) with
+	// FromTunnel set in the packet mark, a bit no original-direction packet
+	// otherwise carries at this point; the repeated pass lets it through
+	// to forward, whose rejection then runs in ServeRejectQueue's system
+	// call rather than inside the Pod's connect(). bypass: with no reader
+	// the packet goes straight on to forward and is rejected there.
+	var rejectQueue []Rule
+	if q := cfg.queueExpr(); q != nil {
+		rejectQueue = append(rejectQueue, rule(ctDir(dirOriginal), l4proto(unix.IPPROTO_TCP),
+			one(&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}},
+				eq([]byte{0x02})), // SYN without ACK, RST or FIN
+			one(loadMeta(expr.MetaKeyMARK), and32(cfg.FromTunnel), eq(native(0))),
+			ctMarkMasked(cfg.IDMask),
+			one(b.lookup(setFailed, false), q)))
 	}
 
 	// snat, ahead of any CNI masquerade (nf_nat stops at the first
@@ -378,6 +409,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		{Chain: nftables.Chain{Name: chainReject}, Rules: reject},
 		{Chain: nftables.Chain{Name: chainEIPGuard}, Rules: guard},
 		{Chain: nftables.Chain{Name: chainClassify, Type: filter, Hooknum: nftables.ChainHookPrerouting, Priority: prio(-100 + 10)}, Rules: classify},
+		{Chain: nftables.Chain{Name: chainRejectQueue, Type: filter, Hooknum: nftables.ChainHookForward, Priority: prio(-150 - 20)}, Rules: rejectQueue},
 		{Chain: nftables.Chain{Name: chainForward, Type: filter, Hooknum: nftables.ChainHookForward, Priority: prio(-150 - 10)}, Rules: forward},
 		{Chain: nftables.Chain{Name: chainSNAT, Type: nat, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 - 10)}, Rules: snat},
 		{Chain: nftables.Chain{Name: chainInput, Type: filter, Hooknum: nftables.ChainHookInput, Priority: prio(0 - 10)}, Rules: input},
