@@ -105,6 +105,7 @@ func TestPrinterColumns(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p) })
 	p.Status.Usage = v1.IPPoolUsage{Total: 14, Used: 2}
+	p.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Valid", Message: "ok", LastTransitionTime: metav1.Now()}}
 	if err := env.Client.Status().Update(ctx, p); err != nil {
 		t.Fatal(err)
 	}
@@ -143,8 +144,8 @@ func TestPrinterColumns(t *testing.T) {
 	}
 	check("egresses", "columns", []string{"Name", "Egress-IP", "Node", "Ready", "Age"},
 		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress", "Failure-Policy": "Fail"}, []string{"Pool", "Failure-Policy"})
-	check("externalippools", "columns", []string{"Name", "Total", "Used", "Age"},
-		map[string]any{"Total": float64(14), "Used": float64(2)}, nil)
+	check("externalippools", "columns", []string{"Name", "Total", "Used", "Ready", "Age"},
+		map[string]any{"Total": float64(14), "Used": float64(2), "Ready": "True"}, nil)
 }
 
 func serializerFor() runtime.NegotiatedSerializer {

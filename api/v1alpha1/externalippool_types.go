@@ -133,6 +133,9 @@ type ExternalIPPoolSpec struct {
 	// +optional
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchLabels) || size(self.matchLabels) <= 64",message="nodeSelector.matchLabels may have at most 64 entries"
 	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) <= 32",message="nodeSelector.matchExpressions may have at most 32 entries"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])",message="nodeSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['In', 'NotIn']) || (has(e.values) && size(e.values) > 0))",message="nodeSelector.matchExpressions: In and NotIn need at least one value"
+	// +kubebuilder:validation:XValidation:rule="!has(self.matchExpressions) || size(self.matchExpressions) > 32 || self.matchExpressions.all(e, !(e.operator in ['Exists', 'DoesNotExist']) || !has(e.values) || size(e.values) == 0)",message="nodeSelector.matchExpressions: Exists and DoesNotExist take no values"
 	NodeSelector *metav1.LabelSelector `json:"nodeSelector,omitempty"`
 
 	// Cloud makes the pool cloud-backed: the controller attaches each
@@ -288,6 +291,7 @@ type ExternalIPPoolStatus struct {
 // +kubebuilder:resource:scope=Cluster,shortName=eip
 // +kubebuilder:printcolumn:name="Total",type=integer,JSONPath=`.status.usage.total`,description="Allocatable addresses"
 // +kubebuilder:printcolumn:name="Used",type=integer,JSONPath=`.status.usage.used`,description="Addresses allocated to Egresses"
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Whether the pool is valid and in use as configured"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type ExternalIPPool struct {
 	metav1.TypeMeta `json:",inline"`

@@ -216,6 +216,18 @@ func TestValidation(t *testing.T) {
 		{"too many matchLabels", pool("bad-selector", func(s *v1.ExternalIPPoolSpec) {
 			s.NodeSelector = &metav1.LabelSelector{MatchLabels: manyLabels(65)}
 		}, cidr("192.0.2.0/28")), "nodeSelector.matchLabels may have at most 64 entries"},
+		{"pool nodeSelector operator unknown", pool("bad-node-op", func(s *v1.ExternalIPPoolSpec) {
+			s.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: "Equals", Values: []string{"a"}}}}
+		}, cidr("192.0.2.0/28")), "nodeSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"},
+		{"pool nodeSelector In without values", pool("bad-node-in", func(s *v1.ExternalIPPoolSpec) {
+			s.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: metav1.LabelSelectorOpIn}}}
+		}, cidr("192.0.2.0/28")), "nodeSelector.matchExpressions: In and NotIn need at least one value"},
+		{"pool nodeSelector Exists with values", pool("bad-node-exists", func(s *v1.ExternalIPPoolSpec) {
+			s.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: metav1.LabelSelectorOpExists, Values: []string{"a"}}}}
+		}, cidr("192.0.2.0/28")), "nodeSelector.matchExpressions: Exists and DoesNotExist take no values"},
+		{"pool nodeSelector DoesNotExist", pool("ok-node-dne", func(s *v1.ExternalIPPoolSpec) {
+			s.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "egress.example/off", Operator: metav1.LabelSelectorOpDoesNotExist}}}
+		}, cidr("192.0.2.16/28")), ""},
 
 		// Rejected: Egress.
 		{"egressIP not an ip", egress("bad-ip", "office-egress", "not-an-ip"), "egressIP must be an IPv4 or IPv6 address"},
