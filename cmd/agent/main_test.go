@@ -255,7 +255,10 @@ func eventually(t *testing.T, timeout time.Duration, what string, fn func() erro
 // TestSIGTERMLeavesAddressesBound runs egressip-agent against a real API
 // server, binding in a network namespace; SIGTERM makes it exit 0 and
 // leaves the egress IP bound and owned. Readiness and metrics are checked
-// on the way.
+// on the way. Before that, a second agent of the same Node starts on the
+// same ports, as in a surge rolling update (DaemonSet maxSurge 1): both
+// answer the report while they overlap (SO_REUSEPORT), the first exits on
+// SIGTERM, and the second keeps reporting the IP announced and ready.
 func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 	netnstest.RequireRoot(t)
 	env, err := testenv.Start()
@@ -325,6 +328,55 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 		}
 	}
 
+	// Surge: a second agent on the same ports while the first runs.
+	first, err := getReport(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p2 := startAgentProc(t, []string{"NODE_NAME=" + node},
+		"--kubeconfig", writeKubeconfig(t, env.Config),
+		"--netns", pair.Node.Path,
+		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
+		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(health),
+		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics),
+	)
+	var second string
+	eventually(t, 30*time.Second, "the second agent answers the report too", func() error {
+		r, err := getReport(rep)
+		if err != nil {
+			return err
+		}
+		if r.Instance == first.Instance {
+			return errors.New("answered by the first agent")
+		}
+		if b, ok := r.Lookup(ip); !ok || !b.Announced {
+			return fmt.Errorf("second agent's report %+v", r)
+		}
+		second = r.Instance
+		return nil
+	})
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if !owns(t, check, ip) {
+		t.Fatal("192.0.2.70 is no longer bound after SIGTERM")
+	}
+	for range 10 {
+		r, err := getReport(rep)
+		if err != nil || r.Instance != second {
+			t.Fatalf("after the first agent's exit: report %+v, %v; want the second agent's (%s)", r, err, second)
+		}
+		if b, ok := r.Lookup(ip); !ok || !b.Announced {
+			t.Fatalf("after the first agent's exit: report %+v lacks the IP announced", r)
+		}
+	}
+	if code, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", health)); err != nil || code != http.StatusOK {
+		t.Fatalf("second agent readyz: HTTP %d %s: %v", code, body, err)
+	}
+	p = p2
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

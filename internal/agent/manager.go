@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
@@ -316,11 +318,18 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		if addr == "" {
 			addr = fmt.Sprintf(":%d", report.DefaultPort)
 		}
-		if ln, err = net.Listen("tcp", addr); err != nil {
+		if ln, err = listenShared(ctx, addr); err != nil {
 			return fmt.Errorf("agent: listen for the report: %w", err)
 		}
 	}
 	defer ln.Close()
+	var healthLn net.Listener
+	if a := o.HealthProbeBindAddress; a != "" && a != "0" {
+		if healthLn, err = listenShared(ctx, a); err != nil {
+			return fmt.Errorf("agent: listen for the health probes: %w", err)
+		}
+		defer healthLn.Close()
+	}
 
 	a, err := New(o.Config)
 	if err != nil {
@@ -343,9 +352,13 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	if o.Datapath != nil {
 		newMgr = NewDatapathManager
 	}
+	// Every listener on the host network is opened with SO_REUSEPORT so
+	// that a surge rolling update can run two agents on one Node (see
+	// reusePort); the health probes are served by serveHealth for that
+	// reason, not by the manager.
 	mgr, err := newMgr(o.REST, o.NodeName, manager.Options{
-		Metrics:                metricsserver.Options{BindAddress: off(o.MetricsBindAddress)},
-		HealthProbeBindAddress: off(o.HealthProbeBindAddress),
+		Metrics:                metricsserver.Options{BindAddress: off(o.MetricsBindAddress), ListenConfig: reusePort},
+		HealthProbeBindAddress: "0",
 	})
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
@@ -370,11 +383,12 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 			return fmt.Errorf("agent: add the reject queue: %w", err)
 		}
 	}
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return fmt.Errorf("agent: add health check: %w", err)
-	}
-	if err := mgr.AddReadyzCheck("reconciled", a.ReadyCheck); err != nil {
-		return fmt.Errorf("agent: add readiness check: %w", err)
+	if healthLn != nil {
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			return serveHealth(ctx, healthLn, map[string]healthz.Checker{"reconciled": a.ReadyCheck})
+		})); err != nil {
+			return fmt.Errorf("agent: add the health probe server: %w", err)
+		}
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -410,9 +424,15 @@ type rejectQueue interface {
 	RejectQueueForm() string
 }
 
-// serveRejectQueue runs rq until ctx is done. A failure is logged and not
-// retried: the ruleset's bypass then rejects synchronously, so Fail still
-// holds, with IPv6 connects failing only on the retransmitted SYN.
+// rejectQueueRetry spaces the attempts to (re)bind the reject queue: 1 s
+// doubling to 1 min. During a surge rolling update the old agent holds the
+// queue (EBUSY) until it exits.
+var rejectQueueRetry = wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: math.MaxInt32}
+
+// serveRejectQueue runs rq until ctx is done, binding the queue again
+// after a failure (rejectQueueRetry). Meanwhile the ruleset's bypass
+// rejects synchronously, so Fail still holds, with IPv6 connects failing
+// only on the retransmitted SYN.
 func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 	log := ctrl.Log.WithName("datapath")
 	if rq.RejectQueueForm() == "none" {
@@ -420,7 +440,18 @@ func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 		return
 	}
 	log.Info("serving the reject queue", "form", rq.RejectQueueForm())
-	if err := rq.ServeRejectQueue(ctx); err != nil {
-		log.Error(err, "reject queue stopped; failurePolicy Fail rejects without it (IPv6 connects then fail on the retransmitted SYN, about 1 s)")
+	b := rejectQueueRetry
+	for {
+		err := rq.ServeRejectQueue(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		d := b.Step()
+		log.Error(err, "reject queue unavailable; failurePolicy Fail rejects without it meanwhile (IPv6 connects then fail on the retransmitted SYN, about 1 s)", "retryIn", d)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
 	}
 }

@@ -309,6 +309,45 @@ func TestAgentRestart(t *testing.T) {
 	t.Logf("agent restart: %d ARP answers, all from %s, longest gap %v", len(replies), n.Name, maxGap)
 }
 
+// TestAgentSurgeUpdate replaces an agent as a surge rolling update does:
+// the new agent starts beside the old one (both on the same ports), the old
+// one gets SIGTERM 2 s later, and the test waits longer than the
+// controller's dead-after time: nothing moves, the Egress stays Ready, the
+// IP answers throughout from its Node only.
+func TestAgentSurgeUpdate(t *testing.T) {
+	newEgress(t, "agent-surge", "office-egress", "")
+	e := waitReady(t, "agent-surge")["agent-surge"]
+	ip := netip.MustParseAddr(e.Status.EgressIP)
+	n := c.Node(e.Status.EgressNode)
+	w, err := c.WatchARP(ip, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := c.SurgeAgent(n, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(4 * time.Second) // longer than --agent-dead-after (3 s)
+	replies := w.Stop()
+	var maxGap time.Duration
+	for i, r := range replies {
+		if r.MAC != n.MAC.String() {
+			t.Fatalf("%s answered by %s during the surge update; only %s holds it", ip, r.MAC, n.Name)
+		}
+		if i > 0 {
+			maxGap = max(maxGap, r.At.Sub(replies[i-1].At))
+		}
+	}
+	if maxGap > 500*time.Millisecond {
+		t.Errorf("ARP answers stopped for %v during the surge update", maxGap)
+	}
+	after := waitReady(t, "agent-surge")["agent-surge"]
+	if after.Status.EgressNode != n.Name || after.Status.EgressIP != e.Status.EgressIP {
+		t.Fatalf("surge update moved the IP: %s", harness.Describe(after))
+	}
+	t.Logf("surge update: %d ARP answers, all from %s, longest gap %v", len(replies), n.Name, maxGap)
+}
+
 // TestControllerRestart kills the controller and starts a new one: no
 // status changes and the IPs keep answering.
 func TestControllerRestart(t *testing.T) {

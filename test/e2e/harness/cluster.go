@@ -344,6 +344,32 @@ func (c *Cluster) StartAgent(n *Node) error {
 	return nil
 }
 
+// SurgeAgent replaces n's agent the way a surge rolling update does
+// (DaemonSet maxSurge 1, maxUnavailable 0): it starts a new agent beside
+// the running one, lets both run for overlap, then stops the old one with
+// SIGTERM. The new agent is n's agent afterwards.
+func (c *Cluster) SurgeAgent(n *Node, overlap time.Duration) error {
+	n.mu.Lock()
+	old, oldDone := n.agent, n.agentDone
+	n.agent, n.agentDone = nil, nil
+	n.mu.Unlock()
+	if err := c.StartAgent(n); err != nil {
+		return err
+	}
+	time.Sleep(overlap)
+	if old == nil {
+		return nil
+	}
+	_ = old.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-oldDone:
+	case <-time.After(10 * time.Second):
+		_ = old.Process.Kill()
+		<-oldDone
+	}
+	return nil
+}
+
 // StopAgent stops n's agent with sig (SIGKILL for a crash, SIGTERM for a
 // rolling update) and waits until it has exited.
 func (c *Cluster) StopAgent(n *Node, sig syscall.Signal) {
