@@ -82,7 +82,7 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "egressip-agent: unexpected arguments %q\n", fs.Args())
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&zopts), zap.WriteTo(stderr)))
@@ -90,7 +90,7 @@ func run(args []string, stderr io.Writer) int {
 
 	node, err := agent.ResolveNodeName(nodeFlag, os.Getenv)
 	if err != nil {
-		fmt.Fprintf(stderr, "egressip-agent: %v\n", err)
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: %v\n", err)
 		return 2
 	}
 	o.NodeName = node
@@ -105,7 +105,7 @@ func run(args []string, stderr io.Writer) int {
 		dc := datapath.DefaultConfig()
 		dc.Uplink = cmp.Or(dpUplink, o.Interface)
 		if rejectQueue == 0 || rejectQueue < -1 || rejectQueue > 65535 {
-			fmt.Fprintf(stderr, "egressip-agent: --datapath-reject-queue %d: want 1..65535, or -1 for none\n", rejectQueue)
+			_, _ = fmt.Fprintf(stderr, "egressip-agent: --datapath-reject-queue %d: want 1..65535, or -1 for none\n", rejectQueue)
 			return 2
 		}
 		dc.RejectQueue = rejectQueue

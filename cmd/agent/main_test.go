@@ -175,7 +175,7 @@ func freePort(t *testing.T) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }() // only the free port number is wanted
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
@@ -232,7 +232,7 @@ func httpGet(url string) (int, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }() // the body was read to the end or failed already
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), err
 }

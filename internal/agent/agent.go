@@ -116,7 +116,7 @@ func New(cfg Config) (*Agent, error) {
 		if err != nil {
 			return nil, fmt.Errorf("agent: open network namespace %s: %w", cfg.NetNSPath, err)
 		}
-		defer h.Close() // bind and announce keep their own references
+		defer func() { _ = h.Close() }() // bind and announce keep their own references
 		ns = h
 	}
 	id := make([]byte, 8)
@@ -147,7 +147,7 @@ func New(cfg Config) (*Agent, error) {
 
 	owned, err := b.Owned()
 	if err != nil {
-		a.Close()
+		_ = a.Close() // the Owned error is the one to report
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	for _, o := range owned {

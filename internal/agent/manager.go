@@ -322,13 +322,13 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 			return fmt.Errorf("agent: listen for the report: %w", err)
 		}
 	}
-	defer ln.Close()
+	defer func() { _ = ln.Close() }() // usually already closed by the report server
 	var healthLn net.Listener
 	if a := o.HealthProbeBindAddress; a != "" && a != "0" {
 		if healthLn, err = listenShared(ctx, a); err != nil {
 			return fmt.Errorf("agent: listen for the health probes: %w", err)
 		}
-		defer healthLn.Close()
+		defer func() { _ = healthLn.Close() }() // usually already closed by the health server
 	}
 
 	a, err := New(o.Config)

@@ -93,8 +93,6 @@ func (s span) size() uint64 {
 
 func (s span) contains(u u128) bool { return !u.less(s.first) && !s.last.less(u) }
 
-func (s span) overlaps(t span) bool { return !s.last.less(t.first) && !t.last.less(s.first) }
-
 // touches reports whether t, which starts at or after s, overlaps s or begins
 // right after it, so that the two can be merged into one span.
 func (s span) touches(t span) bool {

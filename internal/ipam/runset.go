@@ -204,7 +204,8 @@ func (s *runSet) union(points []u128) (added uint64) {
 		}
 		// Every old run starting before u is pushed; u is already present
 		// if the last of them, or the next one, holds it.
-		if !(i > 0 && old[i-1].contains(u)) && !(i < len(old) && old[i].first == u) {
+		present := i > 0 && old[i-1].contains(u) || i < len(old) && old[i].first == u
+		if !present {
 			added++
 		}
 		push(span{u, u})

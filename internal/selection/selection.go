@@ -108,7 +108,7 @@ type Result struct {
 // Older orders Egresses by priority: the lowest creationTimestamp first,
 // then the lowest name.
 func Older(a, b *v1.Egress) int {
-	if c := a.CreationTimestamp.Time.Compare(b.CreationTimestamp.Time); c != 0 {
+	if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
 		return c
 	}
 	return strings.Compare(a.Name, b.Name)

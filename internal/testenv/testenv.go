@@ -72,10 +72,10 @@ func WithWebhooks() Option {
 func WithAPIServerAddress(addr string) Option {
 	return func(e *envtest.Environment, _ string) {
 		s := e.ControlPlane.GetAPIServer()
-		s.SecureServing.Address = addr
+		s.Address = addr
 		// envtest replaces the address with 127.0.0.1 unless a port is set.
 		if l, err := net.Listen("tcp", net.JoinHostPort(addr, "0")); err == nil {
-			s.SecureServing.Port = strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+			s.Port = strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 			_ = l.Close()
 		}
 		// Without a default route the API server cannot pick an address

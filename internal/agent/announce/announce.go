@@ -268,7 +268,7 @@ func sendGARP(ifi *net.Interface, ip netip.Addr) error {
 	}
 	// Closing an AF_PACKET socket waits for an RCU grace period
 	// (synchronize_net), often 5-15 ms; do not make the caller wait for it.
-	defer func() { go c.Close() }()
+	defer func() { go func() { _ = c.Close() }() }() // nothing to do if the close fails
 	_, err = c.WriteTo(frame, &packet.Addr{HardwareAddr: ethernet.Broadcast})
 	return err
 }
@@ -287,7 +287,7 @@ func sendNA(ifi *net.Interface, ip netip.Addr) error {
 			return fmt.Errorf("open NDP socket: link-local source: %v; egress IP source: %w", err, err2)
 		}
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // the NA was sent or failed already
 	var block ipv6.ICMPFilter
 	block.SetAll(true)
 	if err := c.SetICMPFilter(&block); err != nil {

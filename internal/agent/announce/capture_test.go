@@ -62,7 +62,7 @@ func startCapture(t testing.TB, ns *netnstest.NS, ifname string) *capture {
 			}
 		}
 	}()
-	t.Cleanup(func() { c.Close(); <-done })
+	t.Cleanup(func() { _ = c.Close(); <-done }) // closing ends the reader; its error does not matter
 	return cp
 }
 
@@ -180,7 +180,7 @@ func ping(t testing.TB, ns *netnstest.NS, dst netip.Addr) error {
 	}); err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // test probe socket
 	id := int(rand.Uint32() & 0xffff)
 	payload := []byte("egressip-ping")
 	buf := make([]byte, 1500)

@@ -101,7 +101,7 @@ func (r *rtnl) addAddr(a kernelAddr) error {
 		// and the Node's, and its masqueraded Pods', traffic to the
 		// subnet would leave with the egress IP. It still answers Neighbor
 		// Solicitations and works as an explicit (SNAT) source.
-		ci := nl.IfaCacheInfo{IfaCacheinfo: unix.IfaCacheinfo{Prefered: 0, Valid: 0xffffffff}}
+		ci := nl.IfaCacheInfo{IfaCacheinfo: unix.IfaCacheinfo{Prefered: 0, Valid: 0xffffffff}} //nolint:misspell // x/sys/unix spells the field so
 		req.AddData(nl.NewRtAttr(unix.IFA_CACHEINFO, ci.Serialize()))
 	}
 	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
