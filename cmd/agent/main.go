@@ -152,7 +152,7 @@ func (c *cidrList) String() string {
 
 func (c *cidrList) Set(v string) error {
 	c.list = []netip.Prefix{}
-	for _, f := range strings.Split(v, ",") {
+	for f := range strings.SplitSeq(v, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
 			continue

@@ -109,8 +109,7 @@ func (p *agentProc) wait(t *testing.T, timeout time.Duration) int {
 	case <-time.After(timeout):
 		t.Fatalf("agent still running after %s", timeout)
 	}
-	var ee *exec.ExitError
-	if errors.As(p.err, &ee) {
+	if ee, ok := errors.AsType[*exec.ExitError](p.err); ok {
 		return ee.ExitCode()
 	}
 	if p.err != nil {

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"sync"
@@ -39,9 +40,7 @@ func (r *recordingDP) Counters(context.Context) (map[string]uint64, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := map[string]uint64{"@unknown-source": 3}
-	for k, v := range r.rejected {
-		out[k] = v
-	}
+	maps.Copy(out, r.rejected)
 	return out, nil
 }
 

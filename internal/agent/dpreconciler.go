@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -354,7 +353,7 @@ func (r *DatapathReconciler) SetupWithManager(mgr manager.Manager) error {
 			MaxConcurrentReconciles: 1,
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
 				100*time.Millisecond, cmpDuration(r.ResyncPeriod, DefaultResyncPeriod)),
-			SkipNameValidation: ptr.To(true),
+			SkipNameValidation: new(true),
 			CacheSyncTimeout:   100 * 365 * 24 * time.Hour,
 		}).
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {

@@ -128,7 +128,7 @@ func (n *testNode) owned(t *testing.T) map[netip.Addr]string {
 func (n *testNode) present(t *testing.T, ip netip.Addr) bool {
 	t.Helper()
 	out := n.Node.MustIP(t, "-o", "addr", "show")
-	for _, f := range strings.Fields(out) {
+	for f := range strings.FieldsSeq(out) {
 		if pfx, err := netip.ParsePrefix(f); err == nil && pfx.Addr() == ip {
 			return true
 		}

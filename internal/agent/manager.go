@@ -22,7 +22,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -233,7 +232,7 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
 				100*time.Millisecond, a.cfg.ResyncPeriod),
 			// Several agents share a process in tests; names need not be unique.
-			SkipNameValidation: ptr.To(true),
+			SkipNameValidation: new(true),
 			// Wait for the first List for as long as it takes, rather
 			// than exit (and stop serving the report) during an outage.
 			CacheSyncTimeout: 100 * 365 * 24 * time.Hour,

@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -160,7 +159,7 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 		for _, c := range ch.Create {
 			s := &v1.EgressMemberSlice{
 				ObjectMeta: metav1.ObjectMeta{Name: c.Name, OwnerReferences: []metav1.OwnerReference{{
-					APIVersion: v1.GroupVersion.String(), Kind: "Egress", Name: e.Name, UID: e.UID, Controller: ptr.To(true),
+					APIVersion: v1.GroupVersion.String(), Kind: "Egress", Name: e.Name, UID: e.UID, Controller: new(true),
 				}}},
 				Egress:  e.Name,
 				Members: c.Members,

@@ -364,7 +364,7 @@ func TestLeaderHandOverMovesNothing(t *testing.T) {
 	start := func(id string) (context.CancelFunc, chan struct{}) {
 		mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
 			Scheme: env.Scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-			Controller:     config.Controller{SkipNameValidation: ptr.To(true)},
+			Controller:     config.Controller{SkipNameValidation: new(true)},
 			LeaderElection: true, LeaderElectionID: "leader-test", LeaderElectionNamespace: "default",
 			LeaderElectionReleaseOnCancel: true,
 			LeaseDuration:                 ptr.To(2 * time.Second), RenewDeadline: ptr.To(1500 * time.Millisecond), RetryPeriod: ptr.To(200 * time.Millisecond),

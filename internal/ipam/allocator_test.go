@@ -307,9 +307,7 @@ func TestAllocatorConcurrent(t *testing.T) {
 	results := make([][]netip.Addr, workers)
 	var wg sync.WaitGroup
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range each {
 				ip, err := a.Allocate()
 				if err != nil {
@@ -321,7 +319,7 @@ func TestAllocatorConcurrent(t *testing.T) {
 					t.Errorf("%s allocated but not counted", ip)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	seen := map[netip.Addr]bool{}
@@ -342,15 +340,13 @@ func TestAllocatorConcurrent(t *testing.T) {
 	}
 	// Concurrent releases of everything leave only that last one.
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for _, ip := range results[w] {
 				if !a.Release(ip) {
 					t.Errorf("Release(%s) = false", ip)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if a.Used() != 1 {

@@ -168,8 +168,8 @@ func AssetsDir(root string) (string, error) {
 	}
 	matches, _ := filepath.Glob(filepath.Join(root, "bin", "k8s", "*", "kube-apiserver"))
 	slices.Sort(matches)
-	for i := len(matches) - 1; i >= 0; i-- {
-		dir := filepath.Dir(matches[i])
+	for _, m := range slices.Backward(matches) {
+		dir := filepath.Dir(m)
 		if _, err := os.Stat(filepath.Join(dir, "etcd")); err == nil {
 			return dir, nil
 		}

@@ -384,9 +384,7 @@ func (a *Announcer) Start(ip netip.Addr, ifname string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &run{cancel: cancel, done: make(chan struct{})}
 	a.running[ip] = r
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
+	a.wg.Go(func() {
 		defer close(r.done)
 		// The replaced run may be inside a send; wait for it so that runs for
 		// one IP never overlap and Stop's wait covers every run it replaced.
@@ -400,7 +398,7 @@ func (a *Announcer) Start(ip netip.Addr, ifname string) {
 		}
 		a.mu.Unlock()
 		cancel()
-	}()
+	})
 }
 
 // Stop cancels the background announcements for ip and waits for them to end.

@@ -46,7 +46,7 @@ func crashHelper(path, ips string) {
 	if err != nil {
 		fail(err)
 	}
-	for _, s := range strings.Split(ips, ",") {
+	for s := range strings.SplitSeq(ips, ",") {
 		if _, err := b.Bind(netip.MustParseAddr(s)); err != nil {
 			fail(err)
 		}

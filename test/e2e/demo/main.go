@@ -309,7 +309,7 @@ func (d *demo) show() {
 		cmd := exec.Command(d.kubectl, append([]string{"--kubeconfig", d.c.Kubeconfig}, args...)...)
 		out, err := cmd.CombinedOutput()
 		fmt.Printf("\n   $ kubectl %s\n", strings.Join(args, " "))
-		for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		for l := range strings.SplitSeq(strings.TrimRight(string(out), "\n"), "\n") {
 			fmt.Printf("   %s\n", l)
 		}
 		if err != nil {

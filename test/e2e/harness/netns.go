@@ -97,13 +97,13 @@ func CleanupNamespaces(prefix string) {
 	if err != nil {
 		return
 	}
-	for _, line := range strings.Split(string(out), "\n") {
+	for line := range strings.SplitSeq(string(out), "\n") {
 		f := strings.Fields(line)
 		if len(f) == 0 || !strings.HasPrefix(f[0], prefix) {
 			continue
 		}
 		if pids, err := exec.Command("ip", "netns", "pids", f[0]).Output(); err == nil {
-			for _, p := range strings.Fields(string(pids)) {
+			for p := range strings.FieldsSeq(string(pids)) {
 				if pid, err := strconv.Atoi(p); err == nil && pid != os.Getpid() {
 					_ = syscall.Kill(pid, syscall.SIGKILL)
 				}
