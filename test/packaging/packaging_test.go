@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -147,7 +146,7 @@ func TestChartMatchesInstallYAML(t *testing.T) {
 			}
 			s = append(s, o.GetKind()+"/"+o.GetName())
 		}
-		sort.Strings(s)
+		slices.Sort(s)
 		return s
 	}
 	if c, d := ids(chart, true), ids(dist, true); !slices.Equal(c, d) {
@@ -183,7 +182,7 @@ func TestChartMatchesInstallYAML(t *testing.T) {
 		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
 		a, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
 		a = slices.DeleteFunc(slices.Clone(a), func(s string) bool { return s == "--enable-webhooks=true" }) // the default
-		sort.Strings(a)
+		slices.Sort(a)
 		return a
 	}
 	cdep, ddep := find(chart, "Deployment", "egressip-controller-manager"), find(dist, "Deployment", "egressip-controller-manager")

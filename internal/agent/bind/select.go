@@ -1,11 +1,12 @@
 package bind
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"sort"
+	"slices"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -191,11 +192,11 @@ func connectedLink(src LinkSource, byIndex map[int]netlink.Link, ip netip.Addr, 
 	if len(cands) == 0 {
 		return nil, nil
 	}
-	sort.Slice(cands, func(i, j int) bool {
-		if cands[i].bits != cands[j].bits {
-			return cands[i].bits > cands[j].bits
+	slices.SortFunc(cands, func(a, b cand) int {
+		if a.bits != b.bits {
+			return cmp.Compare(b.bits, a.bits) // longest prefix first
 		}
-		return cands[i].link.Attrs().Index < cands[j].link.Attrs().Index
+		return cmp.Compare(a.link.Attrs().Index, b.link.Attrs().Index)
 	})
 	return cands[0].link, nil
 }
