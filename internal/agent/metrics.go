@@ -7,10 +7,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
-// Label values of the "family" label.
+// The "family" label and its values.
 const (
-	familyIPv4 = "ipv4"
-	familyIPv6 = "ipv6"
+	labelFamily = "family"
+	familyIPv4  = "ipv4"
+	familyIPv6  = "ipv6"
 )
 
 func familyOf(ip netip.Addr) string {
@@ -26,17 +27,17 @@ var (
 	boundIPs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "egressip_agent_bound_ips",
 		Help: "Egress IPs bound on this Node and owned by egressip, by IP family, as of the last reconcile.",
-	}, []string{"family"})
+	}, []string{labelFamily})
 
 	announcements = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_agent_announcements_total",
 		Help: "Announcements sent (gratuitous ARP for ipv4, unsolicited Neighbor Advertisement for ipv6), by IP family.",
-	}, []string{"family"})
+	}, []string{labelFamily})
 
 	announceErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_agent_announce_errors_total",
 		Help: "Announcements that could not be sent, by IP family.",
-	}, []string{"family"})
+	}, []string{labelFamily})
 
 	bindErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "egressip_agent_bind_errors_total",

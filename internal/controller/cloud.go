@@ -23,11 +23,19 @@ import (
 	"github.com/egressip/egressip/internal/cloud/warm"
 )
 
+// Provider calls, as the action label of the cloud call metrics names them.
+const (
+	actionInterfaces  = "Interfaces"
+	actionAssign      = "Assign"
+	actionAssignCount = "AssignCount"
+	actionUnassign    = "Unassign"
+)
+
 var (
 	cloudCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_controller_cloud_calls_total",
 		Help: "Cloud API calls the controller made, by action (Interfaces, Assign, AssignCount, Unassign) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, error).",
-	}, []string{"action", "result"})
+	}, []string{"action", labelResult})
 	cloudCallDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "egressip_controller_cloud_call_duration_seconds",
 		Help:    "Duration of one cloud API call as the controller sees it (SDK retries included), by action, in seconds.",
@@ -36,7 +44,7 @@ var (
 	poolCloudIPs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "egressip_controller_pool_cloud_ips",
 		Help: "Addresses of a cloud-backed ExternalIPPool after the last pass, by state: attached (allocated + warm), warm (attached, allocated to no Egress), allocated.",
-	}, []string{"pool", "state"})
+	}, []string{labelPool, "state"})
 )
 
 func init() {
@@ -197,7 +205,7 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 		}
 	}
 	var got map[string]cloud.Interface
-	err := c.call(ctx, "Interfaces", func() error {
+	err := c.call(ctx, actionInterfaces, func() error {
 		var err error
 		got, err = c.cfg.Provider.Interfaces(ctx, ids)
 		return err
@@ -344,7 +352,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			for _, ip := range op.IPs {
 				c.attaching[ip] = op.Node
 			}
-			jobs = append(jobs, job{action: "Assign", node: op.Node, iface: op.InterfaceID, ips: op.IPs})
+			jobs = append(jobs, job{action: actionAssign, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
 		}
 	}
 	for _, pool := range slices.Sorted(maps.Keys(out.Pools)) {
@@ -355,10 +363,10 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			}
 			if len(op.IPs) > 0 {
 				c.warmAttaching[pool] += len(op.IPs)
-				jobs = append(jobs, job{action: "Assign", pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs, count: len(op.IPs)})
+				jobs = append(jobs, job{action: actionAssign, pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs, count: len(op.IPs)})
 			} else {
 				c.warmAttaching[pool] += op.Count
-				jobs = append(jobs, job{action: "AssignCount", pool: pool, node: op.Node, iface: op.InterfaceID, count: op.Count})
+				jobs = append(jobs, job{action: actionAssignCount, pool: pool, node: op.Node, iface: op.InterfaceID, count: op.Count})
 			}
 		}
 		if len(po.Plan.Detach) > 0 {
@@ -374,7 +382,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 				delete(c.owned[pool], ip)
 				c.detaching[ip] = true
 			}
-			jobs = append(jobs, job{action: "Unassign", pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
+			jobs = append(jobs, job{action: actionUnassign, pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
 		}
 	}
 	if c.runCtx != nil {
@@ -390,13 +398,13 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			defer func() {
 				c.mu.Lock()
 				delete(c.busy, j.iface)
-				if j.pool != "" && j.action != "Unassign" {
+				if j.pool != "" && j.action != actionUnassign {
 					if c.warmAttaching[j.pool] -= j.count; c.warmAttaching[j.pool] <= 0 {
 						delete(c.warmAttaching, j.pool)
 					}
 				}
 				for _, ip := range j.ips {
-					if j.action == "Unassign" {
+					if j.action == actionUnassign {
 						delete(c.detaching, ip)
 					} else if c.attaching[ip] == j.node {
 						delete(c.attaching, ip)
@@ -407,12 +415,12 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			}()
 			var err error
 			switch j.action {
-			case "Assign":
+			case actionAssign:
 				err = c.call(ctx, j.action, func() error { return c.cfg.Provider.Assign(ctx, j.iface, j.ips) })
 				if err == nil {
 					c.applied(j.pool, j.node, j.iface, j.ips, true)
 				}
-			case "AssignCount":
+			case actionAssignCount:
 				var got []netip.Addr
 				err = c.call(ctx, j.action, func() error {
 					var err error
@@ -422,7 +430,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 				if err == nil {
 					c.applied(j.pool, j.node, j.iface, got, true)
 				}
-			case "Unassign":
+			case actionUnassign:
 				err = c.call(ctx, j.action, func() error { return c.cfg.Provider.Unassign(ctx, j.iface, j.ips) })
 				if err == nil || errors.Is(err, cloud.ErrNotFound) {
 					c.applied(j.pool, j.node, j.iface, j.ips, false)
@@ -511,7 +519,7 @@ func (c *Cloud) call(ctx context.Context, action string, f func() error) error {
 	start := time.Now()
 	err := f()
 	cloudCallDuration.WithLabelValues(action).Observe(time.Since(start).Seconds())
-	res := "ok"
+	res := resultOK
 	switch {
 	case err == nil:
 	case errors.Is(err, cloud.ErrLimitExceeded):
@@ -523,7 +531,7 @@ func (c *Cloud) call(ctx context.Context, action string, f func() error) error {
 	case errors.Is(err, cloud.ErrNotFound):
 		res = "NotFound"
 	default:
-		res = "error"
+		res = resultError
 	}
 	cloudCalls.WithLabelValues(action, res).Inc()
 	_ = ctx

@@ -28,9 +28,9 @@ var (
 		"Egresses by state: Ready (bound and announced), Assigned (on a Node, not yet announced), Unassigned (IP but no Node), NoIP.",
 		[]string{"state"}, nil)
 	descPoolTotal = prometheus.NewDesc("egressip_controller_pool_ips_total",
-		"Allocatable IPs of an ExternalIPPool (status.usage.total).", []string{"pool"}, nil)
+		"Allocatable IPs of an ExternalIPPool (status.usage.total).", []string{labelPool}, nil)
 	descPoolUsed = prometheus.NewDesc("egressip_controller_pool_ips_used",
-		"IPs of an ExternalIPPool allocated to Egresses (status.usage.used).", []string{"pool"}, nil)
+		"IPs of an ExternalIPPool allocated to Egresses (status.usage.used).", []string{labelPool}, nil)
 	descNodeCapacity = prometheus.NewDesc("egressip_controller_node_capacity_ips",
 		"Egress IPs a Node may hold (annotation egressip.io/max-egress-ips, else --max-egress-ips-per-node).", []string{"node"}, nil)
 	descNodeAssigned = prometheus.NewDesc("egressip_controller_node_assigned_ips",

@@ -39,6 +39,18 @@ import (
 // agent liveness) is coalesced into one pending pass.
 var passKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "egressip-scheduling-pass"}}
 
+// Label names and values several of the controller's metrics share.
+const (
+	labelResult    = "result"
+	labelPool      = "pool"
+	resultOK       = "ok"
+	resultConflict = "conflict"
+	resultError    = "error"
+
+	kindEgress         = "Egress"
+	kindExternalIPPool = "ExternalIPPool"
+)
+
 var (
 	passDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "egressip_controller_schedule_pass_duration_seconds",
@@ -56,7 +68,7 @@ var (
 	statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_controller_status_writes_total",
 		Help: "Status patches issued, by kind (Egress, ExternalIPPool) and result (ok, conflict, error).",
-	}, []string{"kind", "result"})
+	}, []string{"kind", labelResult})
 	invalidCapacity = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "egressip_controller_invalid_capacity_annotations",
 		Help: "Nodes whose egressip.io/max-egress-ips annotation is invalid (the default capacity applies).",
@@ -70,8 +82,8 @@ func init() {
 	for _, r := range []string{scheduler.MoveNodeRemoved, scheduler.MoveNodeIneligible, scheduler.MoveNodeNotInPool, scheduler.MoveCapacityReduced} {
 		movesTotal.WithLabelValues(r)
 	}
-	for _, k := range []string{"Egress", "ExternalIPPool"} {
-		for _, res := range []string{"ok", "conflict", "error"} {
+	for _, k := range []string{kindEgress, kindExternalIPPool} {
+		for _, res := range []string{resultOK, resultConflict, resultError} {
 			statusWrites.WithLabelValues(k, res)
 		}
 	}
@@ -204,20 +216,20 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	}
 	workqueue.ParallelizeUntil(ctx, par, len(writes), func(i int) {
 		w := writes[i]
-		kind := "Egress"
+		kind := kindEgress
 		if _, ok := w.obj.(*v1.ExternalIPPool); ok {
-			kind = "ExternalIPPool"
+			kind = kindExternalIPPool
 		}
 		err := w.do(ctx)
 		switch {
 		case err == nil:
-			statusWrites.WithLabelValues(kind, "ok").Inc()
+			statusWrites.WithLabelValues(kind, resultOK).Inc()
 		case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
 			// The cache is behind; the watch event that follows brings a
 			// new pass with fresh objects.
-			statusWrites.WithLabelValues(kind, "conflict").Inc()
+			statusWrites.WithLabelValues(kind, resultConflict).Inc()
 		default:
-			statusWrites.WithLabelValues(kind, "error").Inc()
+			statusWrites.WithLabelValues(kind, resultError).Inc()
 			errs[i] = fmt.Errorf("patch status of %s %s: %w", kind, w.obj.GetName(), err)
 		}
 	})

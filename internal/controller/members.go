@@ -42,12 +42,12 @@ var membersKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "e
 var sliceWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "egressip_controller_member_slice_writes_total",
 	Help: "EgressMemberSlice writes, by operation (create, update, delete) and result (ok, conflict, error).",
-}, []string{"op", "result"})
+}, []string{"op", labelResult})
 
 func init() {
 	metrics.Registry.MustRegister(sliceWrites)
 	for _, op := range []string{"create", "update", "delete"} {
-		for _, res := range []string{"ok", "conflict", "error"} {
+		for _, res := range []string{resultOK, resultConflict, resultError} {
 			sliceWrites.WithLabelValues(op, res)
 		}
 	}
@@ -159,7 +159,7 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 		for _, c := range ch.Create {
 			s := &v1.EgressMemberSlice{
 				ObjectMeta: metav1.ObjectMeta{Name: c.Name, OwnerReferences: []metav1.OwnerReference{{
-					APIVersion: v1.GroupVersion.String(), Kind: "Egress", Name: e.Name, UID: e.UID, Controller: new(true),
+					APIVersion: v1.GroupVersion.String(), Kind: kindEgress, Name: e.Name, UID: e.UID, Controller: new(true),
 				}}},
 				Egress:  e.Name,
 				Members: c.Members,
@@ -196,21 +196,21 @@ func (r *MembersReconciler) write(ctx context.Context, op string, s *v1.EgressMe
 	err := do()
 	switch {
 	case err == nil:
-		sliceWrites.WithLabelValues(op, "ok").Inc()
+		sliceWrites.WithLabelValues(op, resultOK).Inc()
 		log.FromContext(ctx).V(1).Info("member slice written", "op", op, "slice", klog.KObj(s), "members", len(s.Members))
 		return nil
 	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err):
-		sliceWrites.WithLabelValues(op, "conflict").Inc()
+		sliceWrites.WithLabelValues(op, resultConflict).Inc()
 		return nil
 	default:
-		sliceWrites.WithLabelValues(op, "error").Inc()
+		sliceWrites.WithLabelValues(op, resultError).Inc()
 		return fmt.Errorf("%s EgressMemberSlice %s: %w", op, s.Name, err)
 	}
 }
 
 func ownedBy(s *v1.EgressMemberSlice, e *v1.Egress) bool {
 	for _, o := range s.OwnerReferences {
-		if o.Kind == "Egress" && o.UID == e.UID {
+		if o.Kind == kindEgress && o.UID == e.UID {
 			return true
 		}
 	}
