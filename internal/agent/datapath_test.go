@@ -102,7 +102,7 @@ func mkNode(t *testing.T, c client.Client, name, ip, podCIDR string) {
 	}
 }
 
-func mkPod(t *testing.T, c client.Client, ns, name, node, hostIP, ip string, lbl map[string]string) *corev1.Pod {
+func mkPod(t *testing.T, c client.Client, ns, name, node, hostIP, ip string, lbl map[string]string) {
 	t.Helper()
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: lbl},
 		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/c"}}}}
@@ -113,7 +113,6 @@ func mkPod(t *testing.T, c client.Client, ns, name, node, hostIP, ip string, lbl
 	if err := c.Status().Update(context.Background(), p); err != nil {
 		t.Fatal(err)
 	}
-	return p
 }
 
 // TestDatapathReconciler runs two Nodes' datapath reconcilers on a real API

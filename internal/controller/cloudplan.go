@@ -135,7 +135,7 @@ func attachedAt(ifaces map[string]cloud.Interface) map[netip.Addr]string {
 }
 
 // newCloudPool gathers a cloud pool's owned and warm addresses.
-func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, at map[netip.Addr]string, egs []v1.Egress, eligible func(string) bool) *cloudPool {
+func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, egs []v1.Egress) *cloudPool {
 	cp := &cloudPool{spec: p.Spec.Cloud, ranged: len(p.Spec.IPRanges) > 0, used: map[netip.Addr]bool{}, owned: map[netip.Addr]bool{}, avail: map[string][]netip.Addr{}, load: map[string]int{}, bound: map[netip.Addr]bool{}}
 	if p.Spec.Cloud.AWS != nil {
 		cp.subnet = p.Spec.Cloud.AWS.SubnetID

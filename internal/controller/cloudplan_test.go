@@ -21,9 +21,10 @@ func planNode(name string) corev1.Node {
 		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
 }
 
-func planEgress(name, pool, statusIP, statusNode string, sec int) v1.Egress {
+// planEgress is an Egress of the pool planPool makes ("c").
+func planEgress(name, statusIP, statusNode string, sec int) v1.Egress {
 	return v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(time.Unix(int64(1000+sec), 0))},
-		Spec:   v1.EgressSpec{ExternalIPPool: pool},
+		Spec:   v1.EgressSpec{ExternalIPPool: "c"},
 		Status: v1.EgressStatus{EgressIP: statusIP, EgressNode: statusNode}}
 }
 
@@ -56,7 +57,7 @@ func alive(string) AgentState { return AgentState{} }
 
 func TestPlanCloud(t *testing.T) {
 	t.Run("cloud pool without a provider is invalid", func(t *testing.T) {
-		out := plan(passInput{Pools: []v1.ExternalIPPool{planPool()}, Egresses: []v1.Egress{planEgress("e", "c", "", "", 0)},
+		out := plan(passInput{Pools: []v1.ExternalIPPool{planPool()}, Egresses: []v1.Egress{planEgress("e", "", "", 0)},
 			Nodes: []corev1.Node{planNode("a")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10}})
 		c := meta.FindStatusCondition(out.Egresses["e"].Status.Conditions, v1.ConditionIPAllocated)
 		if c == nil || c.Reason != ReasonPoolInvalid || !strings.Contains(c.Message, "--cloud-provider=aws") {
@@ -66,7 +67,7 @@ func TestPlanCloud(t *testing.T) {
 
 	t.Run("a warm IP is taken on its Node: Assigned at once, MAC set, no call", func(t *testing.T) {
 		p := planPool(v1.WarmIP{IP: "10.0.0.5", Node: "b"}, v1.WarmIP{IP: "10.0.0.6", Node: "b"})
-		out := plan(passInput{Pools: []v1.ExternalIPPool{p}, Egresses: []v1.Egress{planEgress("e", "c", "", "", 0)},
+		out := plan(passInput{Pools: []v1.ExternalIPPool{p}, Egresses: []v1.Egress{planEgress("e", "", "", 0)},
 			Nodes: []corev1.Node{planNode("a"), planNode("b")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10},
 			Cloud: cloudIn(iface("a", 1, 10), iface("b", 2, 10, "10.0.0.5", "10.0.0.6"))})
 		st := out.Egresses["e"].Status
@@ -89,7 +90,7 @@ func TestPlanCloud(t *testing.T) {
 	t.Run("no warm IP: waiting, and the shortfall counts the pending Egress", func(t *testing.T) {
 		p := planPool()
 		p.Spec.Cloud.WarmIPTarget = 0
-		out := plan(passInput{Pools: []v1.ExternalIPPool{p}, Egresses: []v1.Egress{planEgress("e", "c", "", "", 0)},
+		out := plan(passInput{Pools: []v1.ExternalIPPool{p}, Egresses: []v1.Egress{planEgress("e", "", "", 0)},
 			Nodes: []corev1.Node{planNode("a")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10},
 			Cloud: cloudIn(iface("a", 1, 10))})
 		c := meta.FindStatusCondition(out.Egresses["e"].Status.Conditions, v1.ConditionIPAllocated)
@@ -108,7 +109,7 @@ func TestPlanCloud(t *testing.T) {
 		var onA []string
 		for i := range 6 {
 			ip := netip.AddrFrom4([4]byte{10, 0, 0, byte(10 + i)}).String()
-			egs = append(egs, planEgress("e"+ip, "c", ip, "a", i))
+			egs = append(egs, planEgress("e"+ip, ip, "a", i))
 			onA = append(onA, ip)
 		}
 		dead := func(n string) AgentState { return AgentState{Known: true, Dead: n == "a"} }
@@ -141,7 +142,7 @@ func TestPlanCloud(t *testing.T) {
 		// for an address moved here, plus the warm one if taken here.
 		var egs []v1.Egress
 		for i := range 3 {
-			egs = append(egs, planEgress("n"+string(rune('0'+i)), "c", "", "", i))
+			egs = append(egs, planEgress("n"+string(rune('0'+i)), "", "", i))
 		}
 		egs[0].Spec.EgressIP = "10.0.0.50"
 		egs[1].Spec.EgressIP = "10.0.0.51"
@@ -165,7 +166,7 @@ func TestPlanCloud(t *testing.T) {
 		ci := cloudIn(iface("a", 1, 10, "10.0.0.5", "10.0.0.9"))
 		ci.Recent = map[string]netip.Addr{"e": netip.MustParseAddr("10.0.0.9")}
 		ci.Owned = map[string]map[netip.Addr]bool{"c": {netip.MustParseAddr("10.0.0.9"): true}}
-		out := plan(passInput{Pools: []v1.ExternalIPPool{p}, Egresses: []v1.Egress{planEgress("e", "c", "", "", 0), planEgress("f", "c", "", "", 1)},
+		out := plan(passInput{Pools: []v1.ExternalIPPool{p}, Egresses: []v1.Egress{planEgress("e", "", "", 0), planEgress("f", "", "", 1)},
 			Nodes: []corev1.Node{planNode("a")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10}, Cloud: ci})
 		if got := out.Egresses["e"].Status.EgressIP; got != "10.0.0.9" {
 			t.Fatalf("e got %s, want the address of the previous pass 10.0.0.9", got)

@@ -18,7 +18,7 @@ import (
 
 // createPod creates a running Pod on node with the given IPs (status
 // written through the status subresource, as the kubelet does).
-func (cl *cluster) createPod(ns, name, node string, lbl map[string]string, hostIP string, ips ...string) *corev1.Pod {
+func (cl *cluster) createPod(ns, name, node string, lbl map[string]string, hostIP string, ips ...string) {
 	cl.t.Helper()
 	p := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: lbl},
@@ -37,7 +37,6 @@ func (cl *cluster) createPod(ns, name, node string, lbl map[string]string, hostI
 	if err := cl.c.Status().Update(cl.ctx, p); err != nil {
 		cl.t.Fatal(err)
 	}
-	return p
 }
 
 func (cl *cluster) namespace(name string, lbl map[string]string) {

@@ -112,7 +112,7 @@ func TestPoolExhaustionThenRoom(t *testing.T) {
 func TestCapacityAnnotation(t *testing.T) {
 	cl := newCluster(t, "cap", 1, 255)
 	cl.pool("cap", nil)
-	cl.annotate("cap-n1", "1")
+	cl.annotateCap1("1")
 	cl.egress("cap-a", "cap", "")
 	cl.waitReady("cap-a")
 	cl.egress("cap-b", "cap", "")
@@ -122,10 +122,10 @@ func TestCapacityAnnotation(t *testing.T) {
 		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == "CapacityExhausted", describe(e)
 	})
 	// Raised at runtime: the waiting Egress is placed, nothing else moves.
-	cl.annotate("cap-n1", "2")
+	cl.annotateCap1("2")
 	cl.waitReady("cap-b")
 	// Lowered: the newest Egress leaves, the oldest stays.
-	cl.annotate("cap-n1", "1")
+	cl.annotateCap1("1")
 	cl.eventually("cap-b unassigned after capacity lowered", func() (bool, string) {
 		e := cl.get("cap-b")
 		return e.Status.EgressNode == "", describe(e)
@@ -135,7 +135,7 @@ func TestCapacityAnnotation(t *testing.T) {
 	}
 	// Invalid (above the limit of 255): reported with an Event on the Node,
 	// ignored, and the default capacity applies.
-	cl.annotate("cap-n1", "300")
+	cl.annotateCap1("300")
 	cl.waitReady("cap-b")
 	cl.eventually("InvalidCapacity Event on the Node", func() (bool, string) {
 		var evs eventsv1.EventList
@@ -151,10 +151,11 @@ func TestCapacityAnnotation(t *testing.T) {
 	})
 }
 
-func (cl *cluster) annotate(node, v string) {
+// annotateCap1 sets the max-egress-ips annotation of Node cap-n1 to v.
+func (cl *cluster) annotateCap1(v string) {
 	cl.t.Helper()
 	var n corev1.Node
-	if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: node}, &n); err != nil {
+	if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: "cap-n1"}, &n); err != nil {
 		cl.t.Fatal(err)
 	}
 	p := client.MergeFrom(n.DeepCopy())

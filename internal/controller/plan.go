@@ -113,7 +113,7 @@ const PoolFinalizer = "egressip.io/pool-in-use"
 
 // plan runs allocation and scheduling over in. It is a pure function of its
 // input: the reconciler gathers the input and writes what changed.
-func plan(in passInput) passOutput {
+func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequential sections (pools, Nodes, statuses); splitting it is a refactor of its own
 	out := passOutput{
 		Egresses:        make(map[string]egressChange, len(in.Egresses)),
 		Pools:           make(map[string]v1.ExternalIPPoolStatus, len(in.Pools)),
@@ -150,7 +150,7 @@ func plan(in passInput) passOutput {
 			ps.pool, ps.err = poolspec.Parse(p)
 		}
 		if ps.err == nil && p.Spec.Cloud != nil {
-			ps.cloud = newCloudPool(p, in.Cloud, attached, in.Egresses, agentOK)
+			ps.cloud = newCloudPool(p, in.Cloud, in.Egresses)
 		}
 		if ps.err == nil {
 			if ps.pool != nil {
@@ -204,10 +204,10 @@ func plan(in passInput) passOutput {
 		ps := pools[e.Spec.ExternalIPPool]
 		switch {
 		case ps == nil:
-			allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonPoolNotFound, fmt.Sprintf("ExternalIPPool %q does not exist; create it or fix spec.externalIPPool", e.Spec.ExternalIPPool))
+			allocCond[i] = allocatedCond(false, ReasonPoolNotFound, fmt.Sprintf("ExternalIPPool %q does not exist; create it or fix spec.externalIPPool", e.Spec.ExternalIPPool))
 			continue
 		case ps.err != nil:
-			allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonPoolInvalid, fmt.Sprintf("ExternalIPPool %q is invalid: %v", e.Spec.ExternalIPPool, ps.err))
+			allocCond[i] = allocatedCond(false, ReasonPoolInvalid, fmt.Sprintf("ExternalIPPool %q is invalid: %v", e.Spec.ExternalIPPool, ps.err))
 			continue
 		}
 		if cp := ps.cloud; cp != nil {
@@ -217,12 +217,12 @@ func plan(in passInput) passOutput {
 					err = cp.checkNamed(ip, ps.pool)
 				}
 				if err != nil {
-					allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
+					allocCond[i] = allocatedCond(false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
 					continue
 				}
 				cp.used[ip] = true
 				ips[i] = ip
-				allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+				allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 				continue
 			}
 			ip, err := netip.ParseAddr(e.Status.EgressIP)
@@ -235,7 +235,7 @@ func plan(in passInput) passOutput {
 				if e.Status.EgressIP == "" {
 					preferred[i] = attached[ip]
 				}
-				allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+				allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 				continue
 			}
 			pending = append(pending, i)
@@ -247,17 +247,17 @@ func plan(in passInput) passOutput {
 				err = ps.alloc.Reserve(ip)
 			}
 			if err != nil {
-				allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
+				allocCond[i] = allocatedCond(false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
 				continue
 			}
 			ips[i] = ip
-			allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+			allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 			continue
 		}
 		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) {
 			if err := ps.alloc.Reserve(ip); err == nil {
 				ips[i] = ip
-				allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+				allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 				continue
 			}
 		}
@@ -275,20 +275,20 @@ func plan(in passInput) passOutput {
 			ip, node, ok := cp.takeWarm()
 			if !ok {
 				cp.pending++
-				allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonWaitingForWarmIP, fmt.Sprintf("ExternalIPPool %q has no warm IP available; the controller is attaching one through the cloud API", e.Spec.ExternalIPPool))
+				allocCond[i] = allocatedCond(false, ReasonWaitingForWarmIP, fmt.Sprintf("ExternalIPPool %q has no warm IP available; the controller is attaching one through the cloud API", e.Spec.ExternalIPPool))
 				continue
 			}
 			ips[i], preferred[i] = ip, node
-			allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s (warm on Node %s) allocated from ExternalIPPool %q", ip, node, e.Spec.ExternalIPPool))
+			allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s (warm on Node %s) allocated from ExternalIPPool %q", ip, node, e.Spec.ExternalIPPool))
 			continue
 		}
 		ip, err := ps.alloc.Allocate()
 		if err != nil {
-			allocCond[i] = cond(v1.ConditionIPAllocated, false, ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or delete an Egress", e.Spec.ExternalIPPool, ps.alloc.Used(), ps.alloc.Total()))
+			allocCond[i] = allocatedCond(false, ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or delete an Egress", e.Spec.ExternalIPPool, ps.alloc.Used(), ps.alloc.Total()))
 			continue
 		}
 		ips[i] = ip
-		allocCond[i] = cond(v1.ConditionIPAllocated, true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+		allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 	}
 
 	// Nodes.
@@ -690,12 +690,13 @@ func conditionTrue(n *corev1.Node, t corev1.NodeConditionType) bool {
 	return false
 }
 
-func cond(t string, ok bool, reason, msg string) metav1.Condition {
+// allocatedCond is the IPAllocated condition of an Egress.
+func allocatedCond(ok bool, reason, msg string) metav1.Condition {
 	s := metav1.ConditionFalse
 	if ok {
 		s = metav1.ConditionTrue
 	}
-	return metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg}
+	return metav1.Condition{Type: v1.ConditionIPAllocated, Status: s, Reason: reason, Message: msg}
 }
 
 func withGen(c metav1.Condition, gen int64) metav1.Condition {

@@ -225,7 +225,7 @@ func (cl *cluster) stopController() {
 	}
 }
 
-func (cl *cluster) pool(name string, mutate func(*v1.ExternalIPPool)) *v1.ExternalIPPool {
+func (cl *cluster) pool(name string, mutate func(*v1.ExternalIPPool)) {
 	cl.t.Helper()
 	p := &v1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.ExternalIPPoolSpec{
 		IPRanges:     []v1.IPRange{{CIDR: "192.0.2.0/28"}},
@@ -238,7 +238,6 @@ func (cl *cluster) pool(name string, mutate func(*v1.ExternalIPPool)) *v1.Extern
 		cl.t.Fatal(err)
 	}
 	cl.t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p) })
-	return p
 }
 
 func (cl *cluster) egress(name, pool, ip string) *v1.Egress {

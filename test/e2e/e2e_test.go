@@ -98,7 +98,7 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
-func newEgress(t *testing.T, name, pool, ip string) *v1.Egress {
+func newEgress(t *testing.T, name, pool, ip string) {
 	t.Helper()
 	e := &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.EgressSpec{
 		AppliedTo: v1.AppliedTo{PodSelector: &metav1.LabelSelector{}}, ExternalIPPool: pool, EgressIP: ip}}
@@ -106,7 +106,6 @@ func newEgress(t *testing.T, name, pool, ip string) *v1.Egress {
 		t.Fatalf("create Egress %s: %v", name, err)
 	}
 	t.Cleanup(func() { deleteEgress(name) })
-	return e
 }
 
 func deleteEgress(name string) {

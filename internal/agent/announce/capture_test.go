@@ -111,17 +111,17 @@ func decodeNA(f frame) (na, bool) {
 	return na{&eth, h, adv, f.at}, true
 }
 
-// next returns the first frame accepted by match within timeout.
-func (c *capture) next(timeout time.Duration, match func(frame) bool) (frame, bool) {
+// next reports whether a frame accepted by match arrives within timeout.
+func (c *capture) next(timeout time.Duration, match func(frame) bool) bool {
 	deadline := time.After(timeout)
 	for {
 		select {
 		case f := <-c.frames:
 			if match(f) {
-				return f, true
+				return true
 			}
 		case <-deadline:
-			return frame{}, false
+			return false
 		}
 	}
 }
@@ -129,7 +129,7 @@ func (c *capture) next(timeout time.Duration, match func(frame) bool) (frame, bo
 // garpFor waits for an ARP packet whose sender IP is ip.
 func (c *capture) garpFor(ip netip.Addr, timeout time.Duration) (garp, bool) {
 	var g garp
-	_, ok := c.next(timeout, func(f frame) bool {
+	ok := c.next(timeout, func(f frame) bool {
 		var ok bool
 		g, ok = decodeARP(f)
 		return ok && g.arp.SenderIP == ip
@@ -140,7 +140,7 @@ func (c *capture) garpFor(ip netip.Addr, timeout time.Duration) (garp, bool) {
 // naFor waits for a Neighbor Advertisement whose target is ip.
 func (c *capture) naFor(ip netip.Addr, timeout time.Duration) (na, bool) {
 	var n na
-	_, ok := c.next(timeout, func(f frame) bool {
+	ok := c.next(timeout, func(f frame) bool {
 		var ok bool
 		n, ok = decodeNA(f)
 		return ok && n.na.TargetAddress == ip
