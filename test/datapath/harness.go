@@ -30,6 +30,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -436,13 +437,11 @@ func (c *Cluster) installCNI(n *Node) error {
 		{unix.NFPROTO_IPV4, 12, 16, 4, PodRangeV4, NodeNetV4, ServiceV4, target.IPv4},
 		{unix.NFPROTO_IPV6, 8, 24, 16, PodRangeV6, NodeNetV6, ServiceV6, target.IPv6},
 	} {
-		var r []expr.Any
-		r = append(r, oifEth0...)
-		r = append(r, nfproto(f.proto)...)
-		r = append(r, prefixMatch(f.saddr, f.n, f.pods, expr.CmpOpEq)...)
-		r = append(r, prefixMatch(f.daddr, f.n, f.pods, expr.CmpOpNeq)...)
-		r = append(r, prefixMatch(f.daddr, f.n, f.nodes, expr.CmpOpNeq)...)
-		r = append(r, &expr.Counter{}, &expr.Masq{})
+		r := slices.Concat(oifEth0, nfproto(f.proto),
+			prefixMatch(f.saddr, f.n, f.pods, expr.CmpOpEq),
+			prefixMatch(f.daddr, f.n, f.pods, expr.CmpOpNeq),
+			prefixMatch(f.daddr, f.n, f.nodes, expr.CmpOpNeq),
+			[]expr.Any{&expr.Counter{}, &expr.Masq{}})
 		conn.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: r})
 		dn := append(nfproto(f.proto),
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: f.daddr, Len: f.n},
@@ -476,7 +475,7 @@ func (c *Cluster) ClusterCIDRs() []netip.Prefix {
 
 // NodeIPs are every Node's addresses.
 func (c *Cluster) NodeIPs() []netip.Addr {
-	var out []netip.Addr
+	out := make([]netip.Addr, 0, 2*len(c.Nodes))
 	for _, n := range c.Nodes {
 		out = append(out, n.IPv4, n.IPv6)
 	}

@@ -187,7 +187,7 @@ func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
 	b := &builder{cfg: cfg, sets: map[string]*SetContent{}}
 	b.addSets(st, plans)
 	// Stable batch-local set IDs.
-	var sets []SetContent
+	sets := make([]SetContent, 0, len(b.sets))
 	for i, name := range slices.Sorted(maps.Keys(b.sets)) {
 		b.sets[name].Set.ID = uint32(i + 1)
 		sets = append(sets, *b.sets[name])
@@ -290,7 +290,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 
 	// classify: decide with the connection mark, then set the packet mark
 	// for the routing decision (prerouting, after kube-proxy's DNAT).
-	var classify []Rule
+	classify := make([]Rule, 0, 2*len(families)+4)
 	for _, f := range families {
 		classify = append(classify, rule(iif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW),
 			one(payload(f.saddrOff, f.addrLen), b.mapTo(mapRemote+f.suffix), &expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})))
@@ -373,7 +373,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 
 	// snat, ahead of any CNI masquerade (nf_nat stops at the first
 	// binding): identity SNAT into the tunnel, egress-IP SNAT out of it.
-	var snat []Rule
+	snat := make([]Rule, 0, 2*len(families))
 	for _, f := range families {
 		snat = append(snat, rule(oif(tun), nfproto(f.nfproto), ctMarkMasked(cfg.IDMask), one(neq(native(0)),
 			payload(f.saddrOff, f.addrLen), &expr.NAT{Type: expr.NATTypeSourceNAT, Family: f.natFam, RegAddrMin: 1})))
@@ -384,7 +384,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 
 	// input: tunnel packets only from Nodes; egress IPs accept no new
 	// inbound connections and answer nothing (drop, never RST).
-	var input []Rule
+	input := make([]Rule, 0, 2*len(families))
 	for _, f := range families {
 		input = append(input, rule(nfproto(f.nfproto), udpDport(cfg.TunnelPort), one(payload(f.saddrOff, f.addrLen), b.lookup(setNodes+f.suffix, true),
 			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterSpoofed}, verdict(expr.VerdictDrop, ""))))
@@ -453,7 +453,7 @@ func clusterPrefixes(f famSpec, st State) []netip.Prefix {
 func intervalElements(f famSpec, ps []netip.Prefix) []nftables.SetElement {
 	type rng struct{ lo, hi *big.Int } // [lo, hi)
 	toInt := func(a netip.Addr) *big.Int { return new(big.Int).SetBytes(f.addr(a)) }
-	var rs []rng
+	rs := make([]rng, 0, len(ps))
 	for _, p := range ps {
 		lo := toInt(p.Masked().Addr())
 		size := new(big.Int).Lsh(big.NewInt(1), uint(p.Addr().BitLen()-p.Bits()))

@@ -108,7 +108,7 @@ func (c *Cluster) Cordon(ctx context.Context, name string, on bool) error {
 // Describe is a one-line summary of an Egress's status.
 func Describe(e *v1.Egress) string {
 	s := fmt.Sprintf("%s ip=%q node=%q", e.Name, e.Status.EgressIP, e.Status.EgressNode)
-	var conds []string
+	conds := make([]string, 0, len(e.Status.Conditions))
 	for _, c := range e.Status.Conditions {
 		conds = append(conds, fmt.Sprintf("%s=%s(%s)", c.Type, c.Status, c.Reason))
 	}

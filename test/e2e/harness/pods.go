@@ -210,13 +210,13 @@ func masquerade(node string) error {
 		n            uint32
 		pods         netip.Prefix
 	}{{unix.NFPROTO_IPV4, 12, 16, 4, PodRangeV4}, {unix.NFPROTO_IPV6, 8, 24, 16, PodRangeV6}} {
-		r := []expr.Any{
+		r := slices.Concat([]expr.Any{
 			&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: name},
 			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{f.proto}},
-		}
-		r = append(r, match(f.saddr, f.n, f.pods, expr.CmpOpEq)...)
-		r = append(r, match(f.daddr, f.n, f.pods, expr.CmpOpNeq)...)
-		r = append(r, &expr.Counter{}, &expr.Masq{})
+		},
+			match(f.saddr, f.n, f.pods, expr.CmpOpEq),
+			match(f.daddr, f.n, f.pods, expr.CmpOpNeq),
+			[]expr.Any{&expr.Counter{}, &expr.Masq{}})
 		conn.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: r})
 	}
 	if err := conn.Flush(); err != nil {
