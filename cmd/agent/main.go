@@ -38,15 +38,26 @@ func run(args []string, stderr io.Writer) int {
 		o        agent.RunOptions
 		nodeFlag string
 	)
-	fs.StringVar(&nodeFlag, "node-name", "", "Name of this Node. Defaults to $"+agent.NodeNameEnv+" (set it from spec.nodeName with the downward API).")
-	fs.StringVar(&o.Interface, "interface", "", "Interface to bind every egress IP on (a pool's subnetInfo.vlan still picks its VLAN sub-interface). "+
-		"Empty: per IP, the interface with a connected subnet holding the IP (or the pool's subnet), else that of the default route.")
-	fs.DurationVar(&o.AnnounceInterval, "announce-interval", 0, "Re-announce every bound egress IP this often after its initial burst (0 s, 1 s, 2 s, 4 s). 0 turns it off.")
-	fs.DurationVar(&o.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod, "Re-check the bindings this often without any change (restores addresses removed by hand); also the longest retry backoff.")
-	fs.StringVar(&o.ReportBindAddress, "report-bind-address", fmt.Sprintf(":%d", report.DefaultPort), "Address the report the controller polls is served on (plain HTTP, host network).")
-	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "0", "Address the Prometheus metrics are served on over plain HTTP, for example :9447. 0 turns it off.")
-	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":9446", "Address /healthz and /readyz are served on. 0 turns it off.")
-	fs.StringVar(&o.NetNSPath, "netns", "", "Bind and announce in the network namespace at this path (e.g. /run/netns/node1) instead of the agent's own. For tests and the local end-to-end setup.")
+	fs.StringVar(&nodeFlag, "node-name", "",
+		"Name of this Node. Defaults to $"+agent.NodeNameEnv+" (set it from spec.nodeName with the downward API).")
+	fs.StringVar(&o.Interface, "interface", "",
+		"Interface to bind every egress IP on (a pool's subnetInfo.vlan still picks its VLAN sub-interface). "+
+			"Empty: per IP, the interface with a connected subnet holding the IP (or the pool's subnet), "+
+			"else that of the default route.")
+	fs.DurationVar(&o.AnnounceInterval, "announce-interval", 0,
+		"Re-announce every bound egress IP this often after its initial burst (0 s, 1 s, 2 s, 4 s). 0 turns it off.")
+	fs.DurationVar(&o.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod,
+		"Re-check the bindings this often without any change (restores addresses removed by hand); "+
+			"also the longest retry backoff.")
+	fs.StringVar(&o.ReportBindAddress, "report-bind-address", fmt.Sprintf(":%d", report.DefaultPort),
+		"Address the report the controller polls is served on (plain HTTP, host network).")
+	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "0",
+		"Address the Prometheus metrics are served on over plain HTTP, for example :9447. 0 turns it off.")
+	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":9446",
+		"Address /healthz and /readyz are served on. 0 turns it off.")
+	fs.StringVar(&o.NetNSPath, "netns", "",
+		"Bind and announce in the network namespace at this path (e.g. /run/netns/node1) "+
+			"instead of the agent's own. For tests and the local end-to-end setup.")
 	var (
 		withDatapath                  bool
 		clusterCIDRs, svcCIDRs, excls cidrList
@@ -54,20 +65,31 @@ func run(args []string, stderr io.Writer) int {
 		rejectQueue                   int
 		hostStackCheck                bool
 	)
-	fs.BoolVar(&withDatapath, "datapath", false, "Also program the datapath that makes selected Pods' traffic leave with their Egress's IP (a VXLAN-GPE tunnel device, an nftables table and policy routing of egressip's own). The chart turns it on.")
-	fs.Var(&clusterCIDRs, "cluster-cidrs", "Comma-separated Pod CIDRs, never sent through an egress IP. Default: every Node's spec.podCIDRs.")
-	fs.Var(&svcCIDRs, "service-cidrs", "Comma-separated Service CIDRs, never sent through an egress IP (traffic to a ClusterIP is matched after kube-proxy's DNAT, so this matters for Services without endpoints or with external ones).")
-	fs.Var(&excls, "exclude-cidrs", "Comma-separated further destinations never sent through an egress IP (for example a corporate network reached without NAT).")
+	fs.BoolVar(&withDatapath, "datapath", false,
+		"Also program the datapath that makes selected Pods' traffic leave with their Egress's IP (a VXLAN-GPE "+
+			"tunnel device, an nftables table and policy routing of egressip's own). The chart turns it on.")
+	fs.Var(&clusterCIDRs, "cluster-cidrs",
+		"Comma-separated Pod CIDRs, never sent through an egress IP. Default: every Node's spec.podCIDRs.")
+	fs.Var(&svcCIDRs, "service-cidrs",
+		"Comma-separated Service CIDRs, never sent through an egress IP (traffic to a ClusterIP is matched "+
+			"after kube-proxy's DNAT, so this matters for Services without endpoints or with external ones).")
+	fs.Var(&excls, "exclude-cidrs",
+		"Comma-separated further destinations never sent through an "+
+			"egress IP (for example a corporate network reached without NAT).")
 	fs.BoolVar(&hostStackCheck, "datapath-host-stack-check", true,
 		"With --datapath, check whether the CNI steers Pod traffic past the host's IP stack with eBPF "+
 			"(direct-action tc or tcx programs on Pods' host devices, netkit, Cilium or Calico eBPF devices) and report it"+
 			" in the Node condition EgressDatapathSupported. "+
 			"Turn it off where such programs let traffic reach the stack (Cilium with bpf.hostLegacyRouting=true).")
 	fs.IntVar(&rejectQueue, "datapath-reject-queue", datapath.DefaultConfig().RejectQueue,
-		"Netfilter queue number (1-65535) through which the first packet of a connection that failurePolicy Fail rejects takes a round trip to the agent, "+
-			"so that TCP connects fail at once with EHOSTUNREACH (IPv6 otherwise waits for the retransmitted SYN, about 1 s). -1 turns it off. "+
+		"Netfilter queue number (1-65535) through which the first packet of a connection that failurePolicy Fail "+
+			"rejects takes a round trip to the agent, "+
+			"so that TCP connects fail at once with EHOSTUNREACH (IPv6 otherwise waits for the retransmitted SYN, about 1 s). "+
+			"-1 turns it off. "+
 			"Change it if other software on the Node uses that queue.")
-	fs.StringVar(&dpUplink, "datapath-uplink", "", "Interface toward the other Nodes, whose MTU sizes the tunnel. Default: --interface, else the interface of the default route.")
+	fs.StringVar(&dpUplink, "datapath-uplink", "",
+		"Interface toward the other Nodes, whose MTU sizes the tunnel. "+
+			"Default: --interface, else the interface of the default route.")
 	// --kubeconfig, as every controller-runtime binary has it (registered
 	// on the default flag set by controller-runtime's config package).
 	if kf := flag.CommandLine.Lookup("kubeconfig"); kf != nil {
@@ -105,7 +127,8 @@ func run(args []string, stderr io.Writer) int {
 		dc := datapath.DefaultConfig()
 		dc.Uplink = cmp.Or(dpUplink, o.Interface)
 		if rejectQueue == 0 || rejectQueue < -1 || rejectQueue > 65535 {
-			_, _ = fmt.Fprintf(stderr, "egressip-agent: --datapath-reject-queue %d: want 1..65535, or -1 for none\n", rejectQueue)
+			_, _ = fmt.Fprintf(stderr,
+				"egressip-agent: --datapath-reject-queue %d: want 1..65535, or -1 for none\n", rejectQueue)
 			return 2
 		}
 		dc.RejectQueue = rejectQueue
@@ -126,7 +149,11 @@ func run(args []string, stderr io.Writer) int {
 			o.HostCheck = hc
 		}
 		o.CIDRs = agent.CIDRs{ClusterCIDRs: clusterCIDRs.list, ServiceCIDRs: svcCIDRs.list, ExcludeCIDRs: excls.list}
-		log.Info("datapath on", "uplink", eng.Config().Uplink, "rejectQueue", eng.Config().RejectQueue, "rejectQueueForm", eng.RejectQueueForm(), "uplinkMTU", eng.Config().UplinkMTU, "clusterCIDRs", cmp.Or(clusterCIDRs.String(), "Nodes' podCIDRs"), "serviceCIDRs", svcCIDRs.String(), "excludeCIDRs", excls.String())
+		log.Info("datapath on",
+			"uplink", eng.Config().Uplink, "rejectQueue", eng.Config().RejectQueue,
+			"rejectQueueForm", eng.RejectQueueForm(), "uplinkMTU", eng.Config().UplinkMTU,
+			"clusterCIDRs", cmp.Or(clusterCIDRs.String(), "Nodes' podCIDRs"),
+			"serviceCIDRs", svcCIDRs.String(), "excludeCIDRs", excls.String())
 	}
 	if err := agent.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "agent failed")

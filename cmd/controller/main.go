@@ -95,20 +95,28 @@ func main() {
 		apiQPS           float64
 		apiBurst         int
 	)
-	flag.Float64Var(&apiQPS, "kube-api-qps", 50, "Requests per second the controller may send to the API server (status writes of a large pass are spread at this rate).")
+	flag.Float64Var(&apiQPS, "kube-api-qps", 50,
+		"Requests per second the controller may send to the API server "+
+			"(status writes of a large pass are spread at this rate).")
 	flag.IntVar(&apiBurst, "kube-api-burst", 100, "Burst of requests above --kube-api-qps.")
 	flag.BoolVar(&enableWebhooks, "enable-webhooks", true,
 		"Serve the validating webhook (pool overlaps, egressIP outside its pool, pool updates that drop allocated IPs).")
 	flag.IntVar(&ctrlOpts.Pass.DefaultCapacity, "max-egress-ips-per-node", 255,
-		"Egress IPs a Node may hold when it has no valid egressip.io/max-egress-ips annotation; also the largest value that annotation may take.")
+		"Egress IPs a Node may hold when it has no valid egressip.io/max-egress-ips annotation; "+
+			"also the largest value that annotation may take.")
 	flag.Float64Var(&ctrlOpts.Pass.BalanceFactor, "balance-factor", 1.25,
-		"Bounded-load factor c of the scheduler: no Node receives new IPs beyond ceil(c x average) of its pool while another eligible Node has room.")
-	flag.DurationVar(&ctrlOpts.Liveness.Interval, "agent-poll-interval", time.Second, "Interval between two polls of each agent's report.")
+		"Bounded-load factor c of the scheduler: no Node receives new IPs beyond ceil(c x average) of its pool "+
+			"while another eligible Node has room.")
+	flag.DurationVar(&ctrlOpts.Liveness.Interval, "agent-poll-interval", time.Second,
+		"Interval between two polls of each agent's report.")
 	flag.DurationVar(&ctrlOpts.Liveness.Timeout, "agent-poll-timeout", 500*time.Millisecond, "Timeout of one agent poll.")
 	flag.DurationVar(&ctrlOpts.Liveness.DeadAfter, "agent-dead-after", 3*time.Second,
-		"An agent that has not answered for this long (and failed --agent-failure-threshold polls in a row) is dead and its IPs move.")
-	flag.IntVar(&ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", 3, "Failed polls in a row before an agent can be declared dead.")
-	flag.IntVar(&ctrlOpts.Liveness.Port, "agent-report-port", 9445, "TCP port of the agents' report endpoint on every Node's InternalIP.")
+		"An agent that has not answered for this long (and failed --agent-failure-threshold polls in a row) "+
+			"is dead and its IPs move.")
+	flag.IntVar(&ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", 3,
+		"Failed polls in a row before an agent can be declared dead.")
+	flag.IntVar(&ctrlOpts.Liveness.Port, "agent-report-port", 9445,
+		"TCP port of the agents' report endpoint on every Node's InternalIP.")
 	flag.StringVar(&leaderElectionNS, "leader-election-namespace", "",
 		"Namespace of the leader-election Lease; required when running outside a cluster.")
 	flag.BoolVar(&enableHTTP2, "enable-http2", false,
@@ -116,7 +124,8 @@ func main() {
 	opts := zap.Options{}
 	var cloudProvider string
 	flag.StringVar(&cloudProvider, "cloud-provider", "",
-		"Cloud API for cloud-backed ExternalIPPools (spec.cloud): \"aws\" (region and credentials from the standard AWS configuration chain: "+
+		"Cloud API for cloud-backed ExternalIPPools (spec.cloud): "+
+			"\"aws\" (region and credentials from the standard AWS configuration chain: "+
 			"AWS_REGION, ~/.aws/config, IRSA or the instance profile), or empty to disable them.")
 	flag.DurationVar(&ctrlOpts.Cloud.RefreshInterval, "cloud-refresh-interval", time.Minute,
 		"How often the Nodes' network interfaces are re-read from the cloud.")
