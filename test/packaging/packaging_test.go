@@ -133,7 +133,7 @@ func TestInstallYAMLUpToDate(t *testing.T) {
 // leaves the Namespace to `helm install --create-namespace`).
 func TestChartMatchesInstallYAML(t *testing.T) {
 	chart, dist := helmTemplate(t), installYAML(t)
-	ids := func(objs []*unstructured.Unstructured, skipAdminRoles bool) []string {
+	ids := func(objs []*unstructured.Unstructured) []string {
 		var s []string
 		for _, o := range objs {
 			if o.GetKind() == "Namespace" {
@@ -141,7 +141,7 @@ func TestChartMatchesInstallYAML(t *testing.T) {
 			}
 			// The CRD admin/editor/viewer helper roles are off by default
 			// in the chart (rbac.helpers.enabled).
-			if skipAdminRoles && strings.HasSuffix(o.GetName(), "-admin-role") || strings.HasSuffix(o.GetName(), "-editor-role") || strings.HasSuffix(o.GetName(), "-viewer-role") {
+			if n := o.GetName(); strings.HasSuffix(n, "-admin-role") || strings.HasSuffix(n, "-editor-role") || strings.HasSuffix(n, "-viewer-role") {
 				continue
 			}
 			s = append(s, o.GetKind()+"/"+o.GetName())
@@ -149,7 +149,7 @@ func TestChartMatchesInstallYAML(t *testing.T) {
 		slices.Sort(s)
 		return s
 	}
-	if c, d := ids(chart, true), ids(dist, true); !slices.Equal(c, d) {
+	if c, d := ids(chart), ids(dist); !slices.Equal(c, d) {
 		t.Fatalf("chart objects:\n  %s\ndist/install.yaml objects:\n  %s", strings.Join(c, "\n  "), strings.Join(d, "\n  "))
 	}
 
