@@ -71,8 +71,9 @@ func run(args []string, stderr io.Writer) int {
 	fs.Var(&clusterCIDRs, "cluster-cidrs",
 		"Comma-separated Pod CIDRs, never sent through an egress IP. Default: every Node's spec.podCIDRs.")
 	fs.Var(&svcCIDRs, "service-cidrs",
-		"Comma-separated Service CIDRs, never sent through an egress IP (traffic to a ClusterIP is matched "+
-			"after kube-proxy's DNAT, so this matters for Services without endpoints or with external ones).")
+		"Comma-separated Service CIDRs, never sent through an egress IP. Default: the cluster's ServiceCIDR objects "+
+			"(networking.k8s.io/v1, Kubernetes 1.33+). They matter where a ClusterIP is not DNATed before routing "+
+			"(kube-proxy in IPVS mode), for Services without endpoints, and for external endpoints.")
 	fs.Var(&excls, "exclude-cidrs",
 		"Comma-separated further destinations never sent through an "+
 			"egress IP (for example a corporate network reached without NAT).")
@@ -153,7 +154,7 @@ func run(args []string, stderr io.Writer) int {
 			"uplink", eng.Config().Uplink, "rejectQueue", eng.Config().RejectQueue,
 			"rejectQueueForm", eng.RejectQueueForm(), "uplinkMTU", eng.Config().UplinkMTU,
 			"clusterCIDRs", cmp.Or(clusterCIDRs.String(), "Nodes' podCIDRs"),
-			"serviceCIDRs", svcCIDRs.String(), "excludeCIDRs", excls.String())
+			"serviceCIDRs", cmp.Or(svcCIDRs.String(), "ServiceCIDR objects"), "excludeCIDRs", excls.String())
 	}
 	if err := agent.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "agent failed")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -244,4 +245,60 @@ func TestDatapathReconciler(t *testing.T) {
 	if v := metricValue(t, "egressip_agent_packets_rejected_total", map[string]string{"egress": "@unknown-source"}); v != 0 {
 		t.Errorf("an internal counter is served as an Egress: %v", v)
 	}
+}
+
+// TestDatapathServiceCIDRs: without --service-cidrs the agent keeps the
+// cluster's ServiceCIDR objects off egress paths (the API server's own
+// "kubernetes" one and one created while it runs); with the flag, the
+// flag's list is used and the objects are ignored.
+func TestDatapathServiceCIDRs(t *testing.T) {
+	env := apiServer(t)
+	c := env.Client
+	ctx := context.Background()
+	n1, n2 := uniq("scn"), uniq("scn")
+	mkNode(t, c, n1, "192.0.2.31", "10.31.0.0/24")
+	mkNode(t, c, n2, "192.0.2.32", "10.32.0.0/24")
+	auto, flagged := &recordingDP{}, &recordingDP{}
+	startDatapathAgent(t, n1, auto, agent.CIDRs{})
+	flag := []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16")}
+	startDatapathAgent(t, n2, flagged, agent.CIDRs{ServiceCIDRs: flag})
+
+	var existing networkingv1.ServiceCIDRList
+	if err := c.List(ctx, &existing); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ServiceCIDRs of the API server: %d", len(existing.Items))
+	extra := &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: uniq("extra")},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"198.51.100.0/24", "2001:db8:5c::/112"}}}
+	if err := c.Create(ctx, extra); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), extra) })
+	want := []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:5c::/112")}
+	for _, sc := range existing.Items {
+		for _, s := range sc.Spec.CIDRs {
+			want = append(want, netip.MustParsePrefix(s).Masked())
+		}
+	}
+	eventually(t, 30*time.Second, "every ServiceCIDR in the State", func() error {
+		st, _ := auto.last()
+		for _, p := range want {
+			if !slices.Contains(st.ClusterCIDRs, p) {
+				return fmt.Errorf("ClusterCIDRs %v lack %s", st.ClusterCIDRs, p)
+			}
+		}
+		return nil
+	})
+	eventually(t, 30*time.Second, "the flag's list only", func() error {
+		st, n := flagged.last()
+		if n == 0 || !slices.Contains(st.ClusterCIDRs, flag[0]) {
+			return fmt.Errorf("ClusterCIDRs %v lack %s", st.ClusterCIDRs, flag[0])
+		}
+		for _, p := range want {
+			if slices.Contains(st.ClusterCIDRs, p) {
+				return fmt.Errorf("ClusterCIDRs %v hold the ServiceCIDR %s although --service-cidrs is set", st.ClusterCIDRs, p)
+			}
+		}
+		return nil
+	})
 }

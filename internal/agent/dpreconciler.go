@@ -7,13 +7,16 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -202,6 +205,10 @@ type DatapathReconciler struct {
 
 	reader client.Reader
 	log    logr.Logger
+	// serviceCIDRsOn is set once the ServiceCIDR informer runs (see
+	// watchServiceCIDRs); serviceCIDREvents kicks a reconcile on changes.
+	serviceCIDRsOn    atomic.Bool
+	serviceCIDREvents chan event.GenericEvent
 
 	mu          sync.Mutex
 	last        *datapath.State
@@ -244,6 +251,13 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 		resync = DefaultResyncPeriod
 	}
 	in := stateInput{Node: r.NodeName, CIDRs: r.CIDRs}
+	if in.CIDRs.ServiceCIDRs == nil && r.serviceCIDRsOn.Load() {
+		var scs networkingv1.ServiceCIDRList
+		if err := r.reader.List(ctx, &scs); err != nil {
+			return reconcile.Result{}, fmt.Errorf("list ServiceCIDRs: %w", err)
+		}
+		in.CIDRs.ServiceCIDRs = serviceCIDRPrefixes(&scs)
+	}
 	var (
 		egs    v1alpha1.EgressList
 		pools  v1alpha1.ExternalIPPoolList
@@ -336,8 +350,21 @@ func (r *DatapathReconciler) SetupWithManager(mgr manager.Manager) error {
 		n, ok2 := e.ObjectNew.(*corev1.Node)
 		return !ok1 || !ok2 || nodeAddrChanged(o, n)
 	}})
+	r.serviceCIDREvents = make(chan event.GenericEvent, 1)
+	if r.CIDRs.ServiceCIDRs == nil {
+		dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
+		if err != nil {
+			return fmt.Errorf("datapath reconciler: discovery client: %w", err)
+		}
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			return r.watchServiceCIDRs(ctx, dc, mgr.GetCache())
+		})); err != nil {
+			return fmt.Errorf("datapath reconciler: add the ServiceCIDR watch: %w", err)
+		}
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(DatapathControllerName).
+		WatchesRawSource(source.Channel(r.serviceCIDREvents, toKey)).
 		Watches(&v1alpha1.Egress{}, toKey).
 		Watches(&v1alpha1.ExternalIPPool{}, toKey).
 		Watches(&v1alpha1.EgressMemberSlice{}, toKey).

@@ -19,7 +19,8 @@ type CIDRs struct {
 	// ClusterCIDRs are the Pod CIDRs (--cluster-cidrs); nil: every Node's
 	// spec.podCIDRs.
 	ClusterCIDRs []netip.Prefix
-	// ServiceCIDRs are the Service CIDRs (--service-cidrs).
+	// ServiceCIDRs are the Service CIDRs (--service-cidrs); nil: the
+	// cluster's networking.k8s.io/v1 ServiceCIDR objects, where served.
 	ServiceCIDRs []netip.Prefix
 	// ExcludeCIDRs are further destinations kept off egress paths
 	// (--exclude-cidrs), for example a corporate network.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -134,14 +135,14 @@ func RESTMapper() meta.RESTMapper {
 }
 
 // DatapathRESTMapper is RESTMapper plus the kinds DatapathReconciler
-// reads: EgressMemberSlice, Node and Namespace (cluster-scoped) and Pod
-// (namespaced).
+// reads: EgressMemberSlice, Node, Namespace and ServiceCIDR
+// (cluster-scoped) and Pod (namespaced).
 func DatapathRESTMapper() meta.RESTMapper {
 	return restMapper(true)
 }
 
 func restMapper(withDatapath bool) meta.RESTMapper {
-	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion})
+	m := meta.NewDefaultRESTMapper([]schema.GroupVersion{v1alpha1.GroupVersion, corev1.SchemeGroupVersion, networkingv1.SchemeGroupVersion})
 	for _, kind := range []string{"Egress", "ExternalIPPool"} {
 		m.Add(v1alpha1.GroupVersion.WithKind(kind), meta.RESTScopeRoot)
 	}
@@ -150,6 +151,8 @@ func restMapper(withDatapath bool) meta.RESTMapper {
 		m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)
 		m.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
 		m.Add(corev1.SchemeGroupVersion.WithKind("Pod"), meta.RESTScopeNamespace)
+		// Only watched once discovery shows it is served (watchServiceCIDRs).
+		m.Add(networkingv1.SchemeGroupVersion.WithKind("ServiceCIDR"), meta.RESTScopeRoot)
 	}
 	return m
 }
