@@ -117,9 +117,14 @@ type state struct {
 
 	eg    []egRec
 	units []unitRec
+	// repeats counts the Egresses whose name an earlier one in name order
+	// has (so len(Egresses)-repeats Placements); withCur counts the
+	// Egresses that name a CurrentNode (no Moves when it is 0).
+	repeats, withCur int
 
 	// Scratch memory kept with the state between passes (see statePool):
 	// sort buffers, unit keys and table, the pools' rings.
+	radix   radixScratch
 	keyBuf  []keyed
 	byName  []int32
 	keys    []unitKey
@@ -127,8 +132,12 @@ type state struct {
 	seen    []int32
 	done    []bool
 	rings   []*ring
-	// ringHashes holds a ring's point positions while it is built.
-	ringHashes []uint64
+	// ringHashes, ringVals and ringCrowded hold a ring's point positions,
+	// its members' leaf values and its buckets of more than one point while
+	// it is built.
+	ringHashes  []uint64
+	ringVals    []int32
+	ringCrowded []int32
 	// ringsBuilt counts the rings of rings in use by this pass.
 	ringsBuilt int
 }
@@ -379,7 +388,7 @@ func (s *state) sortNames() []int32 {
 		copy(k[:12], eg[i].Name[common:])
 		recs[i] = keyed{hi: binary.BigEndian.Uint64(k[:8]), lo: binary.BigEndian.Uint64(k[8:]) | uint64(i)}
 	}
-	recs = radixSort(recs, buf[len(eg):], keyBits)
+	recs = radixSort(recs, buf[len(eg):], keyBits, &s.radix)
 	for k := 0; k < len(recs); {
 		j := k + 1
 		for j < len(recs) && recs[j].hi == recs[k].hi && recs[j].lo&keyBits == recs[k].lo&keyBits {
@@ -401,6 +410,7 @@ func (s *state) sortNames() []int32 {
 		byName[k] = r.index()
 	}
 	s.eg = reuse(s.eg, len(eg))
+	s.repeats = 0
 	for k := 0; k < len(byName); {
 		j := k + 1
 		for j < len(byName) && recs[j].hi == recs[k].hi && recs[j].lo&keyBits == recs[k].lo&keyBits && eg[byName[j]].Name == eg[byName[k]].Name {
@@ -410,6 +420,7 @@ func (s *state) sortNames() []int32 {
 			for _, i := range byName[k:j] {
 				s.eg[i] = egRec{unit: -1, cur: -1, reason: rDuplicate}
 			}
+			s.repeats += j - k - 1
 		}
 		k = j
 	}
@@ -434,6 +445,7 @@ func (s *state) buildUnits(byName []int32) {
 	s.keys = grow(s.keys, len(eg))
 	keys := s.keys
 	lastPool, lastIdx := "", int32(-1)
+	s.withCur = 0
 	for i := range eg {
 		e := &eg[i]
 		r := &s.eg[i]
@@ -461,6 +473,7 @@ func (s *state) buildUnits(byName []int32) {
 		}
 		if e.CurrentNode != "" {
 			r.cur = s.findNode(e.CurrentNode)
+			s.withCur++
 		}
 		if r.reason != rPlaced {
 			continue
@@ -507,7 +520,7 @@ func (s *state) buildUnits(byName []int32) {
 	}
 	// order is in rank order already and the sort is stable, so sorting
 	// on the creation time alone leaves equal times in rank order.
-	order = radixSort(order, buf[len(eg):len(eg)+len(order)], 0xffffffff_00000000)
+	order = radixSort(order, buf[len(eg):len(eg)+len(order)], 0xffffffff_00000000, &s.radix)
 	s.units = grow(s.units, len(order))[:0]
 	// Units by (pool, IP): open addressing with linear probing on the
 	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
@@ -651,14 +664,12 @@ func (s *state) leafValue(sl int32) int32 {
 
 func (s *state) result(byName []int32) Result {
 	eg := s.in.Egresses
-	nPlace, nMove := 0, 0
-	for k, i := range byName {
-		if s.sameName(byName, k) {
-			continue
-		}
-		nPlace++
-		if s.moves(i) {
-			nMove++
+	nPlace, nMove := len(eg)-s.repeats, 0
+	if s.withCur > 0 {
+		for i := range eg {
+			if s.moves(int32(i)) {
+				nMove++
+			}
 		}
 	}
 	res := Result{Placements: make([]Placement, nPlace)}
@@ -668,7 +679,7 @@ func (s *state) result(byName []int32) Result {
 	var missing map[string]string // PoolNotFound messages by pool name
 	j := 0
 	for k, i := range byName {
-		if s.sameName(byName, k) {
+		if s.repeats > 0 && s.sameName(byName, k) {
 			continue
 		}
 		r := &s.eg[i]
