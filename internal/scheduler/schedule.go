@@ -34,6 +34,10 @@ type poolRec struct {
 	room     int32 // members whose Node has room
 	ring     *ring // built on the first unit that needs it
 	msg      string
+	// bnd is the load bound for every placed count from the last one it
+	// was computed at up to bndNext-1 (see bound); bndNext 0 means none
+	// is known yet.
+	bnd, bndNext int32
 }
 
 // egRec is what the pass knows about Input.Egresses[i].
@@ -645,11 +649,58 @@ func (s *state) place() {
 // bound is the most units of pool pl a Node may hold before the next
 // placement spills past it: ceil(c·k/n) with k = pl.placed (counting the
 // unit being placed) and n members, at least 1 and at most k.
+//
+// k only grows during a pass and the bound, a composition of monotone
+// floating-point steps, never decreases with k, so it changes at a few
+// values of k only: bound caches it with the first k where it is larger
+// (found by boundAt, so every value is exactly the formula's) and divides
+// a few times per change instead of once per unit.
 func (s *state) bound(pl *poolRec) int32 {
-	k := float64(pl.placed)
-	b := math.Ceil(s.c * k / float64(pl.end-pl.off))
-	if b >= k { // also +Inf
-		return pl.placed
+	if pl.placed < pl.bndNext {
+		return pl.bnd
+	}
+	return s.nextBound(pl)
+}
+
+// nextBound computes the bound at k = pl.placed and the next k where it
+// changes, and caches both in pl.
+func (s *state) nextBound(pl *poolRec) int32 {
+	k := pl.placed
+	b := s.boundAt(pl, k)
+	pl.bnd, pl.bndNext = b, k+1
+	if b >= k {
+		return b // capped at k: changes with every unit
+	}
+	// The formula passes b near k = b·n/c: take hi a little past that
+	// (or past k), check it, then search (k, hi] for the first k above b.
+	est := float64(b) * float64(pl.end-pl.off) / s.c
+	lo, hi := int64(k), int64(math.MaxInt32)
+	if est < float64(math.MaxInt32-2) {
+		hi = max(int64(est)+2, lo+1)
+	}
+	if s.boundAt(pl, int32(hi)) == b {
+		pl.bndNext = int32(min(hi+1, math.MaxInt32))
+		return b
+	}
+	for hi-lo > 1 { // boundAt(lo) == b < boundAt(hi)
+		mid := lo + (hi-lo)/2
+		if s.boundAt(pl, int32(mid)) == b {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	pl.bndNext = int32(hi)
+	return b
+}
+
+// boundAt is the load bound of pool pl when k of its units are placed:
+// ceil(c·k/n), at least 1 and at most k (with k >= 1).
+func (s *state) boundAt(pl *poolRec, k int32) int32 {
+	kf := float64(k)
+	b := math.Ceil(s.c * kf / float64(pl.end-pl.off))
+	if b >= kf { // also +Inf
+		return k
 	}
 	return int32(b)
 }
