@@ -99,6 +99,8 @@ type ring struct {
 	pos  []int32
 	size int     // leaves in tree: a power of two >= len(pts)
 	tree []int32 // tree[1] is the root, tree[size+i] is point i
+	// leaves is tree[size:size+len(pts)]: leaves[i] is the value of point i.
+	leaves []int32
 	// treeOK is true when the inner nodes tree[1:size] hold the minimum of
 	// their leaves. The leaves are always up to date; the inner nodes are
 	// computed by ensureTree the first time pick needs them, since most
@@ -213,6 +215,7 @@ func (s *state) buildRing(p int32) *ring {
 		}
 	}
 	leaves := r.tree[size : size+n]
+	r.leaves = leaves
 	for i, pt := range pts {
 		j := int(pt.slot - pl.off)
 		r.pos[j*pointsPerNode+int(pt.v)] = int32(i)
@@ -283,10 +286,20 @@ func (r *ring) lowerBound(h uint64) int {
 
 // set gives every point of local member j the value val.
 func (r *ring) set(j int32, val int32) {
-	for v := int(j) * pointsPerNode; v < int(j+1)*pointsPerNode; v++ {
-		k := r.size + int(r.pos[v])
-		r.tree[k] = val
-		for r.treeOK && k > 1 {
+	pos := r.pos[int(j)*pointsPerNode : int(j+1)*pointsPerNode]
+	for _, i := range pos {
+		r.leaves[i] = val
+	}
+	if r.treeOK {
+		r.update(pos)
+	}
+}
+
+// update recomputes the inner nodes above the leaves of points pos.
+func (r *ring) update(pos []int32) {
+	for _, i := range pos {
+		k := r.size + int(i)
+		for k > 1 {
 			k >>= 1
 			m := min(r.tree[2*k], r.tree[2*k+1])
 			if r.tree[k] == m {
@@ -336,7 +349,7 @@ func (r *ring) pick(h uint64, bound int32) int32 {
 	// The first point clockwise under the bound, if it is near: the same
 	// answer the tree gives when some point is under the bound, and none
 	// is found here when none is.
-	leaves := r.tree[r.size : r.size+len(r.pts)]
+	leaves := r.leaves
 	for i, k := start, min(probeLimit, len(leaves)); k > 0; k-- {
 		if i == len(leaves) {
 			i = 0
