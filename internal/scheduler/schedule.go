@@ -388,47 +388,69 @@ func (s *state) sortNames() []int32 {
 	recs := buf[:len(eg)]
 	const keyBits = 0xffffffff_00000000 // lo: 4 key bytes, then the index
 	for i := range eg {
-		var k [16]byte
-		copy(k[:12], eg[i].Name[common:])
-		recs[i] = keyed{hi: binary.BigEndian.Uint64(k[:8]), lo: binary.BigEndian.Uint64(k[8:]) | uint64(i)}
+		hi, lo := nameKey(eg[i].Name[common:])
+		recs[i] = keyed{hi: hi, lo: lo | uint64(i)}
 	}
 	recs = radixSort(recs, buf[len(eg):], keyBits, &s.radix)
+	// Names with different keys differ, so only runs of equal keys need
+	// comparing: their names are put in order, and equal names among them
+	// marked duplicates.
+	s.byName = grow(s.byName, len(eg))
+	byName := s.byName
+	s.eg = reuse(s.eg, len(eg))
+	s.repeats = 0
 	for k := 0; k < len(recs); {
 		j := k + 1
 		for j < len(recs) && recs[j].hi == recs[k].hi && recs[j].lo&keyBits == recs[k].lo&keyBits {
 			j++
 		}
-		if j-k > 1 {
-			slices.SortFunc(recs[k:j], func(a, b keyed) int {
-				if c := strings.Compare(eg[a.index()].Name, eg[b.index()].Name); c != 0 {
-					return c
-				}
-				return cmp.Compare(a.index(), b.index())
-			})
+		if j-k == 1 {
+			byName[k] = recs[k].index()
+			k = j
+			continue
 		}
-		k = j
-	}
-	s.byName = grow(s.byName, len(eg))
-	byName := s.byName
-	for k, r := range recs {
-		byName[k] = r.index()
-	}
-	s.eg = reuse(s.eg, len(eg))
-	s.repeats = 0
-	for k := 0; k < len(byName); {
-		j := k + 1
-		for j < len(byName) && recs[j].hi == recs[k].hi && recs[j].lo&keyBits == recs[k].lo&keyBits && eg[byName[j]].Name == eg[byName[k]].Name {
-			j++
-		}
-		if j-k > 1 {
-			for _, i := range byName[k:j] {
-				s.eg[i] = egRec{unit: -1, cur: -1, reason: rDuplicate}
+		run := recs[k:j]
+		slices.SortFunc(run, func(a, b keyed) int {
+			if c := strings.Compare(eg[a.index()].Name, eg[b.index()].Name); c != 0 {
+				return c
 			}
-			s.repeats += j - k - 1
+			return cmp.Compare(a.index(), b.index())
+		})
+		for x, r := range run {
+			byName[k+x] = r.index()
+		}
+		for x := 0; x < len(run); {
+			y := x + 1
+			for y < len(run) && eg[run[y].index()].Name == eg[run[x].index()].Name {
+				y++
+			}
+			if y-x > 1 {
+				for _, r := range run[x:y] {
+					s.eg[r.index()] = egRec{unit: -1, cur: -1, reason: rDuplicate}
+				}
+				s.repeats += y - x - 1
+			}
+			x = y
 		}
 		k = j
 	}
 	return byName
+}
+
+// nameKey returns the sort key of a name whose common prefix is cut off:
+// its first 12 bytes, big endian and zero-padded, as hi (bytes 0-7) and the
+// top half of lo (bytes 8-11).
+func nameKey(rest string) (hi, lo uint64) {
+	if len(rest) >= 12 {
+		_ = rest[11]
+		hi = uint64(rest[0])<<56 | uint64(rest[1])<<48 | uint64(rest[2])<<40 | uint64(rest[3])<<32 |
+			uint64(rest[4])<<24 | uint64(rest[5])<<16 | uint64(rest[6])<<8 | uint64(rest[7])
+		lo = uint64(rest[8])<<56 | uint64(rest[9])<<48 | uint64(rest[10])<<40 | uint64(rest[11])<<32
+		return hi, lo
+	}
+	var k [16]byte
+	copy(k[:12], rest)
+	return binary.BigEndian.Uint64(k[:8]), binary.BigEndian.Uint64(k[8:])
 }
 
 // sameName reports whether byName[k] repeats the name of byName[k-1].
