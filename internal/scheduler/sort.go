@@ -34,14 +34,7 @@ func radixSort(a, tmp []keyed, loMask uint64, sc *radixScratch) []keyed {
 	}
 	// Bytes where some key differs from the first one, and the range of
 	// hi.
-	var diffHi, diffLo uint64
-	minHi, maxHi := a[0].hi, a[0].hi
-	for _, r := range a {
-		diffHi |= r.hi ^ a[0].hi
-		diffLo |= r.lo ^ a[0].lo
-		minHi = min(minHi, r.hi)
-		maxHi = max(maxHi, r.hi)
-	}
+	diffHi, diffLo, minHi, maxHi := keyStats(a)
 	diffLo &= loMask
 	// Histograms of those bytes only: byte b of lo is position b, byte b
 	// of hi is position 8+b.
@@ -91,53 +84,80 @@ func radixSort(a, tmp []keyed, loMask uint64, sc *radixScratch) []keyed {
 		src, dst = dst, src
 	}
 	if dense {
-		c := reuse(sc.dense, int(maxHi-minHi)+1)
-		sc.dense = c
-		for _, r := range src {
-			c[r.hi-minHi]++
-		}
-		var sum int32
-		for d := range c {
-			c[d], sum = sum, sum+c[d]
-		}
-		for _, r := range src {
-			d := r.hi - minHi
-			dst[c[d]] = r
-			c[d]++
-		}
+		sc.dense = reuse(sc.dense, int(maxHi-minHi)+1)
+		countingSortHi(src, dst, sc.dense, minHi)
 		src = dst
 	}
 	return src
 }
 
-// The inner loops of radixSort, one per key half, kept apart so that each
-// gets registers of its own: histHi and histLo count the byte of hi or lo
-// at shift into c; scatterHi and scatterLo move each record of src to the
-// next index for its byte (c holds the running starts) in dst.
-
-func histHi(a []keyed, c *[256]int32, shift uint) {
-	for _, r := range a {
-		c[byte(r.hi>>shift)]++
-	}
-}
-
-func histLo(a []keyed, c *[256]int32, shift uint) {
-	for _, r := range a {
-		c[byte(r.lo>>shift)]++
-	}
-}
-
-func scatterHi(src, dst []keyed, c *[256]int32, shift uint) {
+// countingSortHi moves the records of src into dst ordered by hi, stably,
+// where every hi minus minHi indexes c (zeroed, one counter per value).
+//
+//go:noinline
+func countingSortHi(src, dst []keyed, c []int32, minHi uint64) {
 	for _, r := range src {
-		d := byte(r.hi >> shift)
+		c[r.hi-minHi]++
+	}
+	var sum int32
+	for d := range c {
+		c[d], sum = sum, sum+c[d]
+	}
+	for _, r := range src {
+		d := r.hi - minHi
 		dst[c[d]] = r
 		c[d]++
 	}
 }
 
+// The inner loops of radixSort, kept apart (and not inlined) so that each
+// gets registers of its own instead of spilling its counters to the stack
+// inside radixSort: keyStats returns which bits of hi and lo differ from
+// a[0]'s somewhere in a (a is not empty) and the smallest and largest hi;
+// histHi and histLo count the byte of hi or lo at shift into c; scatterHi
+// and scatterLo move each record of src to the next index for its byte (c
+// holds the running starts) in dst.
+
+//go:noinline
+func keyStats(a []keyed) (diffHi, diffLo, minHi, maxHi uint64) {
+	first := a[0]
+	minHi, maxHi = first.hi, first.hi
+	for _, r := range a {
+		diffHi |= r.hi ^ first.hi
+		diffLo |= r.lo ^ first.lo
+		minHi = min(minHi, r.hi)
+		maxHi = max(maxHi, r.hi)
+	}
+	return diffHi, diffLo, minHi, maxHi
+}
+
+//go:noinline
+func histHi(a []keyed, c *[256]int32, shift uint) {
+	for _, r := range a {
+		c[byte(r.hi>>(shift&63))]++
+	}
+}
+
+//go:noinline
+func histLo(a []keyed, c *[256]int32, shift uint) {
+	for _, r := range a {
+		c[byte(r.lo>>(shift&63))]++
+	}
+}
+
+//go:noinline
+func scatterHi(src, dst []keyed, c *[256]int32, shift uint) {
+	for _, r := range src {
+		d := byte(r.hi >> (shift & 63))
+		dst[c[d]] = r
+		c[d]++
+	}
+}
+
+//go:noinline
 func scatterLo(src, dst []keyed, c *[256]int32, shift uint) {
 	for _, r := range src {
-		d := byte(r.lo >> shift)
+		d := byte(r.lo >> (shift & 63))
 		dst[c[d]] = r
 		c[d]++
 	}
