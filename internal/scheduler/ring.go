@@ -160,36 +160,12 @@ func (s *state) buildRing(p int32) *ring {
 	// point is noted in crowded (by its index b+1 in start).
 	hs := grow(s.ringHashes, n)
 	vals := grow(s.ringVals, m)
-	crowded := s.ringCrowded[:0]
 	start := r.start
-	for j := 0; j < m; j++ {
-		sl := pl.off + int32(j)
-		nr := &s.nodes[s.slotNode[sl]]
-		if nr.load >= nr.capacity {
-			vals[j] = full
-		} else {
-			vals[j] = s.poolLoad[sl]
-		}
-		for v := 0; v < pointsPerNode; v++ {
-			h := pointHash(nr.hash, pl.salt, v)
-			hs[j*pointsPerNode+v] = h
-			b := h>>shift + 1
-			start[b]++
-			if start[b] == 2 {
-				crowded = append(crowded, int32(b))
-			}
-		}
-	}
+	crowded := ringPositions(s.nodes, s.slotNode[pl.off:pl.end], s.poolLoad[pl.off:pl.end], pl.salt, shift,
+		hs, vals, start, s.ringCrowded[:0])
 	s.ringHashes, s.ringVals, s.ringCrowded = hs, vals, crowded
-	for b := 1; b < len(start); b++ {
-		start[b] += start[b-1]
-	}
 	pts := r.pts
-	for k, h := range hs {
-		b := h>>shift + 1
-		start[b]--
-		pts[start[b]] = point{h: h, slot: pl.off + int32(k/pointsPerNode), v: int32(k % pointsPerNode)}
-	}
+	ringScatter(hs, start, pts, shift, pl.off)
 	// Each bucket's range is now start[b+1] up to start[b+2]: shift the
 	// starts down by one bucket.
 	copy(start, start[1:])
@@ -217,18 +193,76 @@ func (s *state) buildRing(p int32) *ring {
 			sortBucket(pts[lo:hi], tie)
 		}
 	}
-	leaves := r.tree[size : size+n]
-	r.leaves = leaves
-	for i, pt := range pts {
-		j := int(pt.slot - pl.off)
-		r.pos[j*pointsPerNode+int(pt.v)] = int32(i)
-		leaves[i] = vals[j]
-	}
+	r.leaves = r.tree[size : size+n]
+	ringLeaves(pts, r.pos, r.leaves, vals, pl.off)
 	for i := size + n; i < 2*size; i++ {
 		r.tree[i] = full
 	}
 	r.treeOK = false
 	return r
+}
+
+// The loops of buildRing, in functions of their own (not inlined) so that
+// each keeps its values in registers instead of spilling them to the stack.
+
+// ringPositions computes the ring positions hs and leaf values vals of the
+// members whose Nodes are slotNode (with pool loads poolLoad), counts the
+// points of each bucket (h>>shift) in start[bucket+1], and returns crowded
+// with the start index of every bucket that got a second point appended.
+//
+//go:noinline
+func ringPositions(nodes []nodeRec, slotNode, poolLoad []int32, salt uint64, shift uint,
+	hs []uint64, vals, start, crowded []int32) []int32 {
+	shift &= 63
+	for j, n := range slotNode {
+		nr := &nodes[n]
+		if nr.load >= nr.capacity {
+			vals[j] = full
+		} else {
+			vals[j] = poolLoad[j]
+		}
+		for v := 0; v < pointsPerNode; v++ {
+			h := pointHash(nr.hash, salt, v)
+			hs[j*pointsPerNode+v] = h
+			b := h>>shift + 1
+			start[b]++
+			if start[b] == 2 {
+				crowded = append(crowded, int32(b))
+			}
+		}
+	}
+	var sum int32
+	for b, c := range start {
+		sum += c
+		start[b] = sum
+	}
+	return crowded
+}
+
+// ringScatter places point k of the ring (position hs[k], of member
+// k/pointsPerNode, whose global slot is off plus that) at the end of its
+// bucket's range, given by the running ends in start[bucket+1].
+//
+//go:noinline
+func ringScatter(hs []uint64, start []int32, pts []point, shift uint, off int32) {
+	shift &= 63
+	for k, h := range hs {
+		b := h>>shift + 1
+		start[b]--
+		pts[start[b]] = point{h: h, slot: off + int32(k/pointsPerNode), v: int32(k % pointsPerNode)}
+	}
+}
+
+// ringLeaves records where each point of pts went (pos) and gives it its
+// member's leaf value.
+//
+//go:noinline
+func ringLeaves(pts []point, pos, leaves, vals []int32, off int32) {
+	for i, pt := range pts {
+		j := int(pt.slot - off)
+		pos[j*pointsPerNode+int(pt.v)] = int32(i)
+		leaves[i] = vals[j]
+	}
 }
 
 // ensureTree computes the inner nodes of the segment tree from the leaves,
