@@ -161,9 +161,12 @@ func (s *state) buildRing(p int32) *ring {
 	hs := grow(s.ringHashes, n)
 	vals := grow(s.ringVals, m)
 	start := r.start
-	crowded := ringPositions(s.nodes, s.slotNode[pl.off:pl.end], s.poolLoad[pl.off:pl.end], pl.salt, shift,
-		hs, vals, start, s.ringCrowded[:0])
-	s.ringHashes, s.ringVals, s.ringCrowded = hs, vals, crowded
+	ringValues(s.nodes, s.slotNode[pl.off:pl.end], s.poolLoad[pl.off:pl.end], vals)
+	// At most n/2 buckets get a second point.
+	s.ringCrowded = grow(s.ringCrowded, n/2+1)
+	crowded := s.ringCrowded[:ringPositions(s.nodes, s.slotNode[pl.off:pl.end], pl.salt, shift, hs, start, s.ringCrowded)]
+	s.ringHashes, s.ringVals = hs, vals
+	prefixSum(start)
 	pts := r.pts
 	ringScatter(hs, start, pts, shift, pl.off)
 	// Each bucket's range is now start[b+1] up to start[b+2]: shift the
@@ -205,15 +208,11 @@ func (s *state) buildRing(p int32) *ring {
 // The loops of buildRing, in functions of their own (not inlined) so that
 // each keeps its values in registers instead of spilling them to the stack.
 
-// ringPositions computes the ring positions hs and leaf values vals of the
-// members whose Nodes are slotNode (with pool loads poolLoad), counts the
-// points of each bucket (h>>shift) in start[bucket+1], and returns crowded
-// with the start index of every bucket that got a second point appended.
+// ringValues gives each member (whose Node is slotNode[j], with pool load
+// poolLoad[j]) its leaf value vals[j].
 //
 //go:noinline
-func ringPositions(nodes []nodeRec, slotNode, poolLoad []int32, salt uint64, shift uint,
-	hs []uint64, vals, start, crowded []int32) []int32 {
-	shift &= 63
+func ringValues(nodes []nodeRec, slotNode, poolLoad, vals []int32) {
 	for j, n := range slotNode {
 		nr := &nodes[n]
 		if nr.load >= nr.capacity {
@@ -221,22 +220,43 @@ func ringPositions(nodes []nodeRec, slotNode, poolLoad []int32, salt uint64, shi
 		} else {
 			vals[j] = poolLoad[j]
 		}
+	}
+}
+
+// ringPositions computes the ring positions hs of the members whose Nodes
+// are slotNode, counts the points of each bucket (h>>shift) in
+// start[bucket+1], writes the start index of every bucket that gets a
+// second point to crowded and returns how many it wrote.
+//
+//go:noinline
+func ringPositions(nodes []nodeRec, slotNode []int32, salt uint64, shift uint, hs []uint64, start, crowded []int32) int {
+	shift &= 63
+	nc := 0
+	for j, n := range slotNode {
+		nh := nodes[n].hash
 		for v := 0; v < pointsPerNode; v++ {
-			h := pointHash(nr.hash, salt, v)
+			h := pointHash(nh, salt, v)
 			hs[j*pointsPerNode+v] = h
 			b := h>>shift + 1
 			start[b]++
 			if start[b] == 2 {
-				crowded = append(crowded, int32(b))
+				crowded[nc] = int32(b)
+				nc++
 			}
 		}
 	}
+	return nc
+}
+
+// prefixSum replaces each count in c by the sum of the counts up to it.
+//
+//go:noinline
+func prefixSum(c []int32) {
 	var sum int32
-	for b, c := range start {
-		sum += c
-		start[b] = sum
+	for b, x := range c {
+		sum += x
+		c[b] = sum
 	}
-	return crowded
 }
 
 // ringScatter places point k of the ring (position hs[k], of member
