@@ -533,48 +533,68 @@ func (s *state) buildUnits(byName []int32) {
 
 	s.keyBuf = grow(s.keyBuf, 2*len(eg))
 	buf := s.keyBuf
-	order := buf[:0]
+	order := priorityKeys(eg, s.eg, byName, buf[:0])
+	// order is in rank order already and the sort is stable, so sorting
+	// on the creation time alone leaves equal times in rank order.
+	order = radixSort(order, buf[len(eg):len(eg)+len(order)], 0xffffffff_00000000, &s.radix)
+	// Units by (pool, IP): open addressing with linear probing on the
+	// unit's ring hash, which place() needs anyway. The table holds
+	// unit+1, 0 is free; it is at least twice the number of units.
+	tblBits := bits.Len(uint(2 * len(order)))
+	s.unitTab = reuse(s.unitTab, 1<<tblBits)
+	s.units = groupUnits(order, byName, keys, s.eg, s.unitTab, uint(tblBits), grow(s.units, len(order))[:0])
+}
+
+// priorityKeys appends to order, for each scheduled Egress in name order
+// (byName), its priority sort key: creation time in whole seconds (sign
+// bit flipped, so that the order of uint64 is that of int64) as hi,
+// nanoseconds in lo's top half and the rank in byName as payload.
+//
+//go:noinline
+func priorityKeys(eg []Egress, recs []egRec, byName []int32, order []keyed) []keyed {
 	for rank, i := range byName {
-		if s.eg[i].reason != rPlaced {
+		if recs[i].reason != rPlaced {
 			continue
 		}
-		t := eg[i].Created
+		t := &eg[i].Created
 		order = append(order, keyed{
 			hi: uint64(t.Unix()) ^ 1<<63,
 			lo: uint64(t.Nanosecond())<<32 | uint64(rank),
 		})
 	}
-	// order is in rank order already and the sort is stable, so sorting
-	// on the creation time alone leaves equal times in rank order.
-	order = radixSort(order, buf[len(eg):len(eg)+len(order)], 0xffffffff_00000000, &s.radix)
-	s.units = grow(s.units, len(order))[:0]
-	// Units by (pool, IP): open addressing with linear probing on the
-	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
-	// free; it is at least twice the number of units.
-	tblBits := bits.Len(uint(2 * len(order)))
-	s.unitTab = reuse(s.unitTab, 1<<tblBits)
-	tbl := s.unitTab
+	return order
+}
+
+// groupUnits creates the units of the Egresses in priority order (order,
+// whose payloads are ranks in byName), appending them to units, which it
+// returns: Egresses with equal keys (pool and IP) share one unit, found
+// through tbl (zeroed, 1<<tblBits entries). It sets each Egress's unit and
+// each unit's Node to keep and preferred Node, from its oldest member that
+// has one.
+//
+//go:noinline
+func groupUnits(order []keyed, byName []int32, keys []unitKey, recs []egRec, tbl []int32, tblBits uint, units []unitRec) []unitRec {
 	mask := uint64(len(tbl) - 1)
 	for _, o := range order {
 		i := byName[o.index()] // the payload is the rank
 		k := &keys[i]
 		var u int32
-		for j := k.hash >> (64 - tblBits); ; j = (j + 1) & mask {
+		for j := k.hash >> (64 - tblBits&63); ; j = (j + 1) & mask {
 			if v := tbl[j]; v == 0 {
-				u = int32(len(s.units))
+				u = int32(len(units))
 				tbl[j] = u + 1
-				s.units = append(s.units, unitRec{unitKey: *k, cand: -1, pref: -1, node: -1})
+				units = append(units, unitRec{unitKey: *k, cand: -1, pref: -1, node: -1})
 				break
-			} else if ur := &s.units[v-1]; ur.unitKey == *k {
+			} else if ur := &units[v-1]; ur.unitKey == *k {
 				u = v - 1
 				break
 			}
 		}
-		r := &s.eg[i]
+		r := &recs[i]
 		r.unit = u
 		// Members come in priority order, so the first fit current Node
 		// is the oldest member's.
-		ur := &s.units[u]
+		ur := &units[u]
 		if ur.cand < 0 && r.curSt == curValid {
 			ur.cand = r.slot
 		}
@@ -582,6 +602,7 @@ func (s *state) buildUnits(byName []int32) {
 			ur.pref = r.pref
 		}
 	}
+	return units
 }
 
 // unitKey identifies a unit: its pool and IP, with the IP's ring hash.
