@@ -115,9 +115,12 @@ type state struct {
 	slotPool []int32
 	poolLoad []int32
 	// nodeSlots[nodeSlotOff[n]:nodeSlotOff[n+1]] are Node n's slots, in
-	// ascending pool index.
+	// ascending pool index. slotPool, nodeSlotOff and nodeSlots are built
+	// on first use (slotsByNode), when nodeSlotsOK is false: a cold pass
+	// where no Egress names a Node and no Node fills up never needs them.
 	nodeSlotOff []int32
 	nodeSlots   []int32
+	nodeSlotsOK bool
 
 	eg    []egRec
 	units []unitRec
@@ -311,9 +314,18 @@ func (s *state) indexPools() {
 		}
 		pl.end = int32(len(s.slotNode))
 	}
+	s.poolLoad = reuse(s.poolLoad, len(s.slotNode))
+	s.nodeSlotsOK = false
+}
+
+// slotsByNode builds slotPool, nodeSlotOff and nodeSlots, once per pass.
+func (s *state) slotsByNode() {
+	if s.nodeSlotsOK {
+		return
+	}
+	s.nodeSlotsOK = true
 	nslots := len(s.slotNode)
 	s.slotPool = grow(s.slotPool, nslots)
-	s.poolLoad = reuse(s.poolLoad, nslots)
 	for pi := range s.pools {
 		for sl := s.pools[pi].off; sl < s.pools[pi].end; sl++ {
 			s.slotPool[sl] = int32(pi)
@@ -328,7 +340,7 @@ func (s *state) indexPools() {
 		s.nodeSlotOff[n+1] += s.nodeSlotOff[n]
 	}
 	s.nodeSlots = grow(s.nodeSlots, nslots)
-	fill := seen // reuse: next free index per Node
+	fill := s.seen // free after indexPools: next free index per Node
 	copy(fill, s.nodeSlotOff[:len(s.nodes)])
 	// Slots are visited in pool order, but pools were laid out in
 	// in.Pools order, which is also ascending pool index, so each Node's
@@ -341,6 +353,7 @@ func (s *state) indexPools() {
 
 // slotOf returns Node n's slot in pool p, or -1 if n is not a member.
 func (s *state) slotOf(n, p int32) int32 {
+	s.slotsByNode()
 	sl := s.nodeSlots[s.nodeSlotOff[n]:s.nodeSlotOff[n+1]]
 	lo, hi := 0, len(sl) // binary search: slots ascend by pool
 	for lo < hi {
@@ -679,6 +692,7 @@ func (s *state) place() {
 			continue
 		}
 		// The Node is full: it leaves every pool it is in.
+		s.slotsByNode()
 		for _, sl2 := range s.nodeSlots[s.nodeSlotOff[n]:s.nodeSlotOff[n+1]] {
 			p2 := &s.pools[s.slotPool[sl2]]
 			p2.room--
