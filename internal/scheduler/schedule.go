@@ -762,14 +762,6 @@ func (s *state) boundAt(pl *poolRec, k int32) int32 {
 	return int32(b)
 }
 
-// leafValue is the ring value of slot sl: its pool load, or full.
-func (s *state) leafValue(sl int32) int32 {
-	if nr := &s.nodes[s.slotNode[sl]]; nr.load >= nr.capacity {
-		return full
-	}
-	return s.poolLoad[sl]
-}
-
 func (s *state) result(byName []int32) Result {
 	eg := s.in.Egresses
 	nPlace, nMove := len(eg)-s.repeats, 0
