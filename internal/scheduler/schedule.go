@@ -477,8 +477,8 @@ func (s *state) sameName(byName []int32, k int) bool {
 // A first loop, in input order (so memory is read sequentially), checks each
 // Egress against its pool, looks up its current Node and hashes its IP. A
 // second loop, in priority order, creates the units: older first (creation
-// time in whole seconds, then nanoseconds), then by name (the rank in
-// byName), radix-sorted on that key.
+// time in whole seconds, then nanoseconds), then by name: the keys are
+// listed in name order (byName) and radix-sorted, stably, on the time.
 func (s *state) buildUnits(byName []int32) {
 	eg := s.in.Egresses
 	s.keys = grow(s.keys, len(eg))
@@ -555,41 +555,43 @@ func (s *state) buildUnits(byName []int32) {
 	// unit+1, 0 is free; it is at least twice the number of units.
 	tblBits := bits.Len(uint(2 * len(order)))
 	s.unitTab = reuse(s.unitTab, 1<<tblBits)
-	s.units = groupUnits(order, byName, keys, s.eg, s.unitTab, uint(tblBits), grow(s.units, len(order))[:0])
+	s.units = groupUnits(order, keys, s.eg, s.unitTab, uint(tblBits), grow(s.units, len(order))[:0])
 }
 
 // priorityKeys appends to order, for each scheduled Egress in name order
 // (byName), its priority sort key: creation time in whole seconds (sign
 // bit flipped, so that the order of uint64 is that of int64) as hi,
-// nanoseconds in lo's top half and the rank in byName as payload.
+// nanoseconds in lo's top half and the Egress's index as payload. The
+// name order of equal times is kept by the order of appending (the sort is
+// stable), not by the payload, which the sort ignores.
 //
 //go:noinline
 func priorityKeys(eg []Egress, recs []egRec, byName []int32, order []keyed) []keyed {
-	for rank, i := range byName {
+	for _, i := range byName {
 		if recs[i].reason != rPlaced {
 			continue
 		}
 		t := &eg[i].Created
 		order = append(order, keyed{
 			hi: uint64(t.Unix()) ^ 1<<63,
-			lo: uint64(t.Nanosecond())<<32 | uint64(rank),
+			lo: uint64(t.Nanosecond())<<32 | uint64(uint32(i)),
 		})
 	}
 	return order
 }
 
 // groupUnits creates the units of the Egresses in priority order (order,
-// whose payloads are ranks in byName), appending them to units, which it
+// whose payloads are Egress indexes), appending them to units, which it
 // returns: Egresses with equal keys (pool and IP) share one unit, found
 // through tbl (zeroed, 1<<tblBits entries). It sets each Egress's unit and
 // each unit's Node to keep and preferred Node, from its oldest member that
 // has one.
 //
 //go:noinline
-func groupUnits(order []keyed, byName []int32, keys []unitKey, recs []egRec, tbl []int32, tblBits uint, units []unitRec) []unitRec {
+func groupUnits(order []keyed, keys []unitKey, recs []egRec, tbl []int32, tblBits uint, units []unitRec) []unitRec {
 	mask := uint64(len(tbl) - 1)
 	for _, o := range order {
-		i := byName[o.index()] // the payload is the rank
+		i := o.index()
 		k := &keys[i]
 		var u int32
 		for j := k.hash >> (64 - tblBits&63); ; j = (j + 1) & mask {
