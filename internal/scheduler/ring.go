@@ -229,7 +229,8 @@ func ringValues(nodes []nodeRec, slotNode, poolLoad, vals []int32) {
 // second point to crowded and returns how many it wrote.
 //
 //go:noinline
-func ringPositions(nodes []nodeRec, slotNode []int32, salt uint64, shift uint, hs []uint64, start, crowded []int32) int {
+func ringPositions(nodes []nodeRec, slotNode []int32, salt uint64, shift uint,
+	hs []uint64, start, crowded []int32) int {
 	shift &= 63
 	nc := 0
 	for j, n := range slotNode {
