@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"math"
@@ -35,7 +36,7 @@ func goldenInput(seed uint64) Input {
 	scale := []int{4, 12, 60, 400, 1500, 3000}[rng.IntN(6)]
 	nn := rng.IntN(scale + 1)
 	var names []string
-	for i := 0; i < nn; i++ {
+	for i := range nn {
 		name := fmt.Sprintf("node-%d", i)
 		if rng.IntN(5) == 0 {
 			name = fmt.Sprintf("a-much-longer-node-name-%d.example", i)
@@ -56,7 +57,7 @@ func goldenInput(seed uint64) Input {
 	}
 	np := 1 + rng.IntN(3)
 	var pools []string
-	for i := 0; i < np; i++ {
+	for i := range np {
 		p := Pool{Name: fmt.Sprintf("pool-%d", i), Family: IPv4}
 		if i > 0 && rng.IntN(20) == 0 {
 			p.Name = pools[0]
@@ -94,7 +95,7 @@ func goldenInput(seed uint64) Input {
 	ne := rng.IntN(3*scale + 2)
 	ips := 1 + rng.IntN(2*ne+1)
 	ties := 1 + rng.IntN(3*ne+1) // distinct creation seconds
-	for i := 0; i < ne; i++ {
+	for i := range ne {
 		e := Egress{Name: fmt.Sprintf("egress-%06d", i)}
 		if rng.IntN(3) == 0 {
 			e.Name = fmt.Sprintf("e%d", i)
@@ -204,11 +205,13 @@ func TestGoldenResults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	var want []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		want = append(want, sc.Text())
+	}
+	if err := errors.Join(sc.Err(), f.Close()); err != nil {
+		t.Fatal(err)
 	}
 	if len(want) != goldenCases {
 		t.Fatalf("%s has %d cases, want %d", path, len(want), goldenCases)

@@ -235,7 +235,7 @@ func ringPositions(nodes []nodeRec, slotNode []int32, salt uint64, shift uint,
 	nc := 0
 	for j, n := range slotNode {
 		nh := nodes[n].hash
-		for v := 0; v < pointsPerNode; v++ {
+		for v := range pointsPerNode {
 			h := pointHash(nh, salt, v)
 			hs[j*pointsPerNode+v] = h
 			b := h>>shift + 1

@@ -89,7 +89,7 @@ func TestRingPieces(t *testing.T) {
 		// pick, with or without the tree, against a scan of the values:
 		// the first point clockwise under the bound, else the first one
 		// clockwise of least value among those with room.
-		for q := 0; q < 20; q++ {
+		for range 20 {
 			h := rapid.Uint64().Draw(t, "pickAt")
 			bound := int32(rapid.IntRange(1, 6).Draw(t, "bound"))
 			start := sort.Search(n, func(i int) bool { return r.pts[i].h >= h })

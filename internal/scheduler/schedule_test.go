@@ -697,7 +697,7 @@ func TestBoundCache(t *testing.T) {
 		pl := &poolRec{off: 3, end: 3 + n}
 		for k := int32(1); k <= 3*n+50; k++ {
 			pl.placed = k
-			want := int32(k)
+			want := k
 			if b := math.Ceil(c * float64(k) / float64(n)); b < float64(k) {
 				want = int32(b)
 			}
