@@ -61,14 +61,18 @@
 //   - O(N + M) to index the Nodes and the pools' members;
 //   - O(E) per varying key byte to order the Egresses by name and by
 //     priority (LSD radix sorts on 16-byte keys that skip the bytes all keys
-//     share), plus a comparison sort among names that agree on the 16 bytes
-//     after their common prefix;
+//     share; creation times that span fewer than 2E seconds take one
+//     counting pass), plus a comparison sort among names that agree on the
+//     16 bytes after their common prefix;
 //   - O(E) expected to group Egresses into units (an open-addressing table
 //     on the unit's ring hash);
 //   - for a pool that has units to place: O(n·p) to build its ring (n
 //     Nodes, p points each, bucket-sorted by position), then per unit an
-//     O(1) expected lookup of its position, an O(log n) segment-tree search
-//     for the first fitting Node clockwise and an O(p log n) update.
+//     O(1) expected lookup of its position, a scan of at most 64 points
+//     clockwise for the first fitting Node and, only when that scan finds
+//     none, an O(log n) segment-tree search (the tree is built, in O(n·p),
+//     the first time a pass needs it; updates then cost O(p log n), O(p)
+//     before).
 //
 // A pass whose units all keep their Node builds no ring. Allocations are a
 // fixed number of slices and maps per pass, plus one message string per

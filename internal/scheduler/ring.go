@@ -21,16 +21,32 @@ const pointsPerNode = 2
 // seed, so hashes are the same in every process.
 func hashString(s string) uint64 {
 	h := uint64(len(s)) * golden
+	all := s
 	for len(s) >= 8 {
-		h = mix64(h ^ (uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
-			uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56))
+		h = mix64(h ^ load64(s))
 		s = s[8:]
 	}
 	var w uint64
-	for i := len(s) - 1; i >= 0; i-- {
-		w = w<<8 | uint64(s[i])
+	switch {
+	case len(s) == 0:
+	case len(all) >= 8:
+		// The last word, read as the 8 bytes that end the string with
+		// the bytes already hashed shifted out.
+		w = load64(all[len(all)-8:]) >> (8 * (8 - len(s)))
+	default:
+		for i := len(s) - 1; i >= 0; i-- {
+			w = w<<8 | uint64(s[i])
+		}
 	}
 	return mix64(h ^ w)
+}
+
+// load64 returns the first 8 bytes of s (which has at least 8) as a
+// little-endian word.
+func load64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
 }
 
 // golden is 2^64 divided by the golden ratio, used to spread small integers.
@@ -83,7 +99,25 @@ type ring struct {
 	pos  []int32
 	size int     // leaves in tree: a power of two >= len(pts)
 	tree []int32 // tree[1] is the root, tree[size+i] is point i
+	// leaves is tree[size:size+len(pts)]: leaves[i] is the value of point i.
+	leaves []int32
+	// treeOK is true when the inner nodes tree[1:size] hold the minimum of
+	// their leaves. The leaves are always up to date; the inner nodes are
+	// computed by ensureTree the first time pick needs them, since most
+	// picks find a point under the bound among the few leaves after the
+	// unit's position and never look at the tree.
+	treeOK bool
 }
+
+// probeLimit is how many points clockwise from a unit's position pick reads
+// directly (a sequential scan of the leaves, 4 cache lines) before it falls
+// back to the segment tree. Points at the load bound or full come in runs
+// that stay short while a good share of the Nodes is below the bound (in
+// BenchmarkSchedule's 1,000 Egresses on 1,000 Nodes, the longest scan is 36
+// points and the tree is never built); when most points are blocked (Nodes
+// filling up), the scan adds at most probeLimit leaf reads to a pick that
+// needs the tree.
+const probeLimit = 64
 
 // point is one point of a ring: its position, the global pool slot (see
 // state.slotNode) of its Node, and which of the Node's points it is.
@@ -121,29 +155,24 @@ func (s *state) buildRing(p int32) *ring {
 	r.pos = grow(r.pos, n)
 	r.size = size
 	r.tree = grow(r.tree, 2*size)
-	// The positions, hs[j*pointsPerNode+v] for point v of member j.
-	hs := s.ringHashes[:0]
-	for sl := pl.off; sl < pl.end; sl++ {
-		nh := s.nodes[s.slotNode[sl]].hash
-		for v := 0; v < pointsPerNode; v++ {
-			h := pointHash(nh, pl.salt, v)
-			hs = append(hs, h)
-			r.start[h>>shift+1]++
-		}
-	}
-	s.ringHashes = hs
-	for b := 1; b < len(r.start); b++ {
-		r.start[b] += r.start[b-1]
-	}
-	for k, h := range hs {
-		b := h>>shift + 1
-		r.start[b]--
-		r.pts[r.start[b]] = point{h: h, slot: pl.off + int32(k/pointsPerNode), v: int32(k % pointsPerNode)}
-	}
+	// The positions, hs[j*pointsPerNode+v] for point v of member j, and
+	// the members' leaf values, vals[j]. A bucket that receives a second
+	// point is noted in crowded (by its index b+1 in start).
+	hs := grow(s.ringHashes, n)
+	vals := grow(s.ringVals, m)
+	start := r.start
+	ringValues(s.nodes, s.slotNode[pl.off:pl.end], s.poolLoad[pl.off:pl.end], vals)
+	// At most n/2 buckets get a second point.
+	s.ringCrowded = grow(s.ringCrowded, n/2+1)
+	crowded := s.ringCrowded[:ringPositions(s.nodes, s.slotNode[pl.off:pl.end], pl.salt, shift, hs, start, s.ringCrowded)]
+	s.ringHashes, s.ringVals = hs, vals
+	prefixSum(start)
+	pts := r.pts
+	ringScatter(hs, start, pts, shift, pl.off)
 	// Each bucket's range is now start[b+1] up to start[b+2]: shift the
 	// starts down by one bucket.
-	copy(r.start, r.start[1:])
-	r.start[len(r.start)-1] = int32(n)
+	copy(start, start[1:])
+	start[len(start)-1] = int32(n)
 	// Equal positions are ordered by Node name, then point, so the ring
 	// does not depend on input order.
 	tie := func(a, b point) int {
@@ -155,33 +184,118 @@ func (s *state) buildRing(p int32) *ring {
 		}
 		return cmp.Compare(a.v, b.v)
 	}
-	for b := 0; b+1 < len(r.start); b++ {
-		lo, hi := r.start[b], r.start[b+1]
+	// Only buckets with two points or more need ordering; bucket b is
+	// pts[start[b]:start[b+1]].
+	for _, b := range crowded {
+		lo, hi := start[b-1], start[b]
 		switch {
-		case hi-lo < 2:
-		case hi-lo == 2 && r.pts[lo].h < r.pts[lo+1].h:
-		case hi-lo == 2 && r.pts[lo].h > r.pts[lo+1].h:
-			r.pts[lo], r.pts[lo+1] = r.pts[lo+1], r.pts[lo]
+		case hi-lo == 2 && pts[lo].h < pts[lo+1].h:
+		case hi-lo == 2 && pts[lo].h > pts[lo+1].h:
+			pts[lo], pts[lo+1] = pts[lo+1], pts[lo]
 		default:
-			sortBucket(r.pts[lo:hi], tie)
+			sortBucket(pts[lo:hi], tie)
 		}
 	}
-	for i, pt := range r.pts {
-		r.pos[int(pt.slot-pl.off)*pointsPerNode+int(pt.v)] = int32(i)
-	}
-	for j := 0; j < m; j++ {
-		val := s.leafValue(pl.off + int32(j))
-		for _, i := range r.pos[j*pointsPerNode : (j+1)*pointsPerNode] {
-			r.tree[size+int(i)] = val
-		}
-	}
+	r.leaves = r.tree[size : size+n]
+	ringLeaves(pts, r.pos, r.leaves, vals, pl.off)
 	for i := size + n; i < 2*size; i++ {
 		r.tree[i] = full
 	}
-	for i := size - 1; i >= 1; i-- {
+	r.treeOK = false
+	return r
+}
+
+// The loops of buildRing, in functions of their own (not inlined) so that
+// each keeps its values in registers instead of spilling them to the stack.
+
+// ringValues gives each member (whose Node is slotNode[j], with pool load
+// poolLoad[j]) its leaf value vals[j].
+//
+//go:noinline
+func ringValues(nodes []nodeRec, slotNode, poolLoad, vals []int32) {
+	for j, n := range slotNode {
+		nr := &nodes[n]
+		if nr.load >= nr.capacity {
+			vals[j] = full
+		} else {
+			vals[j] = poolLoad[j]
+		}
+	}
+}
+
+// ringPositions computes the ring positions hs of the members whose Nodes
+// are slotNode, counts the points of each bucket (h>>shift) in
+// start[bucket+1], writes the start index of every bucket that gets a
+// second point to crowded and returns how many it wrote.
+//
+//go:noinline
+func ringPositions(nodes []nodeRec, slotNode []int32, salt uint64, shift uint,
+	hs []uint64, start, crowded []int32) int {
+	shift &= 63
+	nc := 0
+	for j, n := range slotNode {
+		nh := nodes[n].hash
+		for v := range pointsPerNode {
+			h := pointHash(nh, salt, v)
+			hs[j*pointsPerNode+v] = h
+			b := h>>shift + 1
+			start[b]++
+			if start[b] == 2 {
+				crowded[nc] = int32(b)
+				nc++
+			}
+		}
+	}
+	return nc
+}
+
+// prefixSum replaces each count in c by the sum of the counts up to it.
+//
+//go:noinline
+func prefixSum(c []int32) {
+	var sum int32
+	for b, x := range c {
+		sum += x
+		c[b] = sum
+	}
+}
+
+// ringScatter places point k of the ring (position hs[k], of member
+// k/pointsPerNode, whose global slot is off plus that) at the end of its
+// bucket's range, given by the running ends in start[bucket+1].
+//
+//go:noinline
+func ringScatter(hs []uint64, start []int32, pts []point, shift uint, off int32) {
+	shift &= 63
+	for k, h := range hs {
+		b := h>>shift + 1
+		start[b]--
+		pts[start[b]] = point{h: h, slot: off + int32(k/pointsPerNode), v: int32(k % pointsPerNode)}
+	}
+}
+
+// ringLeaves records where each point of pts went (pos) and gives it its
+// member's leaf value.
+//
+//go:noinline
+func ringLeaves(pts []point, pos, leaves, vals []int32, off int32) {
+	for i, pt := range pts {
+		j := int(pt.slot - off)
+		pos[j*pointsPerNode+int(pt.v)] = int32(i)
+		leaves[i] = vals[j]
+	}
+}
+
+// ensureTree computes the inner nodes of the segment tree from the leaves,
+// once per ring; set keeps them up to date from then on.
+func (r *ring) ensureTree() {
+	if r.treeOK {
+		return
+	}
+	for i := r.size - 1; i >= 1; i-- {
 		r.tree[i] = min(r.tree[2*i], r.tree[2*i+1])
 	}
-	return r
+	r.treeOK = true
 }
 
 // sortBucket sorts the points of one bucket with compare. A bucket holds
@@ -230,9 +344,19 @@ func (r *ring) lowerBound(h uint64) int {
 
 // set gives every point of local member j the value val.
 func (r *ring) set(j int32, val int32) {
-	for _, i := range r.pos[int(j)*pointsPerNode : int(j+1)*pointsPerNode] {
+	pos := r.pos[int(j)*pointsPerNode : int(j+1)*pointsPerNode]
+	for _, i := range pos {
+		r.leaves[i] = val
+	}
+	if r.treeOK {
+		r.update(pos)
+	}
+}
+
+// update recomputes the inner nodes above the leaves of points pos.
+func (r *ring) update(pos []int32) {
+	for _, i := range pos {
 		k := r.size + int(i)
-		r.tree[k] = val
 		for k > 1 {
 			k >>= 1
 			m := min(r.tree[2*k], r.tree[2*k+1])
@@ -245,7 +369,8 @@ func (r *ring) set(j int32, val int32) {
 }
 
 // firstBelow returns the index of the first point at or after from whose
-// value is below thr, or -1 if there is none up to the end of the ring.
+// value is below thr, or -1 if there is none up to the end of the ring. The
+// tree must be complete (ensureTree).
 func (r *ring) firstBelow(from int, thr int32) int {
 	if from >= len(r.pts) {
 		return -1
@@ -279,6 +404,20 @@ func (r *ring) firstBelow(from int, thr int32) int {
 // guarantees that some Node of the ring has room.
 func (r *ring) pick(h uint64, bound int32) int32 {
 	start := r.lowerBound(h)
+	// The first point clockwise under the bound, if it is near: the same
+	// answer the tree gives when some point is under the bound, and none
+	// is found here when none is.
+	leaves := r.leaves
+	for i, k := start, min(probeLimit, len(leaves)); k > 0; k-- {
+		if i == len(leaves) {
+			i = 0
+		}
+		if leaves[i] < bound {
+			return r.pts[i].slot
+		}
+		i++
+	}
+	r.ensureTree()
 	thr := bound
 	if least := r.tree[1]; least >= thr {
 		thr = least + 1

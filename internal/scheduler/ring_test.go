@@ -38,7 +38,7 @@ func TestSortBucket(t *testing.T) {
 
 // A pool's ring against plain reference code: points in order with a
 // consistent bucket index and position map, lowerBound, and the segment
-// tree search after arbitrary load updates.
+// tree search and pick after arbitrary load updates.
 func TestRingPieces(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		members := rapid.IntRange(1, 80).Draw(t, "members")
@@ -68,6 +68,13 @@ func TestRingPieces(t *testing.T) {
 			}
 		}
 		vals := make([]int32, n) // every Node empty, with room
+		// The inner nodes of the tree are computed on demand: before the
+		// updates (set then maintains them) or after (ensureTree computes
+		// them from the leaves).
+		early := rapid.Bool().Draw(t, "treeBeforeUpdates")
+		if early {
+			r.ensureTree()
+		}
 		for k := rapid.IntRange(0, 50).Draw(t, "updates"); k > 0; k-- {
 			j := int32(rapid.IntRange(0, members-1).Draw(t, "member"))
 			val := int32(rapid.IntRange(0, 5).Draw(t, "val"))
@@ -79,6 +86,32 @@ func TestRingPieces(t *testing.T) {
 				vals[r.pos[int(j)*pointsPerNode+v]] = val
 			}
 		}
+		// pick, with or without the tree, against a scan of the values:
+		// the first point clockwise under the bound, else the first one
+		// clockwise of least value among those with room.
+		for range 20 {
+			h := rapid.Uint64().Draw(t, "pickAt")
+			bound := int32(rapid.IntRange(1, 6).Draw(t, "bound"))
+			start := sort.Search(n, func(i int) bool { return r.pts[i].h >= h })
+			least := int32(full)
+			for _, v := range vals {
+				least = min(least, v)
+			}
+			if least == full {
+				break // pick needs a point with room
+			}
+			thr := max(bound, least+1)
+			want := -1
+			for k := 0; k < n && want < 0; k++ {
+				if i := (start + k) % n; vals[i] < thr {
+					want = i
+				}
+			}
+			if got := r.pick(h, bound); got != r.pts[want].slot {
+				t.Fatalf("pick(%x, %d) = slot %d, want %d (point %d, values %v)", h, bound, got, r.pts[want].slot, want, vals)
+			}
+		}
+		r.ensureTree()
 		for q := 0; q < 20; q++ {
 			h := rapid.Uint64().Draw(t, "query")
 			if rapid.Bool().Draw(t, "onPoint") {
@@ -104,4 +137,36 @@ func TestRingPieces(t *testing.T) {
 			}
 		}
 	})
+}
+
+// hashString against its definition, one byte at a time: words of 8 bytes
+// little endian, the last one zero-padded, each xored into the state and
+// mixed, starting from the length.
+func TestHashStringDefinition(t *testing.T) {
+	def := func(s string) uint64 {
+		h := uint64(len(s)) * golden
+		for i := 0; i < len(s); i += 8 {
+			var w uint64
+			for k := min(i+8, len(s)) - 1; k >= i; k-- {
+				w = w<<8 | uint64(s[k])
+			}
+			h = mix64(h ^ w)
+		}
+		if len(s)%8 == 0 {
+			h = mix64(h) // the empty last word
+		}
+		return h
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		s := rapid.StringN(0, 40, 40).Draw(t, "s")
+		if got, want := hashString(s), def(s); got != want {
+			t.Fatalf("hashString(%q) = %x, want %x", s, got, want)
+		}
+	})
+	for n := 0; n <= 40; n++ {
+		s := "node-0123456789.abcdefghijklmnopqrstuvwxyz"[:n]
+		if got, want := hashString(s), def(s); got != want {
+			t.Fatalf("hashString(%q) = %x, want %x", s, got, want)
+		}
+	}
 }

@@ -34,6 +34,10 @@ type poolRec struct {
 	room     int32 // members whose Node has room
 	ring     *ring // built on the first unit that needs it
 	msg      string
+	// bnd is the load bound for every placed count from the last one it
+	// was computed at up to bndNext-1 (see bound); bndNext 0 means none
+	// is known yet.
+	bnd, bndNext int32
 }
 
 // egRec is what the pass knows about Input.Egresses[i].
@@ -111,15 +115,23 @@ type state struct {
 	slotPool []int32
 	poolLoad []int32
 	// nodeSlots[nodeSlotOff[n]:nodeSlotOff[n+1]] are Node n's slots, in
-	// ascending pool index.
+	// ascending pool index. slotPool, nodeSlotOff and nodeSlots are built
+	// on first use (slotsByNode), when nodeSlotsOK is false: a cold pass
+	// where no Egress names a Node and no Node fills up never needs them.
 	nodeSlotOff []int32
 	nodeSlots   []int32
+	nodeSlotsOK bool
 
 	eg    []egRec
 	units []unitRec
+	// repeats counts the Egresses whose name an earlier one in name order
+	// has (so len(Egresses)-repeats Placements); withCur counts the
+	// Egresses that name a CurrentNode (no Moves when it is 0).
+	repeats, withCur int
 
 	// Scratch memory kept with the state between passes (see statePool):
 	// sort buffers, unit keys and table, the pools' rings.
+	radix   radixScratch
 	keyBuf  []keyed
 	byName  []int32
 	keys    []unitKey
@@ -127,8 +139,12 @@ type state struct {
 	seen    []int32
 	done    []bool
 	rings   []*ring
-	// ringHashes holds a ring's point positions while it is built.
-	ringHashes []uint64
+	// ringHashes, ringVals and ringCrowded hold a ring's point positions,
+	// its members' leaf values and its buckets of more than one point while
+	// it is built.
+	ringHashes  []uint64
+	ringVals    []int32
+	ringCrowded []int32
 	// ringsBuilt counts the rings of rings in use by this pass.
 	ringsBuilt int
 }
@@ -298,9 +314,18 @@ func (s *state) indexPools() {
 		}
 		pl.end = int32(len(s.slotNode))
 	}
+	s.poolLoad = reuse(s.poolLoad, len(s.slotNode))
+	s.nodeSlotsOK = false
+}
+
+// slotsByNode builds slotPool, nodeSlotOff and nodeSlots, once per pass.
+func (s *state) slotsByNode() {
+	if s.nodeSlotsOK {
+		return
+	}
+	s.nodeSlotsOK = true
 	nslots := len(s.slotNode)
 	s.slotPool = grow(s.slotPool, nslots)
-	s.poolLoad = reuse(s.poolLoad, nslots)
 	for pi := range s.pools {
 		for sl := s.pools[pi].off; sl < s.pools[pi].end; sl++ {
 			s.slotPool[sl] = int32(pi)
@@ -315,7 +340,7 @@ func (s *state) indexPools() {
 		s.nodeSlotOff[n+1] += s.nodeSlotOff[n]
 	}
 	s.nodeSlots = grow(s.nodeSlots, nslots)
-	fill := seen // reuse: next free index per Node
+	fill := s.seen // free after indexPools: next free index per Node
 	copy(fill, s.nodeSlotOff[:len(s.nodes)])
 	// Slots are visited in pool order, but pools were laid out in
 	// in.Pools order, which is also ascending pool index, so each Node's
@@ -328,6 +353,7 @@ func (s *state) indexPools() {
 
 // slotOf returns Node n's slot in pool p, or -1 if n is not a member.
 func (s *state) slotOf(n, p int32) int32 {
+	s.slotsByNode()
 	sl := s.nodeSlots[s.nodeSlotOff[n]:s.nodeSlotOff[n+1]]
 	lo, hi := 0, len(sl) // binary search: slots ascend by pool
 	for lo < hi {
@@ -375,45 +401,69 @@ func (s *state) sortNames() []int32 {
 	recs := buf[:len(eg)]
 	const keyBits = 0xffffffff_00000000 // lo: 4 key bytes, then the index
 	for i := range eg {
-		var k [16]byte
-		copy(k[:12], eg[i].Name[common:])
-		recs[i] = keyed{hi: binary.BigEndian.Uint64(k[:8]), lo: binary.BigEndian.Uint64(k[8:]) | uint64(i)}
+		hi, lo := nameKey(eg[i].Name[common:])
+		recs[i] = keyed{hi: hi, lo: lo | uint64(i)}
 	}
-	recs = radixSort(recs, buf[len(eg):], keyBits)
+	recs = radixSort(recs, buf[len(eg):], keyBits, &s.radix)
+	// Names with different keys differ, so only runs of equal keys need
+	// comparing: their names are put in order, and equal names among them
+	// marked duplicates.
+	s.byName = grow(s.byName, len(eg))
+	byName := s.byName
+	s.eg = reuse(s.eg, len(eg))
+	s.repeats = 0
 	for k := 0; k < len(recs); {
 		j := k + 1
 		for j < len(recs) && recs[j].hi == recs[k].hi && recs[j].lo&keyBits == recs[k].lo&keyBits {
 			j++
 		}
-		if j-k > 1 {
-			slices.SortFunc(recs[k:j], func(a, b keyed) int {
-				if c := strings.Compare(eg[a.index()].Name, eg[b.index()].Name); c != 0 {
-					return c
-				}
-				return cmp.Compare(a.index(), b.index())
-			})
+		if j-k == 1 {
+			byName[k] = recs[k].index()
+			k = j
+			continue
 		}
-		k = j
-	}
-	s.byName = grow(s.byName, len(eg))
-	byName := s.byName
-	for k, r := range recs {
-		byName[k] = r.index()
-	}
-	s.eg = reuse(s.eg, len(eg))
-	for k := 0; k < len(byName); {
-		j := k + 1
-		for j < len(byName) && recs[j].hi == recs[k].hi && recs[j].lo&keyBits == recs[k].lo&keyBits && eg[byName[j]].Name == eg[byName[k]].Name {
-			j++
-		}
-		if j-k > 1 {
-			for _, i := range byName[k:j] {
-				s.eg[i] = egRec{unit: -1, cur: -1, reason: rDuplicate}
+		run := recs[k:j]
+		slices.SortFunc(run, func(a, b keyed) int {
+			if c := strings.Compare(eg[a.index()].Name, eg[b.index()].Name); c != 0 {
+				return c
 			}
+			return cmp.Compare(a.index(), b.index())
+		})
+		for x, r := range run {
+			byName[k+x] = r.index()
+		}
+		for x := 0; x < len(run); {
+			y := x + 1
+			for y < len(run) && eg[run[y].index()].Name == eg[run[x].index()].Name {
+				y++
+			}
+			if y-x > 1 {
+				for _, r := range run[x:y] {
+					s.eg[r.index()] = egRec{unit: -1, cur: -1, reason: rDuplicate}
+				}
+				s.repeats += y - x - 1
+			}
+			x = y
 		}
 		k = j
 	}
 	return byName
+}
+
+// nameKey returns the sort key of a name whose common prefix is cut off:
+// its first 12 bytes, big endian and zero-padded, as hi (bytes 0-7) and the
+// top half of lo (bytes 8-11).
+func nameKey(rest string) (hi, lo uint64) {
+	if len(rest) >= 12 {
+		_ = rest[11]
+		hi = uint64(rest[0])<<56 | uint64(rest[1])<<48 | uint64(rest[2])<<40 | uint64(rest[3])<<32 |
+			uint64(rest[4])<<24 | uint64(rest[5])<<16 | uint64(rest[6])<<8 | uint64(rest[7])
+		lo = uint64(rest[8])<<56 | uint64(rest[9])<<48 | uint64(rest[10])<<40 | uint64(rest[11])<<32
+		return hi, lo
+	}
+	var k [16]byte
+	copy(k[:12], rest)
+	return binary.BigEndian.Uint64(k[:8]), binary.BigEndian.Uint64(k[8:])
 }
 
 // sameName reports whether byName[k] repeats the name of byName[k-1].
@@ -427,13 +477,14 @@ func (s *state) sameName(byName []int32, k int) bool {
 // A first loop, in input order (so memory is read sequentially), checks each
 // Egress against its pool, looks up its current Node and hashes its IP. A
 // second loop, in priority order, creates the units: older first (creation
-// time in whole seconds, then nanoseconds), then by name (the rank in
-// byName), radix-sorted on that key.
+// time in whole seconds, then nanoseconds), then by name: the keys are
+// listed in name order (byName) and radix-sorted, stably, on the time.
 func (s *state) buildUnits(byName []int32) {
 	eg := s.in.Egresses
 	s.keys = grow(s.keys, len(eg))
 	keys := s.keys
 	lastPool, lastIdx := "", int32(-1)
+	s.withCur = 0
 	for i := range eg {
 		e := &eg[i]
 		r := &s.eg[i]
@@ -461,6 +512,7 @@ func (s *state) buildUnits(byName []int32) {
 		}
 		if e.CurrentNode != "" {
 			r.cur = s.findNode(e.CurrentNode)
+			s.withCur++
 		}
 		if r.reason != rPlaced {
 			continue
@@ -494,48 +546,70 @@ func (s *state) buildUnits(byName []int32) {
 
 	s.keyBuf = grow(s.keyBuf, 2*len(eg))
 	buf := s.keyBuf
-	order := buf[:0]
-	for rank, i := range byName {
-		if s.eg[i].reason != rPlaced {
-			continue
-		}
-		t := eg[i].Created
-		order = append(order, keyed{
-			hi: uint64(t.Unix()) ^ 1<<63,
-			lo: uint64(t.Nanosecond())<<32 | uint64(rank),
-		})
-	}
+	order := priorityKeys(eg, s.eg, byName, buf[:0])
 	// order is in rank order already and the sort is stable, so sorting
 	// on the creation time alone leaves equal times in rank order.
-	order = radixSort(order, buf[len(eg):len(eg)+len(order)], 0xffffffff_00000000)
-	s.units = grow(s.units, len(order))[:0]
+	order = radixSort(order, buf[len(eg):len(eg)+len(order)], 0xffffffff_00000000, &s.radix)
 	// Units by (pool, IP): open addressing with linear probing on the
-	// unit's ring hash, which place() needs anyway. tbl holds unit+1, 0 is
-	// free; it is at least twice the number of units.
+	// unit's ring hash, which place() needs anyway. The table holds
+	// unit+1, 0 is free; it is at least twice the number of units.
 	tblBits := bits.Len(uint(2 * len(order)))
 	s.unitTab = reuse(s.unitTab, 1<<tblBits)
-	tbl := s.unitTab
+	s.units = groupUnits(order, keys, s.eg, s.unitTab, uint(tblBits), grow(s.units, len(order))[:0])
+}
+
+// priorityKeys appends to order, for each scheduled Egress in name order
+// (byName), its priority sort key: creation time in whole seconds (sign
+// bit flipped, so that the order of uint64 is that of int64) as hi,
+// nanoseconds in lo's top half and the Egress's index as payload. The
+// name order of equal times is kept by the order of appending (the sort is
+// stable), not by the payload, which the sort ignores.
+//
+//go:noinline
+func priorityKeys(eg []Egress, recs []egRec, byName []int32, order []keyed) []keyed {
+	for _, i := range byName {
+		if recs[i].reason != rPlaced {
+			continue
+		}
+		t := &eg[i].Created
+		order = append(order, keyed{
+			hi: uint64(t.Unix()) ^ 1<<63,
+			lo: uint64(t.Nanosecond())<<32 | uint64(uint32(i)),
+		})
+	}
+	return order
+}
+
+// groupUnits creates the units of the Egresses in priority order (order,
+// whose payloads are Egress indexes), appending them to units, which it
+// returns: Egresses with equal keys (pool and IP) share one unit, found
+// through tbl (zeroed, 1<<tblBits entries). It sets each Egress's unit and
+// each unit's Node to keep and preferred Node, from its oldest member that
+// has one.
+//
+//go:noinline
+func groupUnits(order []keyed, keys []unitKey, recs []egRec, tbl []int32, tblBits uint, units []unitRec) []unitRec {
 	mask := uint64(len(tbl) - 1)
 	for _, o := range order {
-		i := byName[o.index()] // the payload is the rank
+		i := o.index()
 		k := &keys[i]
 		var u int32
-		for j := k.hash >> (64 - tblBits); ; j = (j + 1) & mask {
+		for j := k.hash >> (64 - tblBits&63); ; j = (j + 1) & mask {
 			if v := tbl[j]; v == 0 {
-				u = int32(len(s.units))
+				u = int32(len(units))
 				tbl[j] = u + 1
-				s.units = append(s.units, unitRec{unitKey: *k, cand: -1, pref: -1, node: -1})
+				units = append(units, unitRec{unitKey: *k, cand: -1, pref: -1, node: -1})
 				break
-			} else if ur := &s.units[v-1]; ur.unitKey == *k {
+			} else if ur := &units[v-1]; ur.unitKey == *k {
 				u = v - 1
 				break
 			}
 		}
-		r := &s.eg[i]
+		r := &recs[i]
 		r.unit = u
 		// Members come in priority order, so the first fit current Node
 		// is the oldest member's.
-		ur := &s.units[u]
+		ur := &units[u]
 		if ur.cand < 0 && r.curSt == curValid {
 			ur.cand = r.slot
 		}
@@ -543,6 +617,7 @@ func (s *state) buildUnits(byName []int32) {
 			ur.pref = r.pref
 		}
 	}
+	return units
 }
 
 // unitKey identifies a unit: its pool and IP, with the IP's ring hash.
@@ -619,6 +694,7 @@ func (s *state) place() {
 			continue
 		}
 		// The Node is full: it leaves every pool it is in.
+		s.slotsByNode()
 		for _, sl2 := range s.nodeSlots[s.nodeSlotOff[n]:s.nodeSlotOff[n+1]] {
 			p2 := &s.pools[s.slotPool[sl2]]
 			p2.room--
@@ -632,33 +708,70 @@ func (s *state) place() {
 // bound is the most units of pool pl a Node may hold before the next
 // placement spills past it: ceil(c·k/n) with k = pl.placed (counting the
 // unit being placed) and n members, at least 1 and at most k.
+//
+// k only grows during a pass and the bound, a composition of monotone
+// floating-point steps, never decreases with k, so it changes at a few
+// values of k only: bound caches it with the first k where it is larger
+// (found by boundAt, so every value is exactly the formula's) and divides
+// a few times per change instead of once per unit.
 func (s *state) bound(pl *poolRec) int32 {
-	k := float64(pl.placed)
-	b := math.Ceil(s.c * k / float64(pl.end-pl.off))
-	if b >= k { // also +Inf
-		return pl.placed
+	if pl.placed < pl.bndNext {
+		return pl.bnd
+	}
+	return s.nextBound(pl)
+}
+
+// nextBound computes the bound at k = pl.placed and the next k where it
+// changes, and caches both in pl.
+func (s *state) nextBound(pl *poolRec) int32 {
+	k := pl.placed
+	b := s.boundAt(pl, k)
+	pl.bnd, pl.bndNext = b, k+1
+	if b >= k {
+		return b // capped at k: changes with every unit
+	}
+	// The formula passes b near k = b·n/c: take hi a little past that
+	// (or past k), check it, then search (k, hi] for the first k above b.
+	est := float64(b) * float64(pl.end-pl.off) / s.c
+	lo, hi := int64(k), int64(math.MaxInt32)
+	if est < float64(math.MaxInt32-2) {
+		hi = max(int64(est)+2, lo+1)
+	}
+	if s.boundAt(pl, int32(hi)) == b {
+		pl.bndNext = int32(min(hi+1, math.MaxInt32))
+		return b
+	}
+	for hi-lo > 1 { // boundAt(lo) == b < boundAt(hi)
+		mid := lo + (hi-lo)/2
+		if s.boundAt(pl, int32(mid)) == b {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	pl.bndNext = int32(hi)
+	return b
+}
+
+// boundAt is the load bound of pool pl when k of its units are placed:
+// ceil(c·k/n), at least 1 and at most k (with k >= 1).
+func (s *state) boundAt(pl *poolRec, k int32) int32 {
+	kf := float64(k)
+	b := math.Ceil(s.c * kf / float64(pl.end-pl.off))
+	if b >= kf { // also +Inf
+		return k
 	}
 	return int32(b)
 }
 
-// leafValue is the ring value of slot sl: its pool load, or full.
-func (s *state) leafValue(sl int32) int32 {
-	if nr := &s.nodes[s.slotNode[sl]]; nr.load >= nr.capacity {
-		return full
-	}
-	return s.poolLoad[sl]
-}
-
 func (s *state) result(byName []int32) Result {
 	eg := s.in.Egresses
-	nPlace, nMove := 0, 0
-	for k, i := range byName {
-		if s.sameName(byName, k) {
-			continue
-		}
-		nPlace++
-		if s.moves(i) {
-			nMove++
+	nPlace, nMove := len(eg)-s.repeats, 0
+	if s.withCur > 0 {
+		for i := range eg {
+			if s.moves(int32(i)) {
+				nMove++
+			}
 		}
 	}
 	res := Result{Placements: make([]Placement, nPlace)}
@@ -668,7 +781,7 @@ func (s *state) result(byName []int32) Result {
 	var missing map[string]string // PoolNotFound messages by pool name
 	j := 0
 	for k, i := range byName {
-		if s.sameName(byName, k) {
+		if s.repeats > 0 && s.sameName(byName, k) {
 			continue
 		}
 		r := &s.eg[i]

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"pgregory.net/rapid"
 )
 
 func addr(s string) netip.Addr { return netip.MustParseAddr(s) }
@@ -680,4 +682,28 @@ func TestPreferredNodeWithinTheBound(t *testing.T) {
 	if pl := placementOf(t, run(t, Input{Pools: []Pool{p}, Nodes: nodes, Egresses: []Egress{e}}), "k"); pl.Node != "n1" {
 		t.Fatalf("a kept unit moved to its preference: %+v", pl)
 	}
+}
+
+// The cached load bound equals the formula ceil(c·k/n), capped at k, for
+// every k of a pass, whatever c and n.
+func TestBoundCache(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		c := rapid.SampledFrom([]float64{1, 1.25, 1.5, 3, 1.0000001, 7.3, 1e300, math.Inf(1)}).Draw(t, "c")
+		if rapid.Bool().Draw(t, "randomC") {
+			c = 1 + rapid.Float64Range(0, 20).Draw(t, "c")
+		}
+		n := int32(rapid.IntRange(1, 5000).Draw(t, "n"))
+		s := &state{c: c}
+		pl := &poolRec{off: 3, end: 3 + n}
+		for k := int32(1); k <= 3*n+50; k++ {
+			pl.placed = k
+			want := k
+			if b := math.Ceil(c * float64(k) / float64(n)); b < float64(k) {
+				want = int32(b)
+			}
+			if got := s.bound(pl); got != want {
+				t.Fatalf("c=%v n=%d k=%d: bound %d, want %d", c, n, k, got, want)
+			}
+		}
+	})
 }

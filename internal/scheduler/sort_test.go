@@ -11,7 +11,8 @@ import (
 
 // radixSort against a stable comparison sort, on keys that share most of
 // their bytes (so passes are skipped), on keys that differ anywhere, and
-// with lo bits outside the key (the payload) left out of the order.
+// with lo bits outside the key (the payload) left out of the order; hi
+// values in a narrow range take the dense pass.
 func TestRadixSort(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(0, 300).Draw(t, "n")
@@ -22,9 +23,19 @@ func TestRadixSort(t *testing.T) {
 				loMask |= 0xff << (8 * b)
 			}
 		}
+		// Sometimes hi spans a narrow range (a dense counting pass), which
+		// may straddle a byte boundary.
+		narrow := rapid.IntRange(0, 2).Draw(t, "narrow")
+		base := rapid.Uint64().Draw(t, "base")
 		a := make([]keyed, n)
 		for i := range a {
 			a[i] = keyed{hi: rapid.Uint64().Draw(t, "hi") & mask, lo: rapid.Uint64().Draw(t, "lo") & ^mask}
+			switch narrow {
+			case 1:
+				a[i].hi = base + uint64(rapid.IntRange(0, 2*n).Draw(t, "offset"))
+			case 2:
+				a[i].hi = 0xfff0 + uint64(rapid.IntRange(0, 40).Draw(t, "offset"))
+			}
 		}
 		want := slices.Clone(a)
 		slices.SortStableFunc(want, func(x, y keyed) int {
@@ -33,7 +44,19 @@ func TestRadixSort(t *testing.T) {
 			}
 			return cmp.Compare(x.lo&loMask, y.lo&loMask)
 		})
-		if got := radixSort(a, make([]keyed, n), loMask); !slices.Equal(got, want) {
+		var sc *radixScratch // fresh, or reused with stale counters
+		if rapid.Bool().Draw(t, "reuse") {
+			sc = &radixScratch{dense: make([]int32, 5)}
+			for b := range sc.count {
+				for d := range sc.count[b] {
+					sc.count[b][d] = int32(b + d)
+				}
+			}
+			for d := range sc.dense {
+				sc.dense[d] = 7
+			}
+		}
+		if got := radixSort(a, make([]keyed, n), loMask, sc); !slices.Equal(got, want) {
 			t.Fatalf("got %v\nwant %v", got, want)
 		}
 	})
