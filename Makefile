@@ -58,7 +58,7 @@ vet: ## Run go vet against code.
 	go vet ./...
 
 .PHONY: test
-test: verify-generated vet envtest-assets system-tools helm kustomize ## Check generated files, vet, then run every test with -race (envtest suites on a real kube-apiserver; agent suites in network namespaces, as root).
+test: verify-generated vet lint envtest-assets system-tools helm kustomize ## Check generated files, vet, golangci-lint, then run every test with -race (envtest suites on a real kube-apiserver; agent suites in network namespaces, as root).
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS_DIR)" go test -race -count=1 $(GO_TEST_FLAGS) ./...
 
 .PHONY: system-tools

@@ -85,7 +85,7 @@ func decodeInput(data []byte) Input {
 			p.Family = IPv6
 		}
 		mask := r.u16()
-		for i := 0; i < 16; i++ {
+		for i := range 16 {
 			if mask&(1<<i) != 0 {
 				p.EligibleNodes = append(p.EligibleNodes, fmt.Sprintf("n%d", i%14))
 			}

@@ -29,7 +29,7 @@ func genInput(t *rapid.T, sz genSize) Input {
 	var in Input
 	nn := rapid.IntRange(0, sz.nodes).Draw(t, "nodes")
 	var names []string
-	for i := 0; i < nn; i++ {
+	for i := range nn {
 		name := fmt.Sprintf("n%d", i)
 		if i > 0 && rapid.IntRange(0, 9).Draw(t, "dupNode") == 0 {
 			name = names[rapid.IntRange(0, len(names)-1).Draw(t, "dupOf")]
@@ -44,7 +44,7 @@ func genInput(t *rapid.T, sz genSize) Input {
 	}
 	np := rapid.IntRange(1, sz.pools).Draw(t, "pools")
 	var pools []string
-	for i := 0; i < np; i++ {
+	for i := range np {
 		p := Pool{Name: fmt.Sprintf("p%d", i), Family: IPv4}
 		if i > 0 && rapid.IntRange(0, 19).Draw(t, "dupPool") == 0 {
 			p.Name = pools[0]
@@ -76,7 +76,7 @@ func genInput(t *rapid.T, sz genSize) Input {
 		}
 	}
 	ne := rapid.IntRange(0, sz.egresses).Draw(t, "egresses")
-	for i := 0; i < ne; i++ {
+	for i := range ne {
 		e := Egress{Name: fmt.Sprintf("e%d", i)}
 		if i > 0 && rapid.IntRange(0, 29).Draw(t, "dupEgress") == 0 {
 			e.Name = fmt.Sprintf("e%d", rapid.IntRange(0, i-1).Draw(t, "dupOf"))
@@ -420,11 +420,9 @@ func TestPropertyPooledMemoryLeaksNothing(t *testing.T) {
 		got := make([]string, len(ins))
 		var wg sync.WaitGroup
 		for i := len(ins) - 1; i >= 0; i-- {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				got[i] = dump(Schedule(ins[i]))
-			}()
+			})
 		}
 		wg.Wait()
 		for i := range ins {

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
-	"sort"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -43,7 +42,7 @@ func TestRingPieces(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		members := rapid.IntRange(1, 80).Draw(t, "members")
 		in := Input{Pools: []Pool{{Name: rapid.StringN(0, 6, -1).Draw(t, "pool"), Family: IPv4}}}
-		for j := 0; j < members; j++ {
+		for j := range members {
 			name := fmt.Sprintf("%s-%d", rapid.StringN(0, 4, -1).Draw(t, "node"), j)
 			in.Nodes = append(in.Nodes, Node{Name: name, Eligible: true, Capacity: 1})
 			in.Pools[0].EligibleNodes = append(in.Pools[0].EligibleNodes, name)
@@ -82,7 +81,7 @@ func TestRingPieces(t *testing.T) {
 				val = full
 			}
 			r.set(j, val)
-			for v := 0; v < pointsPerNode; v++ {
+			for v := range pointsPerNode {
 				vals[r.pos[int(j)*pointsPerNode+v]] = val
 			}
 		}
@@ -92,7 +91,7 @@ func TestRingPieces(t *testing.T) {
 		for range 20 {
 			h := rapid.Uint64().Draw(t, "pickAt")
 			bound := int32(rapid.IntRange(1, 6).Draw(t, "bound"))
-			start := sort.Search(n, func(i int) bool { return r.pts[i].h >= h })
+			start := lowerBoundRef(r.pts[:n], h)
 			least := int32(full)
 			for _, v := range vals {
 				least = min(least, v)
@@ -112,12 +111,12 @@ func TestRingPieces(t *testing.T) {
 			}
 		}
 		r.ensureTree()
-		for q := 0; q < 20; q++ {
+		for range 20 {
 			h := rapid.Uint64().Draw(t, "query")
 			if rapid.Bool().Draw(t, "onPoint") {
 				h = r.pts[rapid.IntRange(0, n-1).Draw(t, "at")].h
 			}
-			if got, want := r.lowerBound(h), sort.Search(n, func(i int) bool { return r.pts[i].h >= h }); got != want {
+			if got, want := r.lowerBound(h), lowerBoundRef(r.pts[:n], h); got != want {
 				t.Fatalf("lowerBound(%x) = %d, want %d", h, got, want)
 			}
 			thr := int32(rapid.IntRange(1, 6).Draw(t, "thr"))
@@ -169,4 +168,11 @@ func TestHashStringDefinition(t *testing.T) {
 			t.Fatalf("hashString(%q) = %x, want %x", s, got, want)
 		}
 	}
+}
+
+// lowerBoundRef is the index of the first point whose hash is at least h
+// (len(pts) if none), by the standard library's binary search.
+func lowerBoundRef(pts []point, h uint64) int {
+	i, _ := slices.BinarySearchFunc(pts, h, func(p point, h uint64) int { return cmp.Compare(p.h, h) })
+	return i
 }

@@ -115,7 +115,7 @@ func TestNewerEgressLeavesOlderPlacements(t *testing.T) {
 			{Name: "n3", Eligible: true, Capacity: 4},
 		},
 	}
-	for i := 0; i < 9; i++ {
+	for i := range 9 {
 		pool := "p"
 		if i%3 == 2 {
 			pool = "q"
@@ -327,7 +327,7 @@ func TestRecoveredNodeTakesNothingBack(t *testing.T) {
 		Pools: []Pool{pool4("p", "n1", "n2")},
 		Nodes: nodesCap(10, "n1", "n2"),
 	}
-	for i := 0; i < 6; i++ {
+	for i := range 6 {
 		in.Egresses = append(in.Egresses, eg(fmt.Sprintf("e%d", i), i, "p", fmt.Sprintf("192.0.2.%d", i+1), "n1"))
 	}
 	in.Nodes[0].Eligible, in.Nodes[0].Reason = false, "NotReady"
@@ -422,7 +422,7 @@ func TestCapacityChangeAtRuntime(t *testing.T) {
 		Pools: []Pool{pool4("p", "n1", "n2")},
 		Nodes: []Node{{Name: "n1", Eligible: true, Capacity: 4}, {Name: "n2", Eligible: true, Capacity: 1}},
 	}
-	for i := 0; i < 6; i++ {
+	for i := range 6 {
 		in.Egresses = append(in.Egresses, eg(fmt.Sprintf("e%d", i), i, "p", fmt.Sprintf("192.0.2.%d", i+1), ""))
 	}
 	cur := applyResult(in, run(t, in))
@@ -477,7 +477,7 @@ func TestBalanceFactor(t *testing.T) {
 		Pools: []Pool{pool4("p", "n1", "n2", "n3", "n4")},
 		Nodes: nodesCap(100, "n1", "n2", "n3", "n4"),
 	}
-	for i := 0; i < 12; i++ {
+	for i := range 12 {
 		in.Egresses = append(in.Egresses, eg(fmt.Sprintf("e%02d", i), i, "p", fmt.Sprintf("192.0.2.%d", i+1), ""))
 	}
 	in.BalanceFactor = 1
@@ -541,7 +541,7 @@ func TestFullPoolRefusesEveryLaterUnit(t *testing.T) {
 		Pools: []Pool{pool4("p", "n1", "n2", "n3")},
 		Nodes: nodesCap(2, "n1", "n2", "n3"),
 	}
-	for i := 0; i < 20; i++ {
+	for i := range 20 {
 		in.Egresses = append(in.Egresses, eg(fmt.Sprintf("e%02d", i), i, "p", fmt.Sprintf("192.0.2.%d", i+1), ""))
 	}
 	out := run(t, in)
@@ -596,7 +596,7 @@ func TestPastTheBoundGoesToTheLeastLoaded(t *testing.T) {
 		},
 		BalanceFactor: 1, // bound for the 4th unit of p: ceil(4/4) = 1
 	}
-	for i := 0; i < 20; i++ { // many hashes: every one must end on n4
+	for i := range 20 { // many hashes: every one must end on n4
 		in := cloneInput(in)
 		in.Egresses = append(in.Egresses, eg("new", 2, "p", fmt.Sprintf("192.0.2.%d", 100+i), ""))
 		if got := placementOf(t, run(t, in), "new").Node; got != "n4" {
@@ -616,7 +616,7 @@ func TestBalanceTenNodes(t *testing.T) {
 	for _, c := range []float64{DefaultBalanceFactor, 1} {
 		for _, e := range []int{7, 10, 33, 100, 250, 1000} {
 			in := Input{Pools: []Pool{pool4("p", names...)}, Nodes: nodesCap(1000, names...), BalanceFactor: c}
-			for i := 0; i < e; i++ {
+			for i := range e {
 				in.Egresses = append(in.Egresses, eg(fmt.Sprintf("e%04d", i), i, "p", fmt.Sprintf("10.%d.%d.1", i/256, i%256), ""))
 			}
 			load := map[string]int{}

@@ -40,7 +40,7 @@ func radixSort(a, tmp []keyed, loMask uint64, sc *radixScratch) []keyed {
 	// of hi is position 8+b.
 	var varying [16]bool
 	hiBytes := 0
-	for b := 0; b < 8; b++ {
+	for b := range 8 {
 		varying[b] = byte(diffLo>>(8*b)) != 0
 		varying[8+b] = byte(diffHi>>(8*b)) != 0
 		if varying[8+b] {
@@ -54,7 +54,7 @@ func radixSort(a, tmp []keyed, loMask uint64, sc *radixScratch) []keyed {
 		}
 	}
 	count := &sc.count
-	for b := 0; b < 16; b++ {
+	for b := range 16 {
 		if !varying[b] {
 			continue
 		}
@@ -67,7 +67,7 @@ func radixSort(a, tmp []keyed, loMask uint64, sc *radixScratch) []keyed {
 		}
 	}
 	src, dst := a, tmp[:n]
-	for b := 0; b < 16; b++ {
+	for b := range 16 {
 		if !varying[b] {
 			continue
 		}

@@ -18,7 +18,7 @@ func TestRadixSort(t *testing.T) {
 		n := rapid.IntRange(0, 300).Draw(t, "n")
 		mask := rapid.Uint64().Draw(t, "mask") // which key bits vary
 		var loMask uint64                      // which lo bytes are key
-		for b := 0; b < 8; b++ {
+		for b := range 8 {
 			if rapid.Bool().Draw(t, "keyByte") {
 				loMask |= 0xff << (8 * b)
 			}
