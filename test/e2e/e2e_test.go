@@ -273,39 +273,14 @@ func TestCordonDrain(t *testing.T) {
 // TestAgentRestart stops an agent with SIGTERM (a rolling update) and starts
 // it again: nothing moves, the IP answers throughout, from one MAC only.
 func TestAgentRestart(t *testing.T) {
-	newEgress(t, "agent-restart", "office-egress", "")
-	e := waitReady(t, "agent-restart")["agent-restart"]
-	ip := netip.MustParseAddr(e.Status.EgressIP)
-	n := c.Node(e.Status.EgressNode)
-	w, err := c.WatchARP(ip, 20*time.Millisecond)
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	c.StopAgent(n, syscall.SIGTERM)
-	time.Sleep(time.Second)
-	if err := c.StartAgent(n); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(3 * time.Second)
-	replies := w.Stop()
-	var maxGap time.Duration
-	for i, r := range replies {
-		if r.MAC != n.MAC.String() {
-			t.Fatalf("%s answered by %s during the agent restart; only %s holds it", ip, r.MAC, n.Name)
+	agentReplacedInPlace(t, "agent-restart", "agent restart", func(n *harness.Node) {
+		c.StopAgent(n, syscall.SIGTERM)
+		time.Sleep(time.Second)
+		if err := c.StartAgent(n); err != nil {
+			t.Fatal(err)
 		}
-		if i > 0 {
-			maxGap = max(maxGap, r.At.Sub(replies[i-1].At))
-		}
-	}
-	if maxGap > 500*time.Millisecond {
-		t.Errorf("ARP answers stopped for %v during the agent restart", maxGap)
-	}
-	after := waitReady(t, "agent-restart")["agent-restart"]
-	if after.Status.EgressNode != n.Name || after.Status.EgressIP != e.Status.EgressIP {
-		t.Fatalf("agent restart moved the IP: %s", harness.Describe(after))
-	}
-	t.Logf("agent restart: %d ARP answers, all from %s, longest gap %v", len(replies), n.Name, maxGap)
+		time.Sleep(3 * time.Second)
+	})
 }
 
 // TestAgentSurgeUpdate replaces an agent as a surge rolling update does:
@@ -314,8 +289,22 @@ func TestAgentRestart(t *testing.T) {
 // controller's dead-after time: nothing moves, the Egress stays Ready, the
 // IP answers throughout from its Node only.
 func TestAgentSurgeUpdate(t *testing.T) {
-	newEgress(t, "agent-surge", "office-egress", "")
-	e := waitReady(t, "agent-surge")["agent-surge"]
+	agentReplacedInPlace(t, "agent-surge", "surge update", func(n *harness.Node) {
+		if err := c.SurgeAgent(n, 2*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(4 * time.Second) // longer than --agent-dead-after (3 s)
+	})
+}
+
+// agentReplacedInPlace creates Egress name, waits until it is Ready, runs
+// replace on its Node while watching ARP for its IP every 20 ms, and checks
+// that only that Node answered, with no gap over 500 ms, and that the
+// Egress kept its Node and IP. what names the replacement in messages.
+func agentReplacedInPlace(t *testing.T, name, what string, replace func(n *harness.Node)) {
+	t.Helper()
+	newEgress(t, name, "office-egress", "")
+	e := waitReady(t, name)[name]
 	ip := netip.MustParseAddr(e.Status.EgressIP)
 	n := c.Node(e.Status.EgressNode)
 	w, err := c.WatchARP(ip, 20*time.Millisecond)
@@ -323,28 +312,25 @@ func TestAgentSurgeUpdate(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
-	if err := c.SurgeAgent(n, 2*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(4 * time.Second) // longer than --agent-dead-after (3 s)
+	replace(n)
 	replies := w.Stop()
 	var maxGap time.Duration
 	for i, r := range replies {
 		if r.MAC != n.MAC.String() {
-			t.Fatalf("%s answered by %s during the surge update; only %s holds it", ip, r.MAC, n.Name)
+			t.Fatalf("%s answered by %s during the %s; only %s holds it", ip, r.MAC, what, n.Name)
 		}
 		if i > 0 {
 			maxGap = max(maxGap, r.At.Sub(replies[i-1].At))
 		}
 	}
 	if maxGap > 500*time.Millisecond {
-		t.Errorf("ARP answers stopped for %v during the surge update", maxGap)
+		t.Errorf("ARP answers stopped for %v during the %s", maxGap, what)
 	}
-	after := waitReady(t, "agent-surge")["agent-surge"]
+	after := waitReady(t, name)[name]
 	if after.Status.EgressNode != n.Name || after.Status.EgressIP != e.Status.EgressIP {
-		t.Fatalf("surge update moved the IP: %s", harness.Describe(after))
+		t.Fatalf("%s moved the IP: %s", what, harness.Describe(after))
 	}
-	t.Logf("surge update: %d ARP answers, all from %s, longest gap %v", len(replies), n.Name, maxGap)
+	t.Logf("%s: %d ARP answers, all from %s, longest gap %v", what, len(replies), n.Name, maxGap)
 }
 
 // TestControllerRestart kills the controller and starts a new one: no
