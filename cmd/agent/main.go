@@ -5,6 +5,7 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"time"
 
 	// Client auth plugins (OIDC, exec, ...) for out-of-cluster kubeconfigs.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
@@ -32,6 +34,9 @@ func main() {
 // process exit code: 0 after a signal, 1 when the agent failed, 2 for bad
 // flags or a missing Node name.
 func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "probe" {
+		return probe(args[1:], stderr)
+	}
 	fs := flag.NewFlagSet("egressip-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
@@ -55,6 +60,11 @@ func run(args []string, stderr io.Writer) int {
 		"Address the Prometheus metrics are served on over plain HTTP, for example :9447. 0 turns it off.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":9446",
 		"Address /healthz and /readyz are served on. 0 turns it off.")
+	fs.StringVar(&o.HealthProbeSocket, "health-probe-socket", "",
+		"Unix socket path on which this process alone serves /healthz and /readyz, "+
+			"for `egressip-agent probe` in an exec probe (the health port is shared with "+
+			"the other agent during a surge rolling update). Empty turns it off; the "+
+			"DaemonSet uses "+agent.DefaultHealthProbeSocket+".")
 	fs.StringVar(&o.NetNSPath, "netns", "",
 		"Bind and announce in the network namespace at this path (e.g. /run/netns/node1) "+
 			"instead of the agent's own. For tests and the local end-to-end setup.")
@@ -158,6 +168,35 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if err := agent.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "agent failed")
+		return 1
+	}
+	return 0
+}
+
+// probe runs `egressip-agent probe [--socket path] [--timeout d] healthz|readyz`:
+// it asks the agent process serving the socket and returns 0 when the check
+// passes, 1 when it fails or the socket cannot be reached, 2 on bad usage.
+// The DaemonSet's exec probes run it, so each Pod's readiness is its own
+// agent's even while two agents share the Node's ports.
+func probe(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("egressip-agent probe", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", agent.DefaultHealthProbeSocket, "Unix socket of the agent (--health-probe-socket).")
+	timeout := fs.Duration("timeout", 3*time.Second, "Give up after this long.")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 1 {
+		_, _ = fmt.Fprintln(stderr, "usage: egressip-agent probe [--socket path] [--timeout d] healthz|readyz")
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	if err := agent.Probe(ctx, *socket, fs.Arg(0), *timeout); err != nil {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent probe: %v\n", err)
 		return 1
 	}
 	return 0

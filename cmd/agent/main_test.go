@@ -254,10 +254,13 @@ func eventually(t *testing.T, timeout time.Duration, what string, fn func() erro
 // TestSIGTERMLeavesAddressesBound runs egressip-agent against a real API
 // server, binding in a network namespace; SIGTERM makes it exit 0 and
 // leaves the egress IP bound and owned. Readiness and metrics are checked
-// on the way. Before that, a second agent of the same Node starts on the
-// same ports, as in a surge rolling update (DaemonSet maxSurge 1): both
-// answer the report while they overlap (SO_REUSEPORT), the first exits on
-// SIGTERM, and the second keeps reporting the IP announced and ready.
+// on the way. Before that, other agents of the same Node start on the same
+// ports, as in a surge rolling update (DaemonSet maxSurge 1): one that
+// cannot reach the API server never joins the ports (only the first agent
+// answers) and `egressip-agent probe readyz` on its own socket fails; a
+// healthy one joins once reconciled (both answer, SO_REUSEPORT), the first
+// exits on SIGTERM, and the second keeps reporting the IP announced and
+// ready.
 func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 	netnstest.RequireRoot(t)
 	env, err := testenv.Start()
@@ -284,13 +287,20 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 	}
 
 	rep, health, metrics := freePort(t), freePort(t), freePort(t)
-	p := startAgentProc(t, []string{"NODE_NAME=" + node},
-		"--kubeconfig", writeKubeconfig(t, env.Config),
-		"--netns", pair.Node.Path,
-		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
-		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(health),
-		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics),
-	)
+	sockDir := t.TempDir()
+	agentArgs := func(kubeconfig, socket string) []string {
+		return []string{"--kubeconfig", kubeconfig,
+			"--netns", pair.Node.Path,
+			"--report-bind-address", "127.0.0.1:" + strconv.Itoa(rep),
+			"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(health),
+			"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(metrics),
+			"--health-probe-socket", filepath.Join(sockDir, socket)}
+	}
+	probe := func(socket, check string) int {
+		return run([]string{"probe", "--socket", filepath.Join(sockDir, socket), "--timeout", "2s", check}, io.Discard)
+	}
+	kubeconfig := writeKubeconfig(t, env.Config)
+	p := startAgentProc(t, []string{"NODE_NAME=" + node}, agentArgs(kubeconfig, "a.sock")...)
 	ip := netip.MustParseAddr("192.0.2.70")
 	eventually(t, 30*time.Second, "report lists the IP as announced", func() error {
 		r, err := getReport(rep)
@@ -312,6 +322,12 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 		}
 		return err
 	})
+	if code := probe("a.sock", "readyz"); code != 0 {
+		t.Fatalf("egressip-agent probe readyz on the agent's socket: exit %d, want 0", code)
+	}
+	if code := probe("a.sock", "healthz"); code != 0 {
+		t.Fatalf("egressip-agent probe healthz on the agent's socket: exit %d, want 0", code)
+	}
 	code, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
 	if err != nil || code != http.StatusOK {
 		t.Fatalf("metrics: HTTP %d: %v", code, err)
@@ -327,18 +343,19 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 		}
 	}
 
-	// Surge: a second agent on the same ports while the first runs.
+	// Surge: a second agent on the same ports while the first runs. One
+	// that cannot reach the API server never reconciles, so it never joins
+	// the report and health ports (every poll and probe there is answered
+	// by the first agent, ready), and its own socket says it is not ready.
 	first, err := getReport(rep)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p2 := startAgentProc(t, []string{"NODE_NAME=" + node},
-		"--kubeconfig", writeKubeconfig(t, env.Config),
-		"--netns", pair.Node.Path,
-		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
-		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(health),
-		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics),
-	)
+	down := rest.CopyConfig(env.Config)
+	down.Host = "https://127.0.0.1:" + strconv.Itoa(freePort(t))
+	stuck := startAgentProc(t, []string{"NODE_NAME=" + node}, agentArgs(writeKubeconfig(t, down), "stuck.sock")...)
+	unreconciledStaysOut(t, stuck, first.Instance, rep, health, func(check string) int { return probe("stuck.sock", check) })
+	p2 := startAgentProc(t, []string{"NODE_NAME=" + node}, agentArgs(kubeconfig, "b.sock")...)
 	var second string
 	eventually(t, 30*time.Second, "the second agent answers the report too", func() error {
 		r, err := getReport(rep)
@@ -374,6 +391,9 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 	}
 	if code, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", health)); err != nil || code != http.StatusOK {
 		t.Fatalf("second agent readyz: HTTP %d %s: %v", code, body, err)
+	}
+	if code := probe("b.sock", "readyz"); code != 0 {
+		t.Fatalf("second agent: probe readyz exit %d, want 0", code)
 	}
 	p = p2
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -430,5 +450,37 @@ func TestSIGTERMDuringStartupOutage(t *testing.T) {
 	}
 	if !owns(t, check, ip) {
 		t.Fatal("owned address removed on SIGTERM")
+	}
+}
+
+// unreconciledStaysOut checks a surge agent that cannot reconcile (stuck):
+// its own probe socket answers healthz but not readyz, and for 20 polls the
+// shared report and health ports are answered by the first agent
+// (instance first) only, ready. Then it stops stuck with SIGTERM.
+func unreconciledStaysOut(t *testing.T, stuck *agentProc, first string, rep, health int, probe func(check string) int) {
+	t.Helper()
+	eventually(t, 10*time.Second, "the stuck agent's socket answers, not ready", func() error {
+		if code := probe("healthz"); code != 0 {
+			return fmt.Errorf("probe healthz: exit %d", code)
+		}
+		if code := probe("readyz"); code != 1 {
+			return fmt.Errorf("probe readyz: exit %d, want 1", code)
+		}
+		return nil
+	})
+	for range 20 {
+		r, err := getReport(rep)
+		if err != nil || r.Instance != first {
+			t.Fatalf("report during the overlap with an unreconciled agent: %+v, %v; want only the first agent's (%s)", r, err, first)
+		}
+		if code, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", health)); err != nil || code != http.StatusOK {
+			t.Fatalf("health port during the overlap: HTTP %d %s: %v", code, body, err)
+		}
+	}
+	if err := stuck.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := stuck.wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("stuck agent: exit code %d after SIGTERM, want 0", code)
 	}
 }

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -61,6 +65,96 @@ func serveHealth(ctx context.Context, ln net.Listener, ready map[string]healthz.
 	defer stop()
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("health probes: %w", err)
+	}
+	return nil
+}
+
+// DefaultHealthProbeSocket is where the DaemonSet's agent serves its
+// per-process health probes (an emptyDir of its own Pod) and where
+// `egressip-agent probe` looks by default.
+const DefaultHealthProbeSocket = "/run/egressip-agent/health.sock"
+
+// portTaken reports whether another socket is bound to the TCP address
+// addr: a bind without SO_REUSEPORT fails with EADDRINUSE even against
+// listeners that set it. The probe socket is closed at once.
+func portTaken(addr string) bool {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return errors.Is(err, syscall.EADDRINUSE)
+	}
+	_ = l.Close()
+	return false
+}
+
+// openWhenReady waits until the agent's first reconcile completed
+// (Agent.ReadyCheck), then opens the report listener on reportAddr and,
+// when healthAddr is set, the health probe listener with its server, both
+// with SO_REUSEPORT beside the other agent's. It returns nil, nil when ctx
+// is done first, and the listen error otherwise.
+func openWhenReady(ctx context.Context, a *Agent, reportAddr, healthAddr string, ready map[string]healthz.Checker) (net.Listener, error) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for a.ReadyCheck(nil) != nil {
+		select {
+		case <-ctx.Done():
+			return nil, nil
+		case <-t.C:
+		}
+	}
+	ln, err := listenShared(ctx, reportAddr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for the report: %w", err)
+	}
+	if healthAddr != "" {
+		hl, err := listenShared(ctx, healthAddr)
+		if err != nil {
+			_ = ln.Close()
+			return nil, fmt.Errorf("listen for the health probes: %w", err)
+		}
+		go func() { _ = serveHealth(ctx, hl, ready) }()
+	}
+	return ln, nil
+}
+
+// listenUnix listens on the unix socket at path, creating its directory
+// and replacing a stale socket file a previous process left.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	return net.Listen("unix", path)
+}
+
+// Probe asks the agent process serving the unix socket at socket for
+// /healthz or /readyz (check "healthz" or "readyz") and returns nil when it
+// answers 200 OK. It is what `egressip-agent probe` runs as the DaemonSet's
+// exec probe. Errors: the socket cannot be reached within timeout, or the
+// answer is not 200 (the error holds the body, which names failed checks).
+func Probe(ctx context.Context, socket, check string, timeout time.Duration) error {
+	if check != "healthz" && check != "readyz" {
+		return fmt.Errorf("unknown check %q (want healthz or readyz)", check)
+	}
+	c := &http.Client{Timeout: timeout, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/"+check, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s: %w", check, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: HTTP %d: %s", check, resp.StatusCode, body)
 	}
 	return nil
 }

@@ -291,6 +291,12 @@ type RunOptions struct {
 	// HealthProbeBindAddress serves /healthz and /readyz; "0" or empty
 	// turns it off.
 	HealthProbeBindAddress string
+	// HealthProbeSocket, when set, is the path of a unix socket serving
+	// /healthz and /readyz of this process alone (`egressip-agent probe`
+	// reads it from an exec probe): unlike the host-network port, which
+	// two agents share during a surge rolling update, it tells the kubelet
+	// whether this Pod's agent is ready. A stale socket file is replaced.
+	HealthProbeSocket string
 	// Datapath, when set, is the engine a DatapathReconciler programs
 	// beside the bindings (the manager then caches what it needs, see
 	// DatapathCacheOptions); nil runs the bindings alone.
@@ -314,24 +320,48 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	if o.REST == nil {
 		return errors.New("agent: no REST config")
 	}
+	reportAddr := o.ReportBindAddress
+	if reportAddr == "" {
+		reportAddr = fmt.Sprintf(":%d", report.DefaultPort)
+	}
+	healthAddr := o.HealthProbeBindAddress
+	if healthAddr == "0" {
+		healthAddr = ""
+	}
+	// surge: another agent of this Node (the old Pod of a surge rolling
+	// update) serves the report. This one then opens its report and health
+	// ports only once it has reconciled, so that the controller's polls
+	// never reach an agent that has not yet adopted and announced the
+	// Node's IPs; until then the old agent answers them all.
+	surge := o.ReportListener == nil && portTaken(reportAddr)
 	ln := o.ReportListener
-	if ln == nil {
-		addr := o.ReportBindAddress
-		if addr == "" {
-			addr = fmt.Sprintf(":%d", report.DefaultPort)
+	var healthLn net.Listener
+	if !surge {
+		if ln == nil {
+			if ln, err = listenShared(ctx, reportAddr); err != nil {
+				return fmt.Errorf("agent: listen for the report: %w", err)
+			}
 		}
-		if ln, err = listenShared(ctx, addr); err != nil {
-			return fmt.Errorf("agent: listen for the report: %w", err)
+		if healthAddr != "" {
+			if healthLn, err = listenShared(ctx, healthAddr); err != nil {
+				return fmt.Errorf("agent: listen for the health probes: %w", err)
+			}
 		}
 	}
-	defer func() { _ = ln.Close() }() // usually already closed by the report server
-	var healthLn net.Listener
-	if a := o.HealthProbeBindAddress; a != "" && a != "0" {
-		if healthLn, err = listenShared(ctx, a); err != nil {
+	var sockLn net.Listener
+	if o.HealthProbeSocket != "" {
+		if sockLn, err = listenUnix(o.HealthProbeSocket); err != nil {
 			return fmt.Errorf("agent: listen for the health probes: %w", err)
 		}
-		defer func() { _ = healthLn.Close() }() // usually already closed by the health server
 	}
+	closeAll := func() {
+		for _, l := range []net.Listener{ln, healthLn, sockLn} {
+			if l != nil {
+				_ = l.Close() // usually already closed by its server
+			}
+		}
+	}
+	defer func() { closeAll() }()
 
 	a, err := New(o.Config)
 	if err != nil {
@@ -385,9 +415,13 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 			return fmt.Errorf("agent: add the reject queue: %w", err)
 		}
 	}
-	if healthLn != nil {
+	ready := map[string]healthz.Checker{"reconciled": a.ReadyCheck}
+	for _, l := range []net.Listener{healthLn, sockLn} {
+		if l == nil {
+			continue
+		}
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			return serveHealth(ctx, healthLn, map[string]healthz.Checker{"reconciled": a.ReadyCheck})
+			return serveHealth(ctx, l, ready)
 		})); err != nil {
 			return fmt.Errorf("agent: add the health probe server: %w", err)
 		}
@@ -397,13 +431,29 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	defer cancel()
 	repErr := make(chan error, 1)
 	go func() {
-		err := a.ServeReport(runCtx, ln)
+		l := ln
+		if surge {
+			var err error
+			if l, err = openWhenReady(runCtx, a, reportAddr, healthAddr, ready); err != nil || l == nil {
+				if err != nil {
+					cancel()
+				}
+				repErr <- err
+				return
+			}
+			log.Info("reconciled: serving the report and health probes beside the other agent of this Node", "report", reportAddr)
+		}
+		err := a.ServeReport(runCtx, l)
 		if err != nil {
 			cancel() // stop the manager too
 		}
 		repErr <- err
 	}()
-	log.Info("starting", "instance", a.Instance(), "report", ln.Addr().String())
+	if surge {
+		log.Info("starting beside another agent of this Node (surge rolling update): the report and health ports open once reconciled", "instance", a.Instance())
+	} else {
+		log.Info("starting", "instance", a.Instance(), "report", ln.Addr().String())
+	}
 	mgrErr := mgr.Start(runCtx)
 	cancel()
 	err = errors.Join(mgrErr, <-repErr)
@@ -427,9 +477,9 @@ type rejectQueue interface {
 }
 
 // rejectQueueRetry spaces the attempts to (re)bind the reject queue: 1 s
-// doubling to 1 min. During a surge rolling update the old agent holds the
-// queue (EBUSY) until it exits.
-var rejectQueueRetry = wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: math.MaxInt32}
+// doubling to 8 s. During a surge rolling update the old agent holds the
+// queue (EPERM) until it exits, so the new one takes it over within 8 s.
+var rejectQueueRetry = wait.Backoff{Duration: time.Second, Factor: 2, Cap: 8 * time.Second, Steps: math.MaxInt32}
 
 // serveRejectQueue runs rq until ctx is done, binding the queue again
 // after a failure (rejectQueueRetry). Meanwhile the ruleset's bypass
@@ -442,14 +492,16 @@ func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 		return
 	}
 	log.Info("serving the reject queue", "form", rq.RejectQueueForm())
+	ctx = logr.NewContext(ctx, log)
 	b := rejectQueueRetry
 	for {
 		err := rq.ServeRejectQueue(ctx)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || err == nil {
 			return
 		}
 		d := b.Step()
-		log.Error(err, "reject queue unavailable; failurePolicy Fail rejects without it meanwhile (IPv6 connects then fail on the retransmitted SYN, about 1 s)", "retryIn", d)
+		log.Info("reject queue unavailable (another agent of this Node may still hold it); failurePolicy Fail rejects without it meanwhile, IPv6 connects then failing on the retransmitted SYN after about 1 s",
+			"error", err.Error(), "retryIn", d)
 		select {
 		case <-ctx.Done():
 			return

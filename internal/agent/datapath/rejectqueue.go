@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 
+	"github.com/go-logr/logr"
 	"github.com/mdlayher/netlink"
 	"github.com/ti-mo/netfilter"
 	"golang.org/x/sys/unix"
@@ -59,8 +60,11 @@ const rejectQueueLen = 1024
 // missing, slow or dead reader makes the rejection synchronous again, never
 // lets the traffic through and never drops it silently.
 //
+// Once bound it logs "reject queue bound" to the logger in ctx (logr).
+//
 // Errors: binding fails when the kernel has no netfilter queue support
-// (nfnetlink_queue) or another process holds the queue number (EBUSY);
+// (nfnetlink_queue) or another process holds the queue number (EPERM: the
+// kernel's owner check; the old agent during a surge rolling update);
 // reading fails on a socket error. Either leaves the rejection synchronous.
 func (d *Datapath) ServeRejectQueue(ctx context.Context) error {
 	if d.cfg.RejectQueue < 0 {
@@ -111,6 +115,7 @@ func (d *Datapath) ServeRejectQueue(ctx context.Context) error {
 			return fmt.Errorf("reject queue %d: bind: %w", q, err)
 		}
 	}
+	logr.FromContextOrDiscard(ctx).Info("reject queue bound", "queue", q)
 
 	for {
 		msgs, err := c.Receive()
