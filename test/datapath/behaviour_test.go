@@ -760,3 +760,63 @@ func TestReleasedIPFlushed(t *testing.T) {
 		}
 	}
 }
+
+// TestFailurePolicyCutsEarlierFlows: a Pod that joins an Egress under
+// failurePolicy Fail with no Node (here: a new namespace label would do
+// it) loses the external connections it opened before, which would
+// otherwise go on leaving with the Node IP; its in-cluster connection
+// opened before stays up.
+func TestFailurePolicyCutsEarlierFlows(t *testing.T) {
+	for _, fm := range families {
+		t.Run(fm.name, func(t *testing.T) {
+			f := newFixture(t)
+			n3 := f.c.Nodes[2]
+			pod := n3.Pods[0]
+			f.apply(nil)
+			ctx := ctxT(t, 30*time.Second)
+			peer, err := dp.StartServer(&f.c.Nodes[0].Pods[0].NS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(peer.Close)
+			echo := func(c net.Conn, r *bufio.Reader, line string) error {
+				if _, err := fmt.Fprintf(c, "%s\n", line); err != nil {
+					return err
+				}
+				_ = c.SetReadDeadline(time.Now().Add(2 * time.Second))
+				got, err := r.ReadString('\n')
+				if err == nil && got != line+"\n" {
+					err = fmt.Errorf("echo %q, want %q", got, line)
+				}
+				return err
+			}
+			open := func(dst netip.Addr) (net.Conn, *bufio.Reader) {
+				c, err := dp.Dial(ctx, &pod.NS, "tcp", dst, dp.ServerPort)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = c.Close() })
+				r := bufio.NewReader(c)
+				if _, err := fmt.Fprintf(c, "ECHO\n"); err != nil {
+					t.Fatal(err)
+				}
+				if err := echo(c, r, "before"); err != nil {
+					t.Fatalf("echo before joining: %v", err)
+				}
+				return c, r
+			}
+			ext, extR := open(fm.ext)
+			in, inR := open(f.c.Nodes[0].Pods[0].IP(fm.v6))
+
+			f.apply([]spec{{name: "fail", ip: fm.eip, policy: datapath.FailurePolicyFail, members: []*dp.Pod{pod}}})
+			if err := echo(ext, extR, "after"); err == nil {
+				t.Errorf("the external connection opened before joining the failed Egress still works (it leaves with the Node IP)")
+			} else {
+				t.Logf("external connection after joining: %v", err)
+			}
+			if err := echo(in, inR, "after"); err != nil {
+				t.Errorf("the in-cluster connection opened before joining broke: %v", err)
+			}
+		})
+	}
+}

@@ -264,7 +264,7 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 		d.applied = nil
 		return err
 	}
-	n, err := d.cleanConntrack(plan)
+	n, err := d.cleanConntrack(plan, st)
 	if err != nil {
 		d.applied = nil
 		return err
@@ -629,6 +629,12 @@ type ctFilter struct {
 	// left maps a member IP that no longer belongs to an Egress here to
 	// the ID mark (masked) its old entries carry.
 	left map[netip.Addr]uint32
+	// joinedFailed holds member IPs that have just joined an Egress whose
+	// traffic is rejected (RoleFailed), or whose Egress has just become
+	// so: their unmarked flows to destinations outside cluster, opened
+	// before they joined, would otherwise go on leaving with the Node IP.
+	joinedFailed map[netip.Addr]bool
+	cluster      []netip.Prefix
 }
 
 func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
@@ -644,6 +650,12 @@ func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 			return true
 		}
 	}
+	if a, ok := netip.AddrFromSlice(flow.Forward.SrcIP); ok && id == 0 && f.joinedFailed[a.Unmap()] {
+		// The destination as classified: after DNAT, the reply's source.
+		if dst, ok := netip.AddrFromSlice(flow.Reverse.SrcIP); ok && !slices.ContainsFunc(f.cluster, func(p netip.Prefix) bool { return p.Contains(dst.Unmap()) }) {
+			return true
+		}
+	}
 	return false
 }
 
@@ -652,9 +664,31 @@ func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 // Node no longer holds, and of member IPs that left an Egress here (only
 // the entries they opened under that Egress's mark: an IP reused by
 // another Pod must be classified afresh, while its unmarked in-cluster
-// flows stay). It returns how many were deleted.
-func (d *Datapath) cleanConntrack(plan Plan) (uint, error) {
-	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}, left: map[netip.Addr]uint32{}}
+// flows stay), and of member IPs that just joined an Egress under
+// failurePolicy Fail with no Node, or whose Egress just became so (only
+// their unmarked flows to destinations outside the cluster: the next
+// packet of such a flow is classified afresh and rejected, instead of
+// leaving with the Node IP). It returns how many were deleted.
+func (d *Datapath) cleanConntrack(plan Plan, st State) (uint, error) {
+	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}, left: map[netip.Addr]uint32{}, joinedFailed: map[netip.Addr]bool{}}
+	// failed: marks of Egresses rejected here, true when that began now.
+	failed := map[uint32]bool{}
+	for name, role := range plan.Roles {
+		if role == RoleFailed {
+			failed[d.cfg.Mark(plan.IDs[name])] = d.roles[name] != RoleFailed || d.ids[name] != plan.IDs[name]
+		}
+	}
+	for ip, mark := range plan.Members {
+		began, isFailed := failed[mark&d.cfg.IDMask]
+		if old, ok := d.members[ip]; isFailed && (began || !ok || old != mark) {
+			f.joinedFailed[ip] = true
+		}
+	}
+	if len(f.joinedFailed) > 0 {
+		for _, fam := range families {
+			f.cluster = append(f.cluster, clusterPrefixes(fam, st)...)
+		}
+	}
 	for name, id := range d.ids {
 		if nid, ok := plan.IDs[name]; !ok || nid != id || plan.Roles[name] != d.roles[name] {
 			f.marks[d.cfg.Mark(id)] = true
@@ -672,7 +706,7 @@ func (d *Datapath) cleanConntrack(plan Plan) (uint, error) {
 			}
 		}
 	}
-	if len(f.marks) == 0 && len(f.ips) == 0 && len(f.left) == 0 {
+	if len(f.marks) == 0 && len(f.ips) == 0 && len(f.left) == 0 && len(f.joinedFailed) == 0 {
 		return 0, nil
 	}
 	var total uint
