@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -352,7 +353,10 @@ func (r *DatapathReconciler) SetupWithManager(mgr manager.Manager) error {
 	}})
 	r.serviceCIDREvents = make(chan event.GenericEvent, 1)
 	if r.CIDRs.ServiceCIDRs == nil {
-		dc, err := discovery.NewDiscoveryClientForConfig(mgr.GetConfig())
+		// A bounded request: discovery calls take no context.
+		dcfg := rest.CopyConfig(mgr.GetConfig())
+		dcfg.Timeout = 10 * time.Second
+		dc, err := discovery.NewDiscoveryClientForConfig(dcfg)
 		if err != nil {
 			return fmt.Errorf("datapath reconciler: discovery client: %w", err)
 		}

@@ -23,6 +23,10 @@ import (
 // agent starts).
 var serviceCIDRRetry = wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: math.MaxInt32}
 
+// serviceCIDRRecheck is how often an API server that does not serve
+// ServiceCIDRs is asked again (a control-plane upgrade may add them).
+const serviceCIDRRecheck = 10 * time.Minute
+
 // watchServiceCIDRs finds the cluster's Service CIDRs for a reconciler
 // whose CIDRs.ServiceCIDRs is nil (no --service-cidrs): the
 // networking.k8s.io/v1 ServiceCIDR objects (Kubernetes 1.33 and later; the
@@ -31,28 +35,31 @@ var serviceCIDRRetry = wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.
 // (after the manager started, so that the agent starts, and serves its
 // report, while the API server is unreachable), marks the reconciler so
 // that it reads them, and kicks it on every change. On a cluster without
-// the resource it logs that Service CIDRs must be given with
-// --service-cidrs and returns. It returns nil when ctx is done, or the
-// error of starting the informer.
+// the resource it logs once that Service CIDRs must be given with
+// --service-cidrs and asks again every serviceCIDRRecheck. It returns nil
+// when ctx is done, or the error of starting the informer.
 func (r *DatapathReconciler) watchServiceCIDRs(ctx context.Context, dc discovery.DiscoveryInterface, informers ctrlcache.Informers) error {
 	b := serviceCIDRRetry
-	var served bool
+	told := false
 	for {
-		var err error
-		if served, err = serviceCIDRsServed(dc); err == nil {
+		served, err := serviceCIDRsServed(dc)
+		if err == nil && served {
 			break
 		}
-		d := b.Step()
-		r.log.V(1).Info("cannot ask whether ServiceCIDRs are served; retrying", "error", err.Error(), "retryIn", d)
+		d := serviceCIDRRecheck
+		switch {
+		case err != nil:
+			d = b.Step()
+			r.log.V(1).Info("cannot ask whether ServiceCIDRs are served; retrying", "error", err.Error(), "retryIn", d)
+		case !told:
+			told = true
+			r.log.Info("the API server does not serve networking.k8s.io/v1 ServiceCIDR (Kubernetes before 1.33): Service CIDRs are kept off egress paths only when given with --service-cidrs; asking again every 10 min")
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(d):
 		}
-	}
-	if !served {
-		r.log.Info("the API server does not serve networking.k8s.io/v1 ServiceCIDR (Kubernetes before 1.33): Service CIDRs are kept off egress paths only when given with --service-cidrs")
-		return nil
 	}
 	inf, err := informers.GetInformer(ctx, &networkingv1.ServiceCIDR{})
 	if err != nil {

@@ -80,6 +80,14 @@ func (v *PoolValidator) ValidateDelete(context.Context, *v1.ExternalIPPool) (adm
 }
 
 func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool) error {
+	// The node selector must parse as the controller parses it
+	// (metav1.LabelSelectorAsSelector): label syntax the schema's CEL does
+	// not check.
+	if s := p.Spec.NodeSelector; s != nil {
+		if errs := metav1validation.ValidateLabelSelector(s, metav1validation.LabelSelectorValidationOptions{}, field.NewPath("spec", "nodeSelector")); len(errs) > 0 {
+			return apierrors.NewInvalid(poolGK, p.Name, errs)
+		}
+	}
 	rangesPath := field.NewPath("spec", "ipRanges")
 	if p.Spec.Cloud != nil && len(p.Spec.IPRanges) == 0 {
 		// A cloud-backed pool without ranges takes whatever free address

@@ -135,6 +135,21 @@ func TestEgressSelectorsMustParse(t *testing.T) {
 	create(t, ns, "spec.appliedTo.namespaceSelector.matchLabels")
 }
 
+// TestPoolNodeSelectorMustParse: label syntax in a pool's nodeSelector that
+// CEL lets through but the controller could not parse is rejected here.
+func TestPoolNodeSelectorMustParse(t *testing.T) {
+	withNodes := func(name, cidr string, s *metav1.LabelSelector) *v1.ExternalIPPool {
+		p := pool(name, v1.IPRange{CIDR: cidr})
+		p.Spec.NodeSelector = s
+		return p
+	}
+	create(t, withNodes("ns-ok", "203.0.113.48/28", &metav1.LabelSelector{MatchLabels: map[string]string{"egress.example/gateway": "true"},
+		MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: metav1.LabelSelectorOpIn, Values: []string{"a", "b"}}}}), "")
+	create(t, withNodes("ns-bad-key", "203.0.113.64/28", &metav1.LabelSelector{MatchLabels: map[string]string{"bad key!": "x"}}), "spec.nodeSelector.matchLabels")
+	create(t, withNodes("ns-bad-val", "203.0.113.80/28", &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "has space"}}), "spec.nodeSelector.matchLabels")
+	create(t, withNodes("ns-bad-expr", "203.0.113.96/28", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: metav1.LabelSelectorOpIn, Values: []string{"a b"}}}}), "spec.nodeSelector.matchExpressions[0].values[0]")
+}
+
 func TestPoolUpdateMustKeepAllocatedIPs(t *testing.T) {
 	ctx := context.Background()
 	create(t, pool("upd", v1.IPRange{CIDR: "192.0.2.64/28"}), "")
