@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -19,6 +20,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 
 	"github.com/egressip/egressip/test/e2e/harness"
 )
@@ -134,12 +142,17 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 		return err
 	}
 
-	d.say("Cordoning the Node holding analytics: a planned move (release, then acquire)")
+	d.say("Cordoning the Node holding analytics: a planned move of its Egresses (release, then acquire)")
 	if err := d.cordon("analytics"); err != nil {
 		return err
 	}
 	d.say("The Pods again, after the planned move")
 	if err := d.sources(crashed); err != nil {
+		return err
+	}
+
+	d.say("failurePolicy: an Egress for namespace shop whose pool no Node may hold")
+	if err := d.failurePolicy(crashed); err != nil {
 		return err
 	}
 
@@ -150,6 +163,73 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 		<-d.ctx.Done()
 	}
 	d.say("Cleaning up (processes, namespaces, bridge)")
+	return nil
+}
+
+// failurePolicy creates a pool whose nodeSelector matches no Node and an
+// Egress for namespace shop in it: with failurePolicy Fail the shop Pods'
+// external connections fail at once (EHOSTUNREACH); switched to Ignore,
+// they leave with their Node IP again. Pods on Node down are left out.
+func (d *demo) failurePolicy(down *harness.Node) error {
+	pool := &v1alpha1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: "nowhere"}, Spec: v1alpha1.ExternalIPPoolSpec{
+		IPRanges:     []v1alpha1.IPRange{{CIDR: "203.0.113.248/29"}},
+		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"egress.example/none": "true"}},
+	}}
+	eg := &v1alpha1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "shop"}, Spec: v1alpha1.EgressSpec{
+		ExternalIPPool: "nowhere",
+		FailurePolicy:  v1alpha1.FailurePolicyFail,
+		AppliedTo: v1alpha1.AppliedTo{NamespaceSelector: &metav1.LabelSelector{
+			MatchLabels: map[string]string{"kubernetes.io/metadata.name": "shop"}}},
+	}}
+	for _, o := range []client.Object{pool, eg} {
+		if err := d.c.Client.Create(d.ctx, o); err != nil {
+			return err
+		}
+	}
+	fmt.Println("   created externalippool/nowhere (nodeSelector egress.example/none=true: no Node) and egress/shop (failurePolicy Fail)")
+	var shop []*harness.Pod
+	for _, p := range d.c.PodsIn("shop") {
+		if p.Node != down {
+			shop = append(shop, p)
+		}
+	}
+	for _, p := range shop {
+		var took time.Duration
+		var err error
+		harness.WaitFor(d.ctx, 20*time.Second, func() bool {
+			start := time.Now()
+			_, err = d.c.Who(d.ctx, p, false)
+			took = time.Since(start)
+			return errors.Is(err, syscall.EHOSTUNREACH)
+		})
+		if !errors.Is(err, syscall.EHOSTUNREACH) {
+			return fmt.Errorf("%s under failurePolicy Fail: %v, want EHOSTUNREACH", p, err)
+		}
+		fmt.Printf("   %-28s connect to the external server: %q after %v\n", p.Namespace+"/"+p.Name, "no route to host", took.Round(time.Microsecond))
+	}
+	d.show()
+	if e, err := d.c.Egress(d.ctx, "shop"); err == nil {
+		if c := meta.FindStatusCondition(e.Status.Conditions, "Ready"); c != nil {
+			fmt.Printf("   egress/shop Ready=%s %s: %s\n", c.Status, c.Reason, c.Message)
+		}
+	}
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"failurePolicy":"Ignore"}}`))
+	if err := d.c.Client.Patch(d.ctx, &v1alpha1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, patch); err != nil {
+		return err
+	}
+	fmt.Println("   egress/shop switched to failurePolicy Ignore:")
+	for _, p := range shop {
+		var got netip.Addr
+		var err error
+		harness.WaitFor(d.ctx, 20*time.Second, func() bool {
+			got, err = d.c.Who(d.ctx, p, false)
+			return err == nil && got == p.Node.IPv4
+		})
+		if err != nil || got != p.Node.IPv4 {
+			return fmt.Errorf("%s under failurePolicy Ignore: server saw %v (%v), want the Node IP %s", p, got, err, p.Node.IPv4)
+		}
+		fmt.Printf("   %-28s server sees %s (Node IP)\n", p.Namespace+"/"+p.Name, got)
+	}
 	return nil
 }
 
