@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/scheduler"
 )
 
 // createPod creates a running Pod on node with the given IPs (status
@@ -199,6 +200,11 @@ func TestNoEgressNode(t *testing.T) {
 	if err := cl.c.Patch(cl.ctx, e, patch); err != nil {
 		t.Fatal(err)
 	}
+	cl.eventually("noden-b Assigned=False says no Node matches", func() (bool, string) {
+		e := cl.get("noden-b")
+		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned)
+		return c != nil && c.Reason == scheduler.ReasonNoEligibleNode && strings.Contains(c.Message, `Nodes matches the nodeSelector of pool "noden"`), describe(e)
+	})
 	for name, want := range map[string]string{"noden-a": "failurePolicy Ignore", "noden-b": "failurePolicy Fail"} {
 		cl.eventually(name+" Ready=False NoEgressNode", func() (bool, string) {
 			e := cl.get(name)

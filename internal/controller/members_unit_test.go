@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/scheduler"
 )
 
 func mem(i int) v1.EgressMember {
@@ -161,5 +162,27 @@ func TestSliceName(t *testing.T) {
 	}
 	if n0 == n1 || n0 == sliceName(strings.Repeat("a.", 126)+"c", 0) {
 		t.Errorf("slice names collide: %q %q", n0, n1)
+	}
+}
+
+// TestNoNodeDetail: the NoEligibleNode explanation counts the Nodes that
+// match the pool's nodeSelector by why they cannot hold an IP.
+func TestNoNodeDetail(t *testing.T) {
+	nodes := map[string]*scheduler.Node{
+		"a": {Name: "a", Reason: NodeCordoned},
+		"b": {Name: "b", Reason: NodeNotReady},
+		"c": {Name: "c", Reason: NodeCordoned},
+		"d": {Name: "d", Eligible: true, Capacity: 0},
+	}
+	for _, tc := range []struct {
+		matching []string
+		want     string
+	}{
+		{nil, `none of the 7 Nodes matches the nodeSelector of pool "p"`},
+		{[]string{"a", "b", "c", "d"}, `4 of 7 Nodes match the nodeSelector of pool "p", none can hold an IP: 2 Cordoned, 1 NotReady, 1 capacity 0`},
+	} {
+		if got := noNodeDetail("p", 7, tc.matching, nodes); got != tc.want {
+			t.Errorf("noNodeDetail(%v) = %q, want %q", tc.matching, got, tc.want)
+		}
 	}
 }

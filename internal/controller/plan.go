@@ -3,6 +3,7 @@ package controller
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"net/netip"
 	"slices"
@@ -315,6 +316,13 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		sn.Eligible = sn.Reason == ""
 		sNodes = append(sNodes, sn)
 	}
+	nodeByName := make(map[string]*scheduler.Node, len(sNodes))
+	for i := range sNodes {
+		nodeByName[sNodes[i].Name] = &sNodes[i]
+	}
+	// noNode explains, per pool, why none of its Nodes can hold an IP (for
+	// NoEligibleNode conditions); computed for every pool, used rarely.
+	noNode := map[string]string{}
 	sPools := make([]scheduler.Pool, 0, len(in.Pools))
 	for _, p := range in.Pools {
 		ps := pools[p.Name]
@@ -330,6 +338,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 					sp.EligibleNodes = append(sp.EligibleNodes, in.Nodes[i].Name)
 				}
 			}
+			noNode[p.Name] = noNodeDetail(p.Name, len(in.Nodes), sp.EligibleNodes, nodeByName)
 		}
 		sPools = append(sPools, sp)
 	}
@@ -448,7 +457,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		case !isWaiting(st.Conditions) && !isAttaching(st.Conditions) || p.Node == "":
 			reason, msg := ReasonNotAssigned, "waiting for an IP (see condition IPAllocated)"
 			if ips[i].IsValid() {
-				reason, msg = p.Reason, unplacedMessage(p)
+				reason, msg = p.Reason, unplacedMessage(p, noNode[e.Spec.ExternalIPPool])
 			}
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: reason, Message: msg, ObservedGeneration: e.Generation})
 			out.Unplaced[reason]++
@@ -645,9 +654,39 @@ func failureEffect(p v1.FailurePolicy) string {
 	return "failurePolicy Fail: the selected Pods' external traffic is rejected"
 }
 
-func unplacedMessage(p scheduler.Placement) string {
+// noNodeDetail says why no Node of pool can hold an IP: how many of the
+// total Nodes match its nodeSelector, and for those that match, why each is
+// not eligible (ineligibleReason) or has capacity 0.
+func noNodeDetail(pool string, total int, matching []string, nodes map[string]*scheduler.Node) string {
+	if len(matching) == 0 {
+		return fmt.Sprintf("none of the %d Nodes matches the nodeSelector of pool %q", total, pool)
+	}
+	why := map[string]int{}
+	for _, name := range matching {
+		n := nodes[name]
+		switch {
+		case n == nil:
+		case !n.Eligible:
+			why[n.Reason]++
+		case n.Capacity == 0:
+			why["capacity 0"]++
+		}
+	}
+	parts := make([]string, 0, len(why))
+	for _, r := range slices.Sorted(maps.Keys(why)) {
+		parts = append(parts, fmt.Sprintf("%d %s", why[r], r))
+	}
+	return fmt.Sprintf("%d of %d Nodes match the nodeSelector of pool %q, none can hold an IP: %s", len(matching), total, pool, strings.Join(parts, ", "))
+}
+
+// unplacedMessage is the Assigned condition's message for an unplaced
+// Egress; noNode is its pool's noNodeDetail.
+func unplacedMessage(p scheduler.Placement, noNode string) string {
 	switch p.Reason {
 	case scheduler.ReasonNoEligibleNode:
+		if noNode != "" {
+			return "no eligible Node (a Ready, uncordoned Linux Node with a live agent, capacity above 0, matching the pool's nodeSelector): " + noNode
+		}
 		return "no eligible Node: no Ready Linux Node with a live agent matches the pool's nodeSelector" + detail(p.Message)
 	case scheduler.ReasonCapacityExhausted:
 		return "all eligible Nodes are full (egressip.io/max-egress-ips); raise capacity or add Nodes" + detail(p.Message)
