@@ -20,11 +20,13 @@ COPY internal/ internal/
 RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
     go build -trimpath -ldflags="-s -w" -o /out/egressip-controller ./cmd/controller && \
     CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags="-s -w" -o /out/egressip-agent ./cmd/agent
+    go build -trimpath -ldflags="-s -w" -o /out/egressip-agent ./cmd/agent && \
+    CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
+    go build -trimpath -ldflags="-s -w" -o /out/egressip-agent-probe ./cmd/agent-probe
 
 FROM gcr.io/distroless/static:nonroot
 WORKDIR /
-COPY --from=builder /out/egressip-controller /out/egressip-agent /
+COPY --from=builder /out/egressip-controller /out/egressip-agent /out/egressip-agent-probe /
 # The controller runs as this user. The agent's DaemonSet overrides it with
 # runAsUser: 0 and only CAP_NET_ADMIN and CAP_NET_RAW (see docs/security.md).
 USER 65532:65532

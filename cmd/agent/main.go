@@ -5,7 +5,6 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"time"
 
 	// Client auth plugins (OIDC, exec, ...) for out-of-cluster kubeconfigs.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/healthprobe"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -35,7 +34,7 @@ func main() {
 // flags or a missing Node name.
 func run(args []string, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "probe" {
-		return probe(args[1:], stderr)
+		return healthprobe.Main("egressip-agent probe", args[1:], stderr)
 	}
 	fs := flag.NewFlagSet("egressip-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -168,35 +167,6 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if err := agent.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "agent failed")
-		return 1
-	}
-	return 0
-}
-
-// probe runs `egressip-agent probe [--socket path] [--timeout d] healthz|readyz`:
-// it asks the agent process serving the socket and returns 0 when the check
-// passes, 1 when it fails or the socket cannot be reached, 2 on bad usage.
-// The DaemonSet's exec probes run it, so each Pod's readiness is its own
-// agent's even while two agents share the Node's ports.
-func probe(args []string, stderr io.Writer) int {
-	fs := flag.NewFlagSet("egressip-agent probe", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	socket := fs.String("socket", agent.DefaultHealthProbeSocket, "Unix socket of the agent (--health-probe-socket).")
-	timeout := fs.Duration("timeout", 3*time.Second, "Give up after this long.")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() != 1 {
-		_, _ = fmt.Fprintln(stderr, "usage: egressip-agent probe [--socket path] [--timeout d] healthz|readyz")
-		return 2
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
-	defer cancel()
-	if err := agent.Probe(ctx, *socket, fs.Arg(0), *timeout); err != nil {
-		_, _ = fmt.Fprintf(stderr, "egressip-agent probe: %v\n", err)
 		return 1
 	}
 	return 0

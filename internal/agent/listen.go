@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -15,6 +14,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+
+	"github.com/egressip/egressip/internal/healthprobe"
 )
 
 // reusePort is a listen configuration with SO_REUSEPORT (socket(7)): two
@@ -70,9 +71,9 @@ func serveHealth(ctx context.Context, ln net.Listener, ready map[string]healthz.
 }
 
 // DefaultHealthProbeSocket is where the DaemonSet's agent serves its
-// per-process health probes (an emptyDir of its own Pod) and where
-// `egressip-agent probe` looks by default.
-const DefaultHealthProbeSocket = "/run/egressip-agent/health.sock"
+// per-process health probes (an emptyDir of its own Pod); see package
+// healthprobe.
+const DefaultHealthProbeSocket = healthprobe.DefaultSocket
 
 // portTaken reports whether another socket is bound to the TCP address
 // addr: a bind without SO_REUSEPORT fails with EADDRINUSE even against
@@ -88,32 +89,29 @@ func portTaken(addr string) bool {
 
 // openWhenReady waits until the agent's first reconcile completed
 // (Agent.ReadyCheck), then opens the report listener on reportAddr and,
-// when healthAddr is set, the health probe listener with its server, both
-// with SO_REUSEPORT beside the other agent's. It returns nil, nil when ctx
-// is done first, and the listen error otherwise.
-func openWhenReady(ctx context.Context, a *Agent, reportAddr, healthAddr string, ready map[string]healthz.Checker) (net.Listener, error) {
+// when healthAddr is set, the health probe listener, both with
+// SO_REUSEPORT beside the other agent's. It returns nil listeners and no
+// error when ctx is done first, and the listen error otherwise.
+func openWhenReady(ctx context.Context, a *Agent, reportAddr, healthAddr string) (report, health net.Listener, err error) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for a.ReadyCheck(nil) != nil {
 		select {
 		case <-ctx.Done():
-			return nil, nil
+			return nil, nil, nil
 		case <-t.C:
 		}
 	}
-	ln, err := listenShared(ctx, reportAddr)
-	if err != nil {
-		return nil, fmt.Errorf("listen for the report: %w", err)
+	if report, err = listenShared(ctx, reportAddr); err != nil {
+		return nil, nil, fmt.Errorf("listen for the report: %w", err)
 	}
 	if healthAddr != "" {
-		hl, err := listenShared(ctx, healthAddr)
-		if err != nil {
-			_ = ln.Close()
-			return nil, fmt.Errorf("listen for the health probes: %w", err)
+		if health, err = listenShared(ctx, healthAddr); err != nil {
+			_ = report.Close()
+			return nil, nil, fmt.Errorf("listen for the health probes: %w", err)
 		}
-		go func() { _ = serveHealth(ctx, hl, ready) }()
 	}
-	return ln, nil
+	return report, health, nil
 }
 
 // listenUnix listens on the unix socket at path, creating its directory
@@ -126,35 +124,4 @@ func listenUnix(path string) (net.Listener, error) {
 		return nil, err
 	}
 	return net.Listen("unix", path)
-}
-
-// Probe asks the agent process serving the unix socket at socket for
-// /healthz or /readyz (check "healthz" or "readyz") and returns nil when it
-// answers 200 OK. It is what `egressip-agent probe` runs as the DaemonSet's
-// exec probe. Errors: the socket cannot be reached within timeout, or the
-// answer is not 200 (the error holds the body, which names failed checks).
-func Probe(ctx context.Context, socket, check string, timeout time.Duration) error {
-	if check != "healthz" && check != "readyz" {
-		return fmt.Errorf("unknown check %q (want healthz or readyz)", check)
-	}
-	c := &http.Client{Timeout: timeout, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
-	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/"+check, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s: %w", check, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: HTTP %d: %s", check, resp.StatusCode, body)
-	}
-	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -430,16 +431,28 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	repErr := make(chan error, 1)
+	var lateHealth sync.WaitGroup // the health server a surge agent opens late
+	defer func() { cancel(); lateHealth.Wait() }()
 	go func() {
 		l := ln
 		if surge {
-			var err error
-			if l, err = openWhenReady(runCtx, a, reportAddr, healthAddr, ready); err != nil || l == nil {
+			var (
+				hl  net.Listener
+				err error
+			)
+			if l, hl, err = openWhenReady(runCtx, a, reportAddr, healthAddr); err != nil || l == nil {
 				if err != nil {
 					cancel()
 				}
 				repErr <- err
 				return
+			}
+			if hl != nil {
+				lateHealth.Go(func() {
+					if err := serveHealth(runCtx, hl, ready); err != nil {
+						log.Error(err, "health probe server stopped")
+					}
+				})
 			}
 			log.Info("reconciled: serving the report and health probes beside the other agent of this Node", "report", reportAddr)
 		}

@@ -173,6 +173,7 @@ func TestNoNodeDetail(t *testing.T) {
 		"b": {Name: "b", Reason: NodeNotReady},
 		"c": {Name: "c", Reason: NodeCordoned},
 		"d": {Name: "d", Eligible: true, Capacity: 0},
+		"e": {Name: "e", Eligible: true, Capacity: 3},
 	}
 	for _, tc := range []struct {
 		matching []string
@@ -180,8 +181,9 @@ func TestNoNodeDetail(t *testing.T) {
 	}{
 		{nil, `none of the 7 Nodes matches the nodeSelector of pool "p"`},
 		{[]string{"a", "b", "c", "d"}, `4 of 7 Nodes match the nodeSelector of pool "p", none can hold an IP: 2 Cordoned, 1 NotReady, 1 capacity 0`},
+		{[]string{"e"}, ""}, // eligible with room: nothing to explain here
 	} {
-		if got := noNodeDetail("p", 7, tc.matching, nodes); got != tc.want {
+		if got := noNodeDetail("p", "the nodeSelector", 7, tc.matching, nodes); got != tc.want {
 			t.Errorf("noNodeDetail(%v) = %q, want %q", tc.matching, got, tc.want)
 		}
 	}

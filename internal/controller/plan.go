@@ -321,7 +321,8 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		nodeByName[sNodes[i].Name] = &sNodes[i]
 	}
 	// noNode explains, per pool, why none of its Nodes can hold an IP (for
-	// NoEligibleNode conditions); computed for every pool, used rarely.
+	// NoEligibleNode conditions): one map of reason counts per pool and
+	// pass, small next to the pass itself.
 	noNode := map[string]string{}
 	sPools := make([]scheduler.Pool, 0, len(in.Pools))
 	for _, p := range in.Pools {
@@ -338,7 +339,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 					sp.EligibleNodes = append(sp.EligibleNodes, in.Nodes[i].Name)
 				}
 			}
-			noNode[p.Name] = noNodeDetail(p.Name, len(in.Nodes), sp.EligibleNodes, nodeByName)
+			what := "the nodeSelector"
+			if ps.cloud != nil {
+				what = "the nodeSelector and the cloud subnet"
+			}
+			noNode[p.Name] = noNodeDetail(p.Name, what, len(in.Nodes), sp.EligibleNodes, nodeByName)
 		}
 		sPools = append(sPools, sp)
 	}
@@ -655,11 +660,13 @@ func failureEffect(p v1.FailurePolicy) string {
 }
 
 // noNodeDetail says why no Node of pool can hold an IP: how many of the
-// total Nodes match its nodeSelector, and for those that match, why each is
-// not eligible (ineligibleReason) or has capacity 0.
-func noNodeDetail(pool string, total int, matching []string, nodes map[string]*scheduler.Node) string {
+// total Nodes match what the pool asks of them (what: "the nodeSelector",
+// plus the subnet for cloud pools), and for those that match, why each is
+// not eligible (ineligibleReason) or has capacity 0. It returns "" when
+// every matching Node could hold one (the caller then says less).
+func noNodeDetail(pool, what string, total int, matching []string, nodes map[string]*scheduler.Node) string {
 	if len(matching) == 0 {
-		return fmt.Sprintf("none of the %d Nodes matches the nodeSelector of pool %q", total, pool)
+		return fmt.Sprintf("none of the %d Nodes matches %s of pool %q", total, what, pool)
 	}
 	why := map[string]int{}
 	for _, name := range matching {
@@ -676,7 +683,10 @@ func noNodeDetail(pool string, total int, matching []string, nodes map[string]*s
 	for _, r := range slices.Sorted(maps.Keys(why)) {
 		parts = append(parts, fmt.Sprintf("%d %s", why[r], r))
 	}
-	return fmt.Sprintf("%d of %d Nodes match the nodeSelector of pool %q, none can hold an IP: %s", len(matching), total, pool, strings.Join(parts, ", "))
+	if len(parts) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d of %d Nodes match %s of pool %q, none can hold an IP: %s", len(matching), total, what, pool, strings.Join(parts, ", "))
 }
 
 // unplacedMessage is the Assigned condition's message for an unplaced

@@ -82,8 +82,10 @@ func (v *PoolValidator) ValidateDelete(context.Context, *v1.ExternalIPPool) (adm
 func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool) error {
 	// The node selector must parse as the controller parses it
 	// (metav1.LabelSelectorAsSelector): label syntax the schema's CEL does
-	// not check.
-	if s := p.Spec.NodeSelector; s != nil {
+	// not check. Checked on create and when it changes only, so that a
+	// pool admitted earlier with a bad one can still take and drop its
+	// finalizer (and be deleted).
+	if s := p.Spec.NodeSelector; s != nil && (old == nil || !equality.Semantic.DeepEqual(old.Spec.NodeSelector, s)) {
 		if errs := metav1validation.ValidateLabelSelector(s, metav1validation.LabelSelectorValidationOptions{}, field.NewPath("spec", "nodeSelector")); len(errs) > 0 {
 			return apierrors.NewInvalid(poolGK, p.Name, errs)
 		}

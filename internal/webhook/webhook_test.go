@@ -150,6 +150,29 @@ func TestPoolNodeSelectorMustParse(t *testing.T) {
 	create(t, withNodes("ns-bad-expr", "203.0.113.96/28", &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "zone", Operator: metav1.LabelSelectorOpIn, Values: []string{"a b"}}}}), "spec.nodeSelector.matchExpressions[0].values[0]")
 }
 
+// TestPoolNodeSelectorCheckedWhenChanged: a pool admitted earlier with an
+// unparsable nodeSelector (before this check, or with the webhook down) can
+// still be updated without touching it (its finalizer taken off, so it
+// can be deleted); changing it to another unparsable one is refused.
+func TestPoolNodeSelectorCheckedWhenChanged(t *testing.T) {
+	v := &egwebhook.PoolValidator{Reader: env.Client}
+	old := pool("ns-old", v1.IPRange{CIDR: "198.51.100.128/28"})
+	old.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "has space"}}
+	old.Finalizers = []string{controller.PoolFinalizer}
+	upd := old.DeepCopy()
+	upd.Finalizers = nil
+	now := metav1.Now()
+	upd.DeletionTimestamp = &now
+	if _, err := v.ValidateUpdate(context.Background(), old, upd); err != nil {
+		t.Errorf("finalizer removal of a pool with an old bad nodeSelector refused: %v", err)
+	}
+	upd = old.DeepCopy()
+	upd.Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "still bad"}}
+	if _, err := v.ValidateUpdate(context.Background(), old, upd); err == nil || !strings.Contains(err.Error(), "spec.nodeSelector.matchLabels") {
+		t.Errorf("a changed, unparsable nodeSelector: error %v, want one naming spec.nodeSelector.matchLabels", err)
+	}
+}
+
 func TestPoolUpdateMustKeepAllocatedIPs(t *testing.T) {
 	ctx := context.Background()
 	create(t, pool("upd", v1.IPRange{CIDR: "192.0.2.64/28"}), "")

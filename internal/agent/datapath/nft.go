@@ -349,6 +349,16 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name})))
 	}
 	reject = append(reject,
+		// A TCP segment that is not a SYN belongs to a connection opened
+		// before the Egress was rejected here (its conntrack entry was
+		// cleaned and the flow picked up again): a RST ends it at once
+		// (ECONNRESET) where an ICMP error would only be a soft error that
+		// leaves the application waiting for TCP's retransmission timeout.
+		rule(l4proto(unix.IPPROTO_TCP),
+			one(&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x02}, Xor: []byte{0}},
+				eq([]byte{0x00}),
+				&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})),
 		rule(nfproto(unix.NFPROTO_IPV4), one(&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpPktFiltered})),
 		rule(one(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_HOST_UNREACH})))
 

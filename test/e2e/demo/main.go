@@ -172,7 +172,7 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 // they leave with their Node IP again. Pods on Node down are left out.
 func (d *demo) failurePolicy(down *harness.Node) error {
 	pool := &v1alpha1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: "nowhere"}, Spec: v1alpha1.ExternalIPPoolSpec{
-		IPRanges:     []v1alpha1.IPRange{{CIDR: "203.0.113.248/29"}},
+		IPRanges:     []v1alpha1.IPRange{{CIDR: "192.0.2.200/29"}},
 		NodeSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"egress.example/none": "true"}},
 	}}
 	eg := &v1alpha1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "shop"}, Spec: v1alpha1.EgressSpec{
@@ -209,8 +209,10 @@ func (d *demo) failurePolicy(down *harness.Node) error {
 	}
 	d.show()
 	if e, err := d.c.Egress(d.ctx, "shop"); err == nil {
-		if c := meta.FindStatusCondition(e.Status.Conditions, "Ready"); c != nil {
-			fmt.Printf("   egress/shop Ready=%s %s: %s\n", c.Status, c.Reason, c.Message)
+		for _, t := range []string{"Ready", "Assigned"} {
+			if c := meta.FindStatusCondition(e.Status.Conditions, t); c != nil {
+				fmt.Printf("   egress/shop %s=%s %s: %s\n", t, c.Status, c.Reason, c.Message)
+			}
 		}
 	}
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"failurePolicy":"Ignore"}}`))
@@ -346,11 +348,26 @@ func (d *demo) sources(down *harness.Node) error {
 }
 
 func (d *demo) cordon(name string) error {
+	// The other Egresses on that Node move too.
+	var others []string
+	if e, err := d.c.Egress(d.ctx, name); err == nil {
+		var all v1alpha1.EgressList
+		if err := d.c.Client.List(d.ctx, &all); err == nil {
+			for _, o := range all.Items {
+				if o.Name != name && o.Status.EgressNode == e.Status.EgressNode && o.Status.EgressNode != "" {
+					others = append(others, fmt.Sprintf("%s (%s)", o.Name, o.Status.EgressIP))
+				}
+			}
+		}
+	}
 	m, err := d.c.CordonAndWait(d.ctx, name, 30*time.Second)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("   cordoned %s; %s was on it\n", m.From.Name, m.IP)
+	fmt.Printf("   cordoned %s; %s (%s) was on it\n", m.From.Name, name, m.IP)
+	if len(others) > 0 {
+		fmt.Printf("   also on it, and moved the same way: %s\n", strings.Join(others, ", "))
+	}
 	fmt.Printf("   planned move %s -> %s done %v after the cordon; ARP silent for %v between the last answer from %s and the first from %s\n",
 		m.From.Name, m.To.Name, m.Took.Round(time.Millisecond), m.Gap.Round(time.Millisecond), m.From.Name, m.To.Name)
 	fmt.Printf("   no answer from %s after the move (checked %d ARP replies)\n", m.From.Name, m.Replies)
