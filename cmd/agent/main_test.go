@@ -371,15 +371,7 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 		second = r.Instance
 		return nil
 	})
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.wait(t, 60*time.Second); code != 0 {
-		t.Fatalf("exit code %d after SIGTERM, want 0", code)
-	}
-	if !owns(t, check, ip) {
-		t.Fatal("192.0.2.70 is no longer bound after SIGTERM")
-	}
+	stopLeavesBound(t, p, check, ip)
 	for range 10 {
 		r, err := getReport(rep)
 		if err != nil || r.Instance != second {
@@ -396,15 +388,7 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 		t.Fatalf("second agent: probe readyz exit %d, want 0", code)
 	}
 	p = p2
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.wait(t, 60*time.Second); code != 0 {
-		t.Fatalf("exit code %d after SIGTERM, want 0", code)
-	}
-	if !owns(t, check, ip) {
-		t.Fatal("192.0.2.70 is no longer bound after SIGTERM")
-	}
+	stopLeavesBound(t, p, check, ip)
 	if !strings.Contains(p.stderr.String(), "stay bound") {
 		t.Errorf("shutdown not logged:\n%s", p.stderr.String())
 	}
@@ -482,5 +466,20 @@ func unreconciledStaysOut(t *testing.T, stuck *agentProc, first string, rep, hea
 	}
 	if code := stuck.wait(t, 30*time.Second); code != 0 {
 		t.Fatalf("stuck agent: exit code %d after SIGTERM, want 0", code)
+	}
+}
+
+// stopLeavesBound sends p SIGTERM and checks that it exits 0 and that ip is
+// still bound and owned afterwards.
+func stopLeavesBound(t *testing.T, p *agentProc, check *bind.Binder, ip netip.Addr) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 60*time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0", code)
+	}
+	if !owns(t, check, ip) {
+		t.Fatalf("%s is no longer bound after SIGTERM", ip)
 	}
 }

@@ -316,14 +316,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		sn.Eligible = sn.Reason == ""
 		sNodes = append(sNodes, sn)
 	}
-	nodeByName := make(map[string]*scheduler.Node, len(sNodes))
-	for i := range sNodes {
-		nodeByName[sNodes[i].Name] = &sNodes[i]
-	}
-	// noNode explains, per pool, why none of its Nodes can hold an IP (for
-	// NoEligibleNode conditions): one map of reason counts per pool and
-	// pass, small next to the pass itself.
-	noNode := map[string]string{}
+	var nodeByName map[string]*scheduler.Node // built on first NoEligibleNode message
+	// poolNodes keeps, per pool, the Nodes that match it, so that a
+	// NoEligibleNode condition can say why none can hold an IP (noNodeDetail,
+	// computed only for such conditions).
+	poolNodes := map[string]poolMatch{}
 	sPools := make([]scheduler.Pool, 0, len(in.Pools))
 	for _, p := range in.Pools {
 		ps := pools[p.Name]
@@ -343,7 +340,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			if ps.cloud != nil {
 				what = "the nodeSelector and the cloud subnet"
 			}
-			noNode[p.Name] = noNodeDetail(p.Name, what, len(in.Nodes), sp.EligibleNodes, nodeByName)
+			poolNodes[p.Name] = poolMatch{what: what, matching: sp.EligibleNodes}
 		}
 		sPools = append(sPools, sp)
 	}
@@ -462,7 +459,17 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		case !isWaiting(st.Conditions) && !isAttaching(st.Conditions) || p.Node == "":
 			reason, msg := ReasonNotAssigned, "waiting for an IP (see condition IPAllocated)"
 			if ips[i].IsValid() {
-				reason, msg = p.Reason, unplacedMessage(p, noNode[e.Spec.ExternalIPPool])
+				noNode := ""
+				if pm, ok := poolNodes[e.Spec.ExternalIPPool]; ok && p.Reason == scheduler.ReasonNoEligibleNode {
+					if nodeByName == nil {
+						nodeByName = make(map[string]*scheduler.Node, len(sNodes))
+						for i := range sNodes {
+							nodeByName[sNodes[i].Name] = &sNodes[i]
+						}
+					}
+					noNode = noNodeDetail(e.Spec.ExternalIPPool, pm.what, len(in.Nodes), pm.matching, nodeByName)
+				}
+				reason, msg = p.Reason, unplacedMessage(p, noNode)
 			}
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: reason, Message: msg, ObservedGeneration: e.Generation})
 			out.Unplaced[reason]++
@@ -657,6 +664,13 @@ func failureEffect(p v1.FailurePolicy) string {
 		return "failurePolicy Ignore: the selected Pods' external traffic leaves with their Node's IP"
 	}
 	return "failurePolicy Fail: the selected Pods' external traffic is rejected"
+}
+
+// poolMatch is what a pool asks of Nodes (for messages) and the Nodes
+// that match it.
+type poolMatch struct {
+	what     string
+	matching []string
 }
 
 // noNodeDetail says why no Node of pool can hold an IP: how many of the
