@@ -112,6 +112,7 @@ func New(cfg sdkaws.Config, opts Options) (*Provider, error) {
 				so.RateLimiter = opts.RetryRateLimiter
 			}
 		})
+		o.HTTPClient = withOwnBody(o.HTTPClient)
 		if m != nil {
 			o.APIOptions = append(o.APIOptions, m.middleware)
 		}

@@ -63,8 +63,11 @@ func match(fs map[string][]string, name, value string) bool {
 }
 
 // page cuts one page of n items out of a list by MaxResults and NextToken
-// (an offset, opaque to clients).
-func page(f formValues, n int) (from, to int, next string, _ *apiError) {
+// (an offset, opaque to clients). Config.MaxPageSize caps a page below
+// MaxResults, and Config.TrailingEmptyPage makes a full page that reaches
+// the end still carry a NextToken, whose page is then empty: EC2 may do
+// both, so clients must follow NextToken until it is absent.
+func (s *Server) page(f formValues, n int) (from, to int, next string, _ *apiError) {
 	to = n
 	if t := f.get("NextToken"); t != "" {
 		v, err := strconv.Atoi(strings.TrimPrefix(t, "emu-"))
@@ -73,15 +76,26 @@ func page(f formValues, n int) (from, to int, next string, _ *apiError) {
 		}
 		from = v
 	}
+	limit := 0
 	if m := f.get("MaxResults"); m != "" {
 		v, err := strconv.Atoi(m)
 		if err != nil || v < 5 || v > 1000 {
 			return 0, 0, "", errorf("InvalidParameterValue", "MaxResults must be between 5 and 1000")
 		}
-		if from+v < n {
-			to = from + v
-			next = "emu-" + strconv.Itoa(to)
-		}
+		limit = v
+	}
+	if c := s.cfg.MaxPageSize; c > 0 && (limit == 0 || c < limit) {
+		limit = c
+	}
+	if limit == 0 {
+		return from, to, "", nil
+	}
+	switch {
+	case from+limit < n:
+		to = from + limit
+		next = "emu-" + strconv.Itoa(to)
+	case from+limit == n && s.cfg.TrailingEmptyPage:
+		next = "emu-" + strconv.Itoa(n)
 	}
 	return from, to, next, nil
 }
@@ -295,7 +309,7 @@ func (s *Server) describeInstances(f formValues, now time.Time) (any, *apiError)
 		}
 		hits = append(hits, in)
 	}
-	from, to, next, err := page(f, len(hits))
+	from, to, next, err := s.page(f, len(hits))
 	if err != nil {
 		return nil, err
 	}
@@ -347,7 +361,7 @@ func (s *Server) describeNetworkInterfaces(f formValues, now time.Time) (any, *a
 		}
 		hits = append(hits, e)
 	}
-	from, to, next, err := page(f, len(hits))
+	from, to, next, err := s.page(f, len(hits))
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +390,7 @@ func (s *Server) describeInstanceTypes(f formValues) (any, *apiError) {
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
-	from, to, next, err := page(f, len(names))
+	from, to, next, err := s.page(f, len(names))
 	if err != nil {
 		return nil, err
 	}
@@ -413,7 +427,7 @@ func (s *Server) describeSubnets(f formValues, now time.Time) (any, *apiError) {
 		}
 		hits = append(hits, sn)
 	}
-	from, to, next, err := page(f, len(hits))
+	from, to, next, err := s.page(f, len(hits))
 	if err != nil {
 		return nil, err
 	}

@@ -97,6 +97,13 @@ type Config struct {
 	// of the shared one (EC2 meters mutating and Describe actions
 	// separately); a zero Rate exempts the action.
 	ActionThrottle map[string]Throttle
+	// MaxPageSize caps the items of one page of a paginated Describe call
+	// below the request's MaxResults (and pages calls without MaxResults);
+	// zero means MaxResults alone decides.
+	MaxPageSize int
+	// TrailingEmptyPage makes a page that is full and reaches the end of
+	// the list still return a NextToken, whose page is empty, as EC2 may.
+	TrailingEmptyPage bool
 }
 
 // Throttle is one token bucket: Rate calls per second, Burst at once.
