@@ -46,7 +46,7 @@ func TestFreshEgressIsAllocatedAssignedAndReady(t *testing.T) {
 	}
 	cl.eventually("pool usage", func() (bool, string) {
 		_ = cl.c.Get(cl.ctx, client.ObjectKey{Name: "fresh"}, &p)
-		return p.Status.Usage == v1.IPPoolUsage{Total: 14, Used: 1}, fmt.Sprintf("%+v", p.Status.Usage)
+		return p.Status.Usage == v1.IPPoolUsage{Total: 14, TotalText: "14", Used: 1}, fmt.Sprintf("%+v", p.Status.Usage)
 	})
 }
 
