@@ -159,6 +159,10 @@ build-installer: manifests generate kustomize ## Generate dist/install.yaml (CRD
 ## DaemonSet as a static template (templates/extras/agent.yaml); we replace it
 ## with templates/agent/daemonset.yaml, which reads the agent's settings from
 ## values.yaml. test/packaging checks that both installs agree.
+.PHONY: print-IMG
+print-IMG: ## Print the image build-installer and docker-build use (default IMAGE_REPO:VERSION).
+	@echo "$(IMG)"
+
 .PHONY: helm-chart
 helm-chart: build-installer kubebuilder ## Regenerate charts/chart from dist/install.yaml (kubebuilder helm/v2-alpha).
 	"$(KUBEBUILDER)" edit --plugins=helm/v2-alpha --output-dir=charts
