@@ -343,10 +343,12 @@ HELM_CHART_DIR ?= charts/chart
 HELM_EXTRA_ARGS ?=
 
 .PHONY: helm-deploy
+## The chart creates the namespace, labelled for Pod Security "privileged"
+## (namespace.create); Helm's --create-namespace would create it unlabelled.
 helm-deploy: ## Deploy manager to the K8s cluster via Helm. Specify an image with IMG.
 	IMG="$(IMG)"; $(HELM) upgrade --install $(HELM_RELEASE) $(HELM_CHART_DIR) \
 		--namespace $(HELM_NAMESPACE) \
-		--create-namespace \
+		--set namespace.create=true \
 		--set manager.image.repository=$${IMG%:*} \
 		--set manager.image.tag=$${IMG##*:} \
 		--wait \
