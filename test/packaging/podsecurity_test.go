@@ -202,7 +202,7 @@ func TestChartCRDsMatchInstallYAML(t *testing.T) {
 func copyTree(t *testing.T, dir string) {
 	t.Helper()
 	files := run(t, "git", "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-	for _, f := range bytes.Split(bytes.TrimRight(files, "\x00"), []byte{0}) {
+	for f := range bytes.SplitSeq(bytes.TrimRight(files, "\x00"), []byte{0}) {
 		src := filepath.Join(env.Root, string(f))
 		fi, err := os.Lstat(src)
 		if os.IsNotExist(err) {
