@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/egressip/egressip/internal/agent/bind"
@@ -106,4 +107,58 @@ func reach(ns *netnstest.NS, ip netip.Addr) error {
 		}
 		return err
 	})
+}
+
+// TestNodeSourceUnchangedAfterUpgrade: an owned IPv4 egress IP that an
+// older agent bound with scope universe is rebound with scope host by the
+// next Bind, and the Node's source is its own address again.
+func TestNodeSourceUnchangedAfterUpgrade(t *testing.T) {
+	p := netnstest.NewPair(t)
+	p.Node.MustIP(t, "addr", "add", "192.0.2.11/32", "dev", p.NodeIf)
+	p.Node.MustIP(t, "route", "add", "default", "via", "192.0.2.1", "dev", p.NodeIf, "onlink")
+	p.Peer.MustIP(t, "addr", "add", "192.0.2.1/24", "dev", p.PeerIf)
+	idx := p.Node.Interface(t, p.NodeIf).Index
+	eip := netip.MustParseAddr("192.0.2.100")
+	// As the old agent did: scope universe, noprefixroute, our mark
+	// (iproute2 6.1 cannot set the address protocol, so by hand).
+	err := p.Node.Do(func() error {
+		req := nl.NewNetlinkRequest(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+		msg := nl.NewIfAddrmsg(unix.AF_INET)
+		msg.Prefixlen, msg.Scope, msg.Index = 32, unix.RT_SCOPE_UNIVERSE, uint32(idx)
+		req.AddData(msg)
+		req.AddData(nl.NewRtAttr(unix.IFA_LOCAL, eip.AsSlice()))
+		req.AddData(nl.NewRtAttr(unix.IFA_ADDRESS, eip.AsSlice()))
+		req.AddData(nl.NewRtAttr(unix.IFA_FLAGS, nl.Uint32Attr(unix.IFA_F_NOPREFIXROUTE)))
+		req.AddData(nl.NewRtAttr(11 /* IFA_PROTO */, nl.Uint8Attr(bind.DefaultProto)))
+		_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("add the old-style address: %v", err)
+	}
+	p.Node.MustIP(t, "addr", "del", "192.0.2.11/32", "dev", p.NodeIf)
+	p.Node.MustIP(t, "addr", "add", "192.0.2.11/32", "dev", p.NodeIf)
+	p.Node.MustIP(t, "route", "replace", "default", "via", "192.0.2.1", "dev", p.NodeIf, "onlink")
+	if out := p.Node.MustIP(t, "route", "get", "203.0.113.5"); !strings.Contains(out, "src 192.0.2.100 ") {
+		t.Fatalf("the old-style address should be the source before the upgrade (the fault): %s", out)
+	}
+	b := newBinder(t, p.Node, bind.Config{Interface: p.NodeIf})
+	if changed, err := b.Bind(eip); err != nil || !changed {
+		t.Fatalf("Bind = %v, %v; want changed (rebound with scope host)", changed, err)
+	}
+	if out := p.Node.MustIP(t, "-4", "addr", "show", "dev", p.NodeIf); !strings.Contains(out, "192.0.2.100/32 scope host") {
+		t.Errorf("after Bind: %s; want 192.0.2.100/32 scope host", out)
+	}
+	if out := p.Node.MustIP(t, "route", "get", "203.0.113.5"); !strings.Contains(out, "src 192.0.2.11 ") {
+		t.Errorf("after Bind: %s; want src 192.0.2.11", out)
+	}
+	if owned, err := b.Owned(); err != nil || len(owned) != 1 || owned[0].Addr != eip {
+		t.Errorf("Owned = %v, %v; want only %s", owned, err, eip)
+	}
+	if changed, err := b.Bind(eip); err != nil || changed {
+		t.Errorf("second Bind = %v, %v; want unchanged", changed, err)
+	}
+	if err := reach(p.Peer, eip); err != nil {
+		t.Errorf("peer to the egress IP: %v", err)
+	}
 }
