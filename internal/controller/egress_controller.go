@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -296,10 +297,33 @@ func (r *PassReconciler) readYourWrites(ctx context.Context, egs []v1.Egress) (w
 				r.live = []v1.Egress{}
 			}
 		}
-		ok, lag, err := caughtUp(egs, r.live)
+		ok, lag, missing, err := caughtUp(egs, r.live)
 		if err != nil {
 			r.live = nil
 			return false, err
+		}
+		if len(missing) > 0 {
+			// Not in the cache: not seen yet, or deleted since the read
+			// (then it holds no address and is no longer waited for).
+			gone := map[types.UID]bool{}
+			for _, m := range missing {
+				var cur v1.Egress
+				err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(m), &cur)
+				switch {
+				case apierrors.IsNotFound(err) || err == nil && cur.UID != m.UID:
+					gone[m.UID] = true
+				case err != nil:
+					return false, fmt.Errorf("read Egress %s from the API server: %w", m.Name, err)
+				}
+			}
+			r.live = slices.DeleteFunc(r.live, func(e v1.Egress) bool { return gone[e.UID] })
+			if len(gone) > 0 {
+				ok, lag, _, err = caughtUp(egs, r.live)
+				if err != nil {
+					r.live = nil
+					return false, err
+				}
+			}
 		}
 		if !ok {
 			log.FromContext(ctx).V(1).Info("waiting for the cache to show earlier status writes", "lagging", lag)

@@ -77,26 +77,31 @@ func (l *writeLedger) overlay(cached []v1.Egress) (int, error) {
 // read from the API server) at its live resource version or newer; if not,
 // it names one that lags. An Egress in cached but not in live was created
 // after the read or is being removed: it is no risk (a deleted Egress only
-// holds its address a little longer). An error means a resource version
+// holds its address a little longer). missing lists the Egresses of live
+// the cache does not hold: not seen yet, or deleted since the read (the
+// caller asks the API server which). An error means a resource version
 // cannot be compared.
-func caughtUp(cached, live []v1.Egress) (bool, string, error) {
+func caughtUp(cached, live []v1.Egress) (ok bool, lag string, missing []*v1.Egress, err error) {
 	rv := make(map[types.UID]string, len(cached))
 	for i := range cached {
 		rv[cached[i].UID] = cached[i].ResourceVersion
 	}
+	ok = true
 	for i := range live {
 		e := &live[i]
-		c, ok := rv[e.UID]
-		if !ok {
-			return false, fmt.Sprintf("Egress %s (resourceVersion %s) not in the cache yet", e.Name, e.ResourceVersion), nil
+		c, found := rv[e.UID]
+		if !found {
+			missing = append(missing, e)
+			ok, lag = false, fmt.Sprintf("Egress %s (resourceVersion %s) not in the cache yet", e.Name, e.ResourceVersion)
+			continue
 		}
 		cmp, err := resourceversion.CompareResourceVersion(c, e.ResourceVersion)
 		if err != nil {
-			return false, "", fmt.Errorf("compare resource versions of Egress %s: %w", e.Name, err)
+			return false, "", nil, fmt.Errorf("compare resource versions of Egress %s: %w", e.Name, err)
 		}
 		if cmp < 0 {
-			return false, fmt.Sprintf("Egress %s at resourceVersion %s in the cache, %s in the API server", e.Name, c, e.ResourceVersion), nil
+			ok, lag = false, fmt.Sprintf("Egress %s at resourceVersion %s in the cache, %s in the API server", e.Name, c, e.ResourceVersion)
 		}
 	}
-	return true, "", nil
+	return ok, lag, missing, nil
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
@@ -105,7 +107,10 @@ func TestCaughtUp(t *testing.T) {
 		{"missing", []v1.Egress{ledgerEgress("a", "uid-a", "30")}, false, "Egress b (resourceVersion 31) not in the cache"},
 		{"recreated", []v1.Egress{ledgerEgress("a", "uid-a", "30"), ledgerEgress("b", "uid-b-old", "20")}, false, "Egress b"},
 	} {
-		ok, lag, err := caughtUp(tc.cached, live)
+		ok, lag, missing, err := caughtUp(tc.cached, live)
+		if tc.name == "missing" && (len(missing) != 1 || missing[0].Name != "b") {
+			t.Errorf("missing: %v, want b", missing)
+		}
 		if err != nil || ok != tc.want || !strings.Contains(lag, tc.lag) {
 			t.Errorf("%s: caughtUp = %v, %q, %v; want %v, %q", tc.name, ok, lag, err, tc.want, tc.lag)
 		}
@@ -144,5 +149,35 @@ func TestBurstNoSharedAllocationInUseKeeps(t *testing.T) {
 		if k, l := out.Egresses[tc.wantKeeper].Status.EgressIP, out.Egresses[loser].Status.EgressIP; k != "198.51.100.1" || l == "198.51.100.1" || l == "" {
 			t.Errorf("%s: %s=%s %s=%s; want %s to keep 198.51.100.1 and %s a new address", tc.name, tc.wantKeeper, k, loser, l, tc.wantKeeper, loser)
 		}
+	}
+}
+
+// TestReadYourWritesForgetsDeleted: the wait for the cache (first pass as
+// leader) waits for an Egress of the consistent read the cache does not
+// hold yet, and stops waiting for it once the API server says it is gone.
+// The API server is controller-runtime's fake client here (a unit table;
+// the envtest run of this path is TestBurstNoSharedAllocation's leader
+// change).
+func TestReadYourWritesForgetsDeleted(t *testing.T) {
+	a, b := ledgerEgress("a", "uid-a", ""), ledgerEgress("b", "uid-b", "")
+	api := fake.NewClientBuilder().WithScheme(env.Scheme).WithObjects(&a, &b).Build()
+	ctx := context.Background()
+	var live v1.EgressList
+	if err := api.List(ctx, &live); err != nil {
+		t.Fatal(err)
+	}
+	r := &PassReconciler{APIReader: api}
+	cache := []v1.Egress{live.Items[0]} // the cache has not seen b yet
+	if wait, err := r.readYourWrites(ctx, cache); err != nil || !wait {
+		t.Fatalf("b not in the cache: wait %v, err %v; want to wait", wait, err)
+	}
+	if err := api.Delete(ctx, &live.Items[1]); err != nil {
+		t.Fatal(err)
+	}
+	if wait, err := r.readYourWrites(ctx, cache); err != nil || wait {
+		t.Fatalf("b deleted: wait %v, err %v; want no wait", wait, err)
+	}
+	if !r.synced {
+		t.Error("not synced after the cache caught up")
 	}
 }
