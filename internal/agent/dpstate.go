@@ -154,9 +154,10 @@ func computeState(in stateInput) datapath.State {
 			eg.Role = datapath.RoleSource
 		default:
 			eg.Role = datapath.RoleFailed
-			// Until the controller has written the Assigned condition
-			// once, the Egress is being assigned for the first time.
-			eg.Assigning = meta.FindStatusCondition(e.Status.Conditions, v1alpha1.ConditionAssigned) == nil
+			// Until the controller has written an IP or the Assigned
+			// condition once, the Egress is being assigned for the
+			// first time.
+			eg.Assigning = e.Status.EgressIP == "" && meta.FindStatusCondition(e.Status.Conditions, v1alpha1.ConditionAssigned) == nil
 		}
 		slices.SortFunc(eg.Local, netip.Addr.Compare)
 		slices.SortFunc(eg.Remote, func(a, b datapath.Member) int { return a.IP.Compare(b.IP) })
