@@ -172,14 +172,17 @@ func startReplica(cl *cluster, lease string) *replica {
 	t.Helper()
 	cfg := rest.CopyConfig(cl.env.Config)
 	cfg.QPS, cfg.Burst = 50, 100 // egressip-controller's defaults
-	lease4, renew3, retry := 4*time.Second, 3*time.Second, 500*time.Millisecond
+	// controller-runtime's defaults for the lease (a loaded machine
+	// misses tighter renew deadlines and both replicas step down); the
+	// handover is quick anyway, as the stopped leader releases the lease.
+	leaseDur, renew, retry := 15*time.Second, 10*time.Second, 500*time.Millisecond
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme: cl.env.Scheme, Cache: CacheOptions(),
 		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		Controller:     config.Controller{SkipNameValidation: new(true)},
 		LeaderElection: true, LeaderElectionID: lease, LeaderElectionNamespace: "default",
 		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 &lease4, RenewDeadline: &renew3, RetryPeriod: &retry,
+		LeaseDuration:                 &leaseDur, RenewDeadline: &renew, RetryPeriod: &retry,
 	})
 	if err != nil {
 		t.Fatal(err)
