@@ -171,7 +171,7 @@ func (b *Binder) Interface(ip netip.Addr) (string, error) {
 }
 
 func hostAddr(ip netip.Addr, linkIndex int, proto uint8) kernelAddr {
-	a := kernelAddr{Addr: ip, LinkIndex: linkIndex, Proto: proto, Flags: unix.IFA_F_NOPREFIXROUTE, PrefixLen: 32}
+	a := kernelAddr{Addr: ip, LinkIndex: linkIndex, Proto: proto, Flags: unix.IFA_F_NOPREFIXROUTE, PrefixLen: 32, Scope: egressScope(ip)}
 	if ip.Is6() {
 		a.PrefixLen = 128
 		a.Flags |= unix.IFA_F_NODAD
@@ -205,6 +205,7 @@ func (b *Binder) bindLocked(ip netip.Addr) (bool, error) {
 		return false, fmt.Errorf("bind %s: %w", ip, err)
 	}
 	onTarget := false
+	var rescope *kernelAddr
 	var elsewhere []kernelAddr
 	for _, a := range present {
 		if a.Addr != ip {
@@ -216,12 +217,21 @@ func (b *Binder) bindLocked(ip netip.Addr) (bool, error) {
 				ip, name, ErrForeignAddress, a.Addr, a.PrefixLen, a.LinkIndex, a.Proto)
 		case a.LinkIndex == idx:
 			onTarget = true
+			if a.Scope != egressScope(ip) {
+				rescope = &a
+			}
 		default:
 			elsewhere = append(elsewhere, a)
 		}
 	}
 
 	changed := false
+	if rescope != nil {
+		if err := b.rebind(*rescope, hostAddr(ip, idx, b.proto)); err != nil {
+			return false, fmt.Errorf("bind %s on %s: %w", ip, name, err)
+		}
+		changed = true
+	}
 	if !onTarget {
 		if ip.Is4() {
 			if err := b.ensurePromoteSecondaries(idx); err != nil {
@@ -246,6 +256,40 @@ func (b *Binder) bindLocked(ip netip.Addr) (bool, error) {
 		changed = true
 	}
 	return changed, nil
+}
+
+// egressScope is the scope an egress IP is bound with. IPv4: host
+// (RT_SCOPE_HOST), so that the kernel never picks it as the source of the
+// Node's own traffic: inet_select_addr takes, for a route of scope
+// universe or link, the first primary address of the device whose scope
+// is at most the route's, in list order, so a /32 egress IP listed before
+// the Node's own /32 (the Node's address removed and re-added, as a DHCP
+// renewal does) would otherwise become the source of everything routed
+// through a gateway (issue 23). The scope does not change how the address
+// is reached: it still has its local route, answers ARP (arp_process
+// looks for a local route, whatever the scope) and serves as an explicit
+// (SNAT) source. IPv6 keeps scope universe (the address is deprecated
+// instead, see addAddr): an IPv6 host scope is ::1's and the Node must
+// still answer Neighbor Solicitations for it.
+func egressScope(ip netip.Addr) uint8 {
+	if ip.Is4() {
+		return unix.RT_SCOPE_HOST
+	}
+	return unix.RT_SCOPE_UNIVERSE
+}
+
+// rebind replaces an owned address bound with another scope (by an agent
+// from before egressScope) by want: the kernel keeps the scope of an
+// existing address on NLM_F_REPLACE, so it is deleted and added again (the
+// address is absent for that one round trip; conntrack entries stay).
+func (b *Binder) rebind(old, want kernelAddr) error {
+	if err := b.del(old); err != nil {
+		return fmt.Errorf("remove address of scope %d: %w", old.Scope, err)
+	}
+	if err := b.rt.addAddr(want); err != nil {
+		return fmt.Errorf("add it again with scope %d: %w", want.Scope, err)
+	}
+	return nil
 }
 
 // verifyMark reads the just-added address back. If the kernel dropped the
