@@ -54,6 +54,9 @@ package bind
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"net/netip"
 	"slices"
 	"strings"
@@ -154,7 +157,8 @@ type Config struct {
 	Ownership Ownership
 	// RecordPath is the absolute path of the ownership record; empty
 	// means none (then OwnershipAuto behaves as OwnershipProto). Its
-	// directory must exist; the Binder also creates RecordPath+".lock".
+	// directory must exist (OwnershipAuto uses no record, see Status.Note,
+	// when it does not); the Binder also creates RecordPath+".lock".
 	RecordPath string
 }
 
@@ -163,11 +167,15 @@ type Config struct {
 type Status struct {
 	// Mode is the configured mode.
 	Mode Ownership
-	// RecordPath is the record's path, empty when there is none.
+	// RecordPath is the record's path, empty when there is none (or it
+	// is not used, see Note).
 	RecordPath string
 	// MarkDropped: the kernel was seen to drop IFA_PROTO (OwnershipAuto
 	// then runs on the record alone).
 	MarkDropped bool
+	// Note, when set, says why the configured record is not used
+	// (OwnershipAuto with its directory missing).
+	Note string
 	// Err is nil while ownership is known and recorded; else it wraps
 	// ErrRecordUnreadable, ErrRecordUnwritable or ErrRecordMissing and
 	// says what to do.
@@ -195,6 +203,7 @@ type Binder struct {
 	// useMark: IFA_PROTO is written and read (every mode but record).
 	useMark bool
 	rec     *recordStore // nil without a record
+	note    string       // why a configured record is not used
 
 	mu          sync.Mutex
 	verified    bool // the kernel was seen to keep IFA_PROTO
@@ -226,8 +235,16 @@ func New(ns netns.NsHandle, cfg Config) (*Binder, error) {
 		return nil, errors.New("address ownership mode record needs an ownership record path")
 	}
 	var rec *recordStore
+	note := ""
 	if cfg.RecordPath != "" {
-		if rec, err = newRecordStore(cfg.RecordPath, ns); err != nil {
+		dir := filepath.Dir(cfg.RecordPath)
+		if _, err := os.Stat(dir); mode == OwnershipAuto && errors.Is(err, fs.ErrNotExist) {
+			// Degrade to the mark alone, as before records existed,
+			// rather than bind nothing; where the kernel drops the mark
+			// Bind then fails with ErrOwnershipUnsupported.
+			note = fmt.Sprintf("ownership record directory %s does not exist: running on the IFA_PROTO mark alone "+
+				"(mount the hostPath volume there to have the record)", dir)
+		} else if rec, err = newRecordStore(cfg.RecordPath, ns); err != nil {
 			return nil, err
 		}
 	}
@@ -240,7 +257,7 @@ func New(ns netns.NsHandle, cfg Config) (*Binder, error) {
 		h.Close()
 		return nil, err
 	}
-	return &Binder{links: h, h: h, rt: rt, cfg: cfg, proto: proto, useMark: mode != OwnershipRecord, rec: rec}, nil
+	return &Binder{links: h, h: h, rt: rt, cfg: cfg, proto: proto, useMark: mode != OwnershipRecord, rec: rec, note: note}, nil
 }
 
 // Close releases the Binder's netlink sockets. Bound addresses stay.
@@ -257,7 +274,11 @@ func (b *Binder) Proto() uint8 { return b.proto }
 func (b *Binder) Status() Status {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return Status{Mode: b.cfg.Ownership, RecordPath: b.cfg.RecordPath, MarkDropped: b.markDropped, Err: b.status}
+	st := Status{Mode: b.cfg.Ownership, MarkDropped: b.markDropped, Note: b.note, Err: b.status}
+	if b.rec != nil {
+		st.RecordPath = b.cfg.RecordPath
+	}
+	return st
 }
 
 // txn is one operation's view of the record, held under its lock.
