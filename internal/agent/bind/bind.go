@@ -55,9 +55,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
-	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -138,6 +138,10 @@ const (
 // testHook, when set (tests only), is called at each hook point.
 var testHook func(point string, ip netip.Addr)
 
+// testDropMark (tests only) leaves IFA_PROTO out of every RTM_NEWADDR that
+// adds an address, which is what a kernel before 5.18 does with it.
+var testDropMark bool
+
 func hook(point string, ip netip.Addr) {
 	if testHook != nil {
 		testHook(point, ip)
@@ -208,6 +212,7 @@ type Binder struct {
 	mu          sync.Mutex
 	verified    bool // the kernel was seen to keep IFA_PROTO
 	markDropped bool // the kernel was seen to drop IFA_PROTO
+	noRemark    bool // marking an address in place did not work: not tried again
 	status      error
 	lost        []recordEntry // listed by a record that disappeared, still present
 }
@@ -406,7 +411,7 @@ func (t *txn) tidy(present []kernelAddr) error {
 			return err
 		}
 	}
-	if b.useMark && !b.markDropped {
+	if b.useMark && !b.markDropped && !b.noRemark {
 		for _, a := range present {
 			if a.Proto != b.proto && slices.ContainsFunc(t.entries, func(e recordEntry) bool { return e.matches(a) }) {
 				b.mark(a)
@@ -426,11 +431,15 @@ func (b *Binder) mark(a kernelAddr) {
 		return
 	}
 	if err := b.rt.replaceAddr(want); err != nil {
+		b.noRemark = true
 		return
 	}
 	if got, ok := b.find(want); ok && got.Proto == b.proto {
 		b.verified = true
+		return
 	}
+	// The kernel drops the attribute, or does not update it on replace.
+	b.noRemark = true
 }
 
 func (b *Binder) find(want kernelAddr) (kernelAddr, bool) {
@@ -569,7 +578,11 @@ func (b *Binder) bindLocked(t *txn, ip netip.Addr) (bool, error) {
 			return false, fmt.Errorf("bind %s on %s: nothing added: %w", ip, name, err)
 		}
 		hook(hookRecorded, ip)
-		if err := b.rt.addAddr(want); err != nil {
+		sent := want
+		if testDropMark {
+			sent.Proto = 0
+		}
+		if err := b.rt.addAddr(sent); err != nil {
 			return false, b.addFailed(t, want, name, err)
 		}
 		hook(hookBound, ip)

@@ -13,3 +13,7 @@ const (
 
 // SetTestHook installs f as the package's test hook (nil removes it).
 func SetTestHook(f func(point string, ip netip.Addr)) { testHook = f }
+
+// SetDropMark makes the Binder add addresses as a kernel without IFA_PROTO
+// keeps them: without the attribute.
+func SetDropMark(on bool) { testDropMark = on }

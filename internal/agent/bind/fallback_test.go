@@ -676,3 +676,48 @@ func TestFallbackInterfaceGoneMidBind(t *testing.T) {
 		t.Errorf("record lists %v after the failed bind; want the entry withdrawn", got)
 	}
 }
+
+// TestFallbackAutoWhenKernelDropsMark: addresses come out unmarked, as on a
+// kernel before 5.18 (the attribute is left out of the add, a double for
+// the old kernel's silent drop). auto with a record keeps the address and
+// goes on with the record alone; proto refuses and leaves nothing behind.
+func TestFallbackAutoWhenKernelDropsMark(t *testing.T) {
+	p := nodeWithSubnets(t)
+	bind.SetDropMark(true)
+	t.Cleanup(func() { bind.SetDropMark(false) })
+	path := recordPath(t)
+	auto := newBinder(t, p.Node, bind.Config{RecordPath: path})
+	ips := addrs("192.0.2.10", "2001:db8::10")
+	for _, ip := range ips {
+		if changed, err := auto.Bind(ip); err != nil || !changed {
+			t.Fatalf("auto Bind(%s) = %v, %v; want true, nil", ip, changed, err)
+		}
+		if a := mustAddr(t, p.Node, ip); a.Proto != 0 {
+			t.Fatalf("%s carries proto %d; the double should have left it out", ip, a.Proto)
+		}
+	}
+	if st := auto.Status(); !st.MarkDropped || st.Err != nil {
+		t.Errorf("Status() = %+v; want MarkDropped, healthy", st)
+	}
+	// A restarted auto agent adopts them through the record.
+	if got := ownedIPs(t, newBinder(t, p.Node, bind.Config{RecordPath: path})); !slices.Equal(got, ips) {
+		t.Errorf("restarted auto Binder owns %v; want %v", got, ips)
+	}
+
+	proto := newBinder(t, p.Node, bind.Config{Ownership: bind.OwnershipProto})
+	other := netip.MustParseAddr("192.0.2.11")
+	if _, err := proto.Bind(other); !errors.Is(err, bind.ErrOwnershipUnsupported) {
+		t.Errorf("proto Bind = %v; want ErrOwnershipUnsupported", err)
+	}
+	mustAbsent(t, p.Node, other)
+
+	// auto without the record's directory runs on the mark alone and says so.
+	noDir := newBinder(t, p.Node, bind.Config{RecordPath: filepath.Join(t.TempDir(), "absent", "ownership.json")})
+	if st := noDir.Status(); st.RecordPath != "" || !strings.Contains(st.Note, "does not exist") {
+		t.Errorf("Status() without the record directory = %+v; want no record and a note", st)
+	}
+	if _, err := noDir.Bind(other); !errors.Is(err, bind.ErrOwnershipUnsupported) {
+		t.Errorf("auto Bind without mark or record = %v; want ErrOwnershipUnsupported", err)
+	}
+	mustAbsent(t, p.Node, other)
+}
