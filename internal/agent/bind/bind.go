@@ -381,7 +381,7 @@ func (t *txn) tidy(present []kernelAddr) error {
 		})
 	})
 	if len(b.lost) > 0 {
-		var ss []string
+		ss := make([]string, 0, len(b.lost))
 		for _, e := range b.lost {
 			ss = append(ss, fmt.Sprintf("%s/%d on %s", e.IP, e.PrefixLen, e.Interface))
 		}
