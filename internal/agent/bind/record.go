@@ -155,10 +155,11 @@ func (s *recordStore) load() ([]recordEntry, loadResult, error) {
 	if err != nil {
 		return nil, res, fmt.Errorf("%w: %s: %w", ErrRecordUnreadable, s.path, err)
 	}
+	// Unknown fields are ignored, so an agent rolled back during a surge
+	// update reads the record of a newer one; incompatible changes bump
+	// the version instead.
 	var f recordFile
-	dec := json.NewDecoder(strings.NewReader(string(raw)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	if err := json.Unmarshal(raw, &f); err != nil {
 		return nil, res, fmt.Errorf("%w: %s is corrupt: %w", ErrRecordUnreadable, s.path, err)
 	}
 	if f.Version != recordVersion {
