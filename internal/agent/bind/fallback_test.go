@@ -721,3 +721,31 @@ func TestFallbackAutoWhenKernelDropsMark(t *testing.T) {
 	}
 	mustAbsent(t, p.Node, other)
 }
+
+// TestFallbackRecordFromEarlierBootIsVoid: a record written before a reboot
+// (another boot_id) lists addresses that went with that boot; an address
+// now on the Node with the same IP, interface and prefix is someone else's
+// and stays, and the next write replaces the void record.
+func TestFallbackRecordFromEarlierBootIsVoid(t *testing.T) {
+	p := nodeWithSubnets(t)
+	path := recordPath(t)
+	idx := p.Node.Interface(t, p.NodeIf).Index
+	old := fmt.Sprintf(`{"version":1,"bootID":"00000000-0000-0000-0000-000000000000","netns":"0:0","addresses":[`+
+		`{"ip":"192.0.2.10","linkIndex":%d,"interface":%q,"prefixLen":32}]}`, idx, p.NodeIf)
+	if err := os.WriteFile(path, []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.Node.MustIP(t, "addr", "add", "192.0.2.10/32", "dev", p.NodeIf, "noprefixroute")
+	b := recordBinder(t, p.Node, path)
+	if got := ownedIPs(t, b); len(got) != 0 {
+		t.Fatalf("Owned() with a record of an earlier boot = %v; want nothing", got)
+	}
+	fresh := netip.MustParseAddr("192.0.2.11")
+	if _, removed, err := b.Sync([]netip.Addr{fresh}); err != nil || len(removed) != 0 {
+		t.Fatalf("Sync = %v, %v; want nothing removed", removed, err)
+	}
+	mustAddr(t, p.Node, netip.MustParseAddr("192.0.2.10"))
+	if got := recordedIPs(t, path); !slices.Equal(got, []netip.Addr{fresh}) {
+		t.Errorf("record lists %v; want only [%s] of this boot", got, fresh)
+	}
+}
