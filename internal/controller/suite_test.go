@@ -46,7 +46,15 @@ type fakeAgent struct {
 	mu       sync.Mutex
 	bound    map[netip.Addr]bool
 	stopped  bool
-	datapath *report.DatapathStatus // served as the report's finding
+	datapath *report.DatapathStatus  // served as the report's finding
+	owner    *report.OwnershipStatus // served as the report's ownership status
+}
+
+// setOwnership sets the ownership status the agent serves (nil: none).
+func (a *fakeAgent) setOwnership(st *report.OwnershipStatus) {
+	a.mu.Lock()
+	a.owner = st
+	a.mu.Unlock()
 }
 
 // setDatapath sets the datapath finding the agent serves (nil: none).
@@ -59,7 +67,7 @@ func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner}
 	for ip := range a.bound {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
 	}
