@@ -152,8 +152,8 @@ func (d *Datapath) Close() error {
 	return nil
 }
 
-func (d *Datapath) nft() (*nftables.Conn, error) {
-	var opts []nftables.ConnOption
+func (d *Datapath) nft(extra ...nftables.ConnOption) (*nftables.Conn, error) {
+	opts := extra
 	if d.ns.IsOpen() {
 		opts = append(opts, nftables.WithNetNSFd(int(d.ns)))
 	}
@@ -394,7 +394,7 @@ func (d *Datapath) writeTable(plan Plan) error {
 	if err := d.harvest(); err != nil {
 		return err
 	}
-	c, err := d.nft()
+	c, err := d.nft(sendBuffer(plan.NFT))
 	if err != nil {
 		return err
 	}

@@ -160,7 +160,7 @@ func (d *Datapath) isolate(st State) (map[string]refusal, error) {
 // transaction creates and deletes: the kernel validates everything and
 // keeps nothing. A scratch table left by a crash is replaced.
 func (d *Datapath) tryTable(nft Ruleset) error {
-	c, err := d.nft()
+	c, err := d.nft(sendBuffer(nft))
 	if err != nil {
 		return err
 	}

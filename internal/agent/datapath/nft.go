@@ -275,7 +275,10 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 	}
 	for _, s := range b.sets {
 		if !s.Set.Interval {
+			// Egresses may share an egress IP: one element per key, as
+			// the kernel keeps it.
 			slices.SortFunc(s.Elements, func(x, y nftables.SetElement) int { return slices.Compare(x.Key, y.Key) })
+			s.Elements = slices.CompactFunc(s.Elements, func(x, y nftables.SetElement) bool { return slices.Equal(x.Key, y.Key) })
 		}
 	}
 }
