@@ -88,7 +88,13 @@ type Agent struct {
 
 	// dpStatus is the datapath finding served in the report (nil: none).
 	dpStatus atomic.Pointer[report.DatapathStatus]
+	// refused is the datapath's refused Egresses the report serves.
+	refused atomic.Pointer[[]report.RefusedEgress]
 }
+
+// SetRefused sets the Egresses whose datapath this Node's kernel refuses,
+// as the report serves them (Report.Refused); nil or empty clears them.
+func (a *Agent) SetRefused(rs []report.RefusedEgress) { a.refused.Store(&rs) }
 
 // SetDatapathStatus sets the datapath finding the report serves; nil
 // removes it.
@@ -187,6 +193,9 @@ func (a *Agent) Report() report.Report {
 	if st := a.dpStatus.Load(); st != nil {
 		c := *st
 		r.Datapath = &c
+	}
+	if rs := a.refused.Load(); rs != nil && len(*rs) > 0 {
+		r.Refused = slices.Clone(*rs)
 	}
 	r.Sort()
 	return r

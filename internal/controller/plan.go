@@ -390,6 +390,8 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		}
 	}
 
+	refused := refusalsOf(in.Nodes, in.Agents)
+
 	// Statuses.
 	attach := map[string][]netip.Addr{}
 	attachNode := map[string]string{}
@@ -479,6 +481,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			}
 		}
 		rc := readyCondition(e, st, in.Agents)
+		applyRefusal(e, refused[e.Name], &rc, &ch)
 		if rc.Reason == ReasonBinding {
 			out.Awaited = append(out.Awaited, st.EgressNode)
 		}

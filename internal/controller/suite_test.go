@@ -47,6 +47,14 @@ type fakeAgent struct {
 	bound    map[netip.Addr]bool
 	stopped  bool
 	datapath *report.DatapathStatus // served as the report's finding
+	refused  []report.RefusedEgress // served as the report's refused Egresses
+}
+
+// setRefused sets the refused Egresses the agent serves (nil: none).
+func (a *fakeAgent) setRefused(rs []report.RefusedEgress) {
+	a.mu.Lock()
+	a.refused = rs
+	a.mu.Unlock()
 }
 
 // setDatapath sets the datapath finding the agent serves (nil: none).
@@ -59,7 +67,7 @@ func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Refused: a.refused}
 	for ip := range a.bound {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
 	}

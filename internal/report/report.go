@@ -55,6 +55,27 @@ type Report struct {
 	// check turned off, or has not checked yet. The controller mirrors it
 	// in the Node condition EgressDatapathSupported.
 	Datapath *DatapathStatus `json:"datapath,omitempty"`
+	// Refused lists the Egresses whose part of the datapath the Node's
+	// kernel refuses (the agent programs every other Egress), sorted by
+	// name, at most MaxRefused. The controller turns each one not Ready,
+	// naming the Node.
+	Refused []RefusedEgress `json:"refused,omitempty"`
+}
+
+// MaxRefused bounds Report.Refused, in entries; MaxRefusedMessage bounds
+// RefusedEgress.Message, in bytes.
+const (
+	MaxRefused        = 256
+	MaxRefusedMessage = 512
+)
+
+// RefusedEgress is one Egress whose datapath the agent cannot program.
+type RefusedEgress struct {
+	// Egress is the Egress's name.
+	Egress string `json:"egress"`
+	// Message is the kernel's error for the Egress's part, at most
+	// MaxRefusedMessage bytes.
+	Message string `json:"message"`
 }
 
 // Reasons of DatapathStatus, also the reasons of the Node condition.
