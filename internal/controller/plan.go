@@ -481,6 +481,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			}
 		}
 		rc := readyCondition(e, st, in.Agents)
+		rc.Message += noPodsNote(e)
 		applyRefusal(e, refused[e.Name], &rc, &ch)
 		if rc.Reason == ReasonBinding {
 			out.Awaited = append(out.Awaited, st.EgressNode)
