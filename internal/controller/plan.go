@@ -86,6 +86,9 @@ type egressChange struct {
 	// SelectorEvent, when set, is the note of a Warning Event
 	// (ReasonInvalidSelector): the Egress's selectors became unparsable.
 	SelectorEvent string
+	// IPChangedNote, when set, is the note of the EgressIPChanged Warning
+	// Event: status.egressIP changes from one address to another.
+	IPChangedNote string
 }
 
 // passOutput is what a pass decides.
@@ -502,8 +505,10 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			meta.RemoveStatusCondition(&st.Conditions, v1.ConditionSelectorValid)
 		}
 		ch.Status = st
+		ch.IPChangedNote = ipChangedNote(e, st)
 		out.Egresses[e.Name] = ch
 	}
+	setSharedWith(out.Egresses)
 
 	if out.Cloud != nil {
 		for ifc, ipl := range attach {
