@@ -266,22 +266,22 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 		in.CIDRs.ServiceCIDRs = serviceCIDRPrefixes(&scs)
 	}
 	var (
-		egs    v1alpha1.EgressList
-		pools  v1alpha1.ExternalIPPoolList
-		nss    corev1.NamespaceList
-		pods   corev1.PodList
-		slices v1alpha1.EgressMemberSliceList
-		nodes  corev1.NodeList
+		egs   v1alpha1.EgressList
+		pools v1alpha1.ExternalIPPoolList
+		nss   corev1.NamespaceList
+		pods  corev1.PodList
+		sls   v1alpha1.EgressMemberSliceList
+		nodes corev1.NodeList
 	)
 	for _, l := range []struct {
 		what string
 		list client.ObjectList
-	}{{"Egresses", &egs}, {"ExternalIPPools", &pools}, {"Namespaces", &nss}, {"Pods", &pods}, {"EgressMemberSlices", &slices}, {"Nodes", &nodes}} {
+	}{{"Egresses", &egs}, {"ExternalIPPools", &pools}, {"Namespaces", &nss}, {"Pods", &pods}, {"EgressMemberSlices", &sls}, {"Nodes", &nodes}} {
 		if err := r.reader.List(ctx, l.list); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list %s: %w", l.what, err)
 		}
 	}
-	in.Egresses, in.Pools, in.Namespaces, in.Pods, in.Slices, in.Nodes = egs.Items, pools.Items, nss.Items, pods.Items, slices.Items, nodes.Items
+	in.Egresses, in.Pools, in.Namespaces, in.Pods, in.Slices, in.Nodes = egs.Items, pools.Items, nss.Items, pods.Items, sls.Items, nodes.Items
 	r.checkHostStack(ctx, pods.Items)
 	st := computeState(in)
 

@@ -95,7 +95,12 @@ func TestOneEgressFailsAgentReportsAndKeepsApplying(t *testing.T) {
 	mctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
 	last := func() []report.RefusedEgress {
 		mu.Lock()
 		defer mu.Unlock()

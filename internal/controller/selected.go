@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -66,15 +67,8 @@ func noPodsNote(e *v1.Egress) string {
 
 // joinNames lists names as "a, b and c".
 func joinNames(ns []string) string {
-	switch len(ns) {
-	case 0:
-		return ""
-	case 1:
-		return ns[0]
+	if len(ns) < 2 {
+		return strings.Join(ns, "")
 	}
-	out := ns[0]
-	for _, n := range ns[1 : len(ns)-1] {
-		out += ", " + n
-	}
-	return out + " and " + ns[len(ns)-1]
+	return strings.Join(ns[:len(ns)-1], ", ") + " and " + ns[len(ns)-1]
 }
