@@ -400,7 +400,9 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 	attachNode := map[string]string{}
 	for i := range egs {
 		e := &egs[i]
-		st := v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions)}
+		// selectedPods and shadowedBy belong to the member publication
+		// (MembersReconciler.writeSelected): kept as they are.
+		st := v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions), SelectedPods: e.Status.SelectedPods, ShadowedBy: e.Status.ShadowedBy}
 		ch := egressChange{}
 		meta.SetStatusCondition(&st.Conditions, withGen(allocCond[i], e.Generation))
 		if ips[i].IsValid() {
