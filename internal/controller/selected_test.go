@@ -62,3 +62,20 @@ func TestSelectedPodsShadowedByOlderEgress(t *testing.T) {
 		return count(e) == "1" && c != nil && !strings.Contains(c.Message, "selects no Pod"), describe(e)
 	})
 }
+
+// waitCounted waits until the member publication has counted every named
+// Egress's Pods (status.selectedPods) and the pass has written the Ready
+// message that goes with the count: the status tests compare is settled.
+func (cl *cluster) waitCounted(names ...string) {
+	cl.t.Helper()
+	for _, n := range names {
+		cl.eventually(n+" counted", func() (bool, string) {
+			e := cl.get(n)
+			c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady)
+			if e.Status.SelectedPods == nil || c == nil {
+				return false, describe(e)
+			}
+			return (*e.Status.SelectedPods == 0) == strings.Contains(c.Message, "selects no Pod"), describe(e)
+		})
+	}
+}
