@@ -156,6 +156,31 @@ type EgressStatus struct {
 	// +kubebuilder:validation:Pattern=`^([0-9a-f]{2}:){5}[0-9a-f]{2}$`
 	InterfaceMAC string `json:"interfaceMAC,omitempty"`
 
+	// SelectedPods is the number of Pods whose traffic uses this Egress, as
+	// the controller last published them in EgressMemberSlices. A Pod that
+	// an older Egress also selects counts for the older one only (the
+	// oldest Egress wins). Absent until the first count.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	SelectedPods *int32 `json:"selectedPods,omitempty"`
+
+	// ShadowedBy names, while SelectedPods is 0, the older Egresses that
+	// hold the Pods this Egress's selectors match (at most 3, sorted).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=3
+	// +kubebuilder:validation:items:MaxLength=253
+	ShadowedBy []string `json:"shadowedBy,omitempty"`
+
+	// SharedWith names the other Egresses that use the same egress IP
+	// (sharing is allowed: one Node holds the address for all of them);
+	// at most 8, sorted.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=253
+	SharedWith []string `json:"sharedWith,omitempty"`
+
 	// Conditions are IPAllocated, Assigned and Ready, each with a reason and
 	// a message that says what to do when it is False.
 	// +optional
@@ -180,6 +205,7 @@ type EgressStatus struct {
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.externalIPPool`,priority=1,description="ExternalIPPool"
 // +kubebuilder:printcolumn:name="Failure-Policy",type=string,JSONPath=`.spec.failurePolicy`,priority=1,description="What the Pods get while no Node holds the IP"
+// +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.selectedPods`,priority=1,description="Pods whose traffic uses this Egress"
 type Egress struct {
 	metav1.TypeMeta `json:",inline"`
 

@@ -100,7 +100,13 @@ type Agent struct {
 	dpStatus atomic.Pointer[report.DatapathStatus]
 	// ownStatus is the ownership status served in the report.
 	ownStatus atomic.Pointer[report.OwnershipStatus]
+	// refused is the datapath's refused Egresses the report serves.
+	refused atomic.Pointer[[]report.RefusedEgress]
 }
+
+// SetRefused sets the Egresses whose datapath this Node's kernel refuses,
+// as the report serves them (Report.Refused); nil or empty clears them.
+func (a *Agent) SetRefused(rs []report.RefusedEgress) { a.refused.Store(&rs) }
 
 // SetDatapathStatus sets the datapath finding the report serves; nil
 // removes it.
@@ -209,6 +215,9 @@ func (a *Agent) Report() report.Report {
 	if st := a.ownStatus.Load(); st != nil {
 		c := *st
 		r.Ownership = &c
+	}
+	if rs := a.refused.Load(); rs != nil && len(*rs) > 0 {
+		r.Refused = slices.Clone(*rs)
 	}
 	r.Sort()
 	return r

@@ -197,6 +197,9 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			if ch.EventReason != "" {
 				r.Recorder.Eventf(e, nil, ch.EventType, ch.EventReason, "Schedule", "%s", ch.EventNote)
 			}
+			if ch.IPChangedNote != "" {
+				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, EventEgressIPChanged, "Allocate", "%s", ch.IPChangedNote)
+			}
 			if ch.SelectorEvent != "" {
 				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
 			}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -282,7 +283,7 @@ func (l *Liveness) notify() {
 }
 
 func sameBound(a, b report.Report) bool {
-	if a.Instance != b.Instance || len(a.Bound) != len(b.Bound) {
+	if a.Instance != b.Instance || len(a.Bound) != len(b.Bound) || !slices.Equal(a.Refused, b.Refused) {
 		return false
 	}
 	for i := range a.Bound {

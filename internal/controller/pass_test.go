@@ -361,6 +361,7 @@ func TestControllerRestartMovesNothing(t *testing.T) {
 		cl.egress(e, "restart", "")
 	}
 	cl.waitReady(egs...)
+	cl.waitCounted(egs...)
 	before := map[string]v1.EgressStatus{}
 	for _, e := range egs {
 		before[e] = cl.get(e).Status
@@ -412,6 +413,7 @@ func TestLeaderHandOverMovesNothing(t *testing.T) {
 		cl.egress(e, "leader", "")
 	}
 	cl.waitReady(egs...)
+	cl.waitCounted(egs...)
 	start("b")
 	before := map[string]v1.EgressStatus{}
 	for _, e := range egs {

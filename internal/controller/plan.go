@@ -87,6 +87,9 @@ type egressChange struct {
 	// SelectorEvent, when set, is the note of a Warning Event
 	// (ReasonInvalidSelector): the Egress's selectors became unparsable.
 	SelectorEvent string
+	// IPChangedNote, when set, is the note of the EgressIPChanged Warning
+	// Event: status.egressIP changes from one address to another.
+	IPChangedNote string
 }
 
 // passOutput is what a pass decides.
@@ -393,12 +396,16 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		}
 	}
 
+	refused := refusalsOf(in.Nodes, in.Agents)
+
 	// Statuses.
 	attach := map[string][]netip.Addr{}
 	attachNode := map[string]string{}
 	for i := range egs {
 		e := &egs[i]
-		st := v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions)}
+		// selectedPods and shadowedBy belong to the member publication
+		// (MembersReconciler.writeSelected): kept as they are.
+		st := v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions), SelectedPods: e.Status.SelectedPods, ShadowedBy: e.Status.ShadowedBy}
 		ch := egressChange{}
 		meta.SetStatusCondition(&st.Conditions, withGen(allocCond[i], e.Generation))
 		if ips[i].IsValid() {
@@ -482,6 +489,8 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			}
 		}
 		rc := readyCondition(e, st, in.Agents)
+		rc.Message += noPodsNote(e)
+		applyRefusal(e, refused[e.Name], &rc, &ch)
 		if rc.Reason == ReasonBinding {
 			out.Awaited = append(out.Awaited, st.EgressNode)
 		}
@@ -501,8 +510,10 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			meta.RemoveStatusCondition(&st.Conditions, v1.ConditionSelectorValid)
 		}
 		ch.Status = st
+		ch.IPChangedNote = ipChangedNote(e, st)
 		out.Egresses[e.Name] = ch
 	}
+	setSharedWith(out.Egresses)
 
 	if out.Cloud != nil {
 		for ifc, ipl := range attach {

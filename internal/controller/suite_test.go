@@ -48,12 +48,20 @@ type fakeAgent struct {
 	stopped  bool
 	datapath *report.DatapathStatus  // served as the report's finding
 	owner    *report.OwnershipStatus // served as the report's ownership status
+	refused  []report.RefusedEgress  // served as the report's refused Egresses
 }
 
 // setOwnership sets the ownership status the agent serves (nil: none).
 func (a *fakeAgent) setOwnership(st *report.OwnershipStatus) {
 	a.mu.Lock()
 	a.owner = st
+	a.mu.Unlock()
+}
+
+// setRefused sets the refused Egresses the agent serves (nil: none).
+func (a *fakeAgent) setRefused(rs []report.RefusedEgress) {
+	a.mu.Lock()
+	a.refused = rs
 	a.mu.Unlock()
 }
 
@@ -67,7 +75,7 @@ func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, Refused: a.refused}
 	for ip := range a.bound {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
 	}

@@ -60,6 +60,11 @@ type Report struct {
 	// not report it. The controller mirrors it in the Node condition
 	// EgressIPOwnershipKnown.
 	Ownership *OwnershipStatus `json:"ownership,omitempty"`
+	// Refused lists the Egresses whose part of the datapath the Node's
+	// kernel refuses (the agent programs every other Egress), sorted by
+	// name, at most MaxRefused. The controller turns each one not Ready,
+	// naming the Node.
+	Refused []RefusedEgress `json:"refused,omitempty"`
 }
 
 // Reasons of OwnershipStatus, also the reasons of the Node condition.
@@ -92,6 +97,22 @@ type OwnershipStatus struct {
 	Reason string `json:"reason"`
 	// Message is human-readable, at most MaxDatapathMessage bytes.
 	Message string `json:"message,omitempty"`
+}
+
+// MaxRefused bounds Report.Refused, in entries; MaxRefusedMessage bounds
+// RefusedEgress.Message, in bytes.
+const (
+	MaxRefused        = 256
+	MaxRefusedMessage = 512
+)
+
+// RefusedEgress is one Egress whose datapath the agent cannot program.
+type RefusedEgress struct {
+	// Egress is the Egress's name.
+	Egress string `json:"egress"`
+	// Message is the kernel's error for the Egress's part, at most
+	// MaxRefusedMessage bytes.
+	Message string `json:"message"`
 }
 
 // Reasons of DatapathStatus, also the reasons of the Node condition.

@@ -194,12 +194,21 @@ func (v *EgressValidator) ValidateCreate(ctx context.Context, e *v1.Egress) (adm
 		return nil, apierrors.NewInvalid(egressGK, e.Name, field.ErrorList{field.Invalid(field.NewPath("spec", "externalIPPool"), e.Spec.ExternalIPPool,
 			fmt.Sprintf("ExternalIPPool %q is being deleted", e.Spec.ExternalIPPool))})
 	}
-	return v.validate(ctx, e)
+	ws, err := v.validate(ctx, e)
+	if err != nil {
+		return ws, err
+	}
+	return append(ws, v.egressWarnings(ctx, nil, e)...), nil
 }
 
-// ValidateUpdate rejects an egressIP outside the named pool.
-func (v *EgressValidator) ValidateUpdate(ctx context.Context, _, e *v1.Egress) (admission.Warnings, error) {
-	return v.validate(ctx, e)
+// ValidateUpdate rejects an egressIP outside the named pool, and warns
+// of an edit that changes the Egress's source address.
+func (v *EgressValidator) ValidateUpdate(ctx context.Context, old, e *v1.Egress) (admission.Warnings, error) {
+	ws, err := v.validate(ctx, e)
+	if err != nil {
+		return ws, err
+	}
+	return append(ws, v.egressWarnings(ctx, old, e)...), nil
 }
 
 // ValidateDelete allows deletion.
