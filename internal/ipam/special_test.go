@@ -58,7 +58,7 @@ func TestWithExclusions(t *testing.T) {
 	p := mustPool(t, &SubnetInfo{Gateway: "192.0.2.1"}, cidr("192.0.2.0/29"))
 	q := p.WithExclusions([]Exclusion{
 		{netip.MustParseAddr("192.0.2.2"), "is the InternalIP of Node a"},
-		{netip.MustParseAddr("192.0.2.2"), "is the ExternalIP of Node b"}, // duplicate: first reason kept
+		{netip.MustParseAddr("192.0.2.2"), "is the ExternalIP of Node b"},  // duplicate: first reason kept
 		{netip.MustParseAddr("192.0.2.1"), "is the InternalIP of Node gw"}, // the gateway already
 		{netip.MustParseAddr("192.0.2.200"), "outside"},
 		{netip.MustParseAddr("2001:db8::1"), "other family"},
