@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -281,7 +282,11 @@ func sameBound(a, b report.Report) bool {
 			return false
 		}
 	}
-	return true
+	// A new or changed refusal is news too: the Egress's Ready condition
+	// says why it is not bound.
+	return slices.EqualFunc(a.Refused, b.Refused, func(x, y report.RefusedIP) bool {
+		return x.IP == y.IP && x.Message == y.Message && slices.Equal(x.Egresses, y.Egresses)
+	})
 }
 
 // nodeAddress is the address the agent of n is reached at: its first

@@ -47,6 +47,24 @@ type fakeAgent struct {
 	bound    map[netip.Addr]bool
 	stopped  bool
 	datapath *report.DatapathStatus // served as the report's finding
+	// refuse lists IPs the agent reports refused (with the message)
+	// instead of bound, as the real agent does for an address it will not
+	// bind.
+	refuse map[netip.Addr]string
+}
+
+// setRefused makes the agent refuse ip with msg ("" stops refusing).
+func (a *fakeAgent) setRefused(ip netip.Addr, msg string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.refuse == nil {
+		a.refuse = map[netip.Addr]string{}
+	}
+	if msg == "" {
+		delete(a.refuse, ip)
+		return
+	}
+	a.refuse[ip] = msg
 }
 
 // setDatapath sets the datapath finding the agent serves (nil: none).
@@ -61,8 +79,13 @@ func (a *fakeAgent) current() report.Report {
 	defer a.mu.Unlock()
 	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath}
 	for ip := range a.bound {
+		if msg, ok := a.refuse[ip]; ok {
+			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})
+			continue
+		}
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
 	}
+	r.Sort()
 	return r
 }
 

@@ -130,3 +130,13 @@ func (p *Pool) WithExclusions(ex []Exclusion) *Pool {
 	q.build(ex)
 	return q
 }
+
+// Specials returns the SpecialBlocks that share addresses with the
+// pool's ranges, by address.
+func (p *Pool) Specials() []SpecialBlock {
+	out := make([]SpecialBlock, len(p.special))
+	for i, ss := range p.special {
+		out[i] = ss.block
+	}
+	return out
+}
