@@ -7,6 +7,13 @@
 //   - an Egress's spec.egressIP must lie in the pool it names and be of that
 //     pool's family (when the pool exists; a missing pool is reported by the
 //     controller as a condition, since pools may be created after Egresses);
+//   - a pool's ranges must not contain special-purpose addresses
+//     (loopback, link-local, multicast, ...: ipam.SpecialBlocks); CEL
+//     refuses such a cidr, this check finds them in start/end ranges. A
+//     pool whose ranges hold Node addresses is admitted with a warning;
+//   - an Egress's named spec.egressIP must not be a Node's own address
+//     (an InternalIP or ExternalIP in status.addresses), checked when it is
+//     new or changed;
 //   - an Egress's appliedTo selectors must parse as Kubernetes label
 //     selectors (label values and matchExpressions keys and values; CEL in
 //     the schema checks the operators and matchLabels keys, but checking
@@ -66,12 +73,18 @@ type PoolValidator struct {
 
 // ValidateCreate rejects a pool that overlaps another pool.
 func (v *PoolValidator) ValidateCreate(ctx context.Context, p *v1.ExternalIPPool) (admission.Warnings, error) {
-	return nil, v.validate(ctx, nil, p)
+	if err := v.validate(ctx, nil, p); err != nil {
+		return nil, err
+	}
+	return v.poolWarnings(ctx, nil, p), nil
 }
 
 // ValidateUpdate rejects overlaps and updates that drop allocated IPs.
 func (v *PoolValidator) ValidateUpdate(ctx context.Context, old, p *v1.ExternalIPPool) (admission.Warnings, error) {
-	return nil, v.validate(ctx, old, p)
+	if err := v.validate(ctx, old, p); err != nil {
+		return nil, err
+	}
+	return v.poolWarnings(ctx, old, p), nil
 }
 
 // ValidateDelete allows deletion; a pool in use waits on its finalizer.
@@ -107,7 +120,7 @@ func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool)
 		// newer of two overlapping pools not Ready.
 		return nil
 	}
-	var errs field.ErrorList
+	errs := specialRangeErrors(pool, rangesPath)
 	var pools v1.ExternalIPPoolList
 	if err := v.Reader.List(ctx, &pools); err != nil {
 		return apierrors.NewInternalError(fmt.Errorf("list ExternalIPPools: %w", err))
@@ -171,12 +184,22 @@ func (v *EgressValidator) ValidateCreate(ctx context.Context, e *v1.Egress) (adm
 		return nil, apierrors.NewInvalid(egressGK, e.Name, field.ErrorList{field.Invalid(field.NewPath("spec", "externalIPPool"), e.Spec.ExternalIPPool,
 			fmt.Sprintf("ExternalIPPool %q is being deleted", e.Spec.ExternalIPPool))})
 	}
-	return v.validate(ctx, e)
+	w, err := v.validate(ctx, e)
+	if err == nil {
+		err = v.checkNodeAddress(ctx, e)
+	}
+	return w, err
 }
 
 // ValidateUpdate rejects an egressIP outside the named pool.
-func (v *EgressValidator) ValidateUpdate(ctx context.Context, _, e *v1.Egress) (admission.Warnings, error) {
-	return v.validate(ctx, e)
+func (v *EgressValidator) ValidateUpdate(ctx context.Context, old, e *v1.Egress) (admission.Warnings, error) {
+	w, err := v.validate(ctx, e)
+	if err == nil && old.Spec.EgressIP != e.Spec.EgressIP {
+		// Only a newly named IP: an Egress whose Node took its address
+		// later must stay editable (the controller reports the conflict).
+		err = v.checkNodeAddress(ctx, e)
+	}
+	return w, err
 }
 
 // ValidateDelete allows deletion.
