@@ -83,6 +83,9 @@ type Agent struct {
 
 	mu    sync.Mutex
 	state map[netip.Addr]*entry
+	// refused are the assigned IPs the last reconcile did not bind, and
+	// why (report.Report.Refused).
+	refused []report.RefusedIP
 
 	synced atomic.Bool // a reconcile has completed
 
@@ -183,6 +186,10 @@ func (a *Agent) Report() report.Report {
 	r := report.Report{Node: a.cfg.NodeName, Instance: a.instance, Bound: make([]report.BoundIP, 0, len(a.state))}
 	for ip, e := range a.state {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: e.iface, Announced: e.announced})
+	}
+	for _, rf := range a.refused {
+		rf.Egresses = slices.Clone(rf.Egresses)
+		r.Refused = append(r.Refused, rf)
 	}
 	if st := a.dpStatus.Load(); st != nil {
 		c := *st
@@ -324,6 +331,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 		}
 		a.mu.Unlock()
 		a.setBoundGauge()
+		a.setRefused(d.refused, nil)
 		return errors.Join(syncErr, err)
 	}
 
@@ -331,6 +339,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	for _, b := range after {
 		byIP[b.Addr] = append(byIP[b.Addr], b)
 	}
+	a.setRefused(d.refused, bindRefusals(d.ips, byIP, syncErr))
 	// Errors, counted per IP from what the kernel holds afterwards.
 	nBind, nUnbind := 0, 0
 	for _, ip := range d.ips {
