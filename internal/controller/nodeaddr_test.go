@@ -224,3 +224,49 @@ func TestStatusOutsidePoolIsReplaced(t *testing.T) {
 		t.Errorf("egressIP = %s, want 192.0.2.1 back", e.Status.EgressIP)
 	}
 }
+
+// TestReservedAddressInsideRangeNeverAllocated: a pool whose range ends are
+// unicast but which spans loopback (admitted before the webhook refused
+// such ranges; this suite runs without the webhook) never hands out
+// 127.0.0.0/8, says so in status.excluded, and an Egress whose status holds
+// a loopback address gets another one with a Warning Event, never staying
+// in Binding (issue 15 fault 2).
+func TestReservedAddressInsideRangeNeverAllocated(t *testing.T) {
+	cl := newCluster(t, "rsvin", 1, 10)
+	cl.pool("rsvin", func(p *v1.ExternalIPPool) {
+		p.Spec.IPRanges = []v1.IPRange{{Start: "126.255.255.254", End: "128.0.0.1"}}
+	})
+	for _, n := range []string{"rsvin-a", "rsvin-b", "rsvin-c"} {
+		cl.egress(n, "rsvin", "")
+	}
+	got := cl.waitReady("rsvin-a", "rsvin-b", "rsvin-c")
+	var ips []string
+	for _, e := range got {
+		ips = append(ips, e.Status.EgressIP)
+	}
+	slices.Sort(ips)
+	if want := []string{"126.255.255.254", "126.255.255.255", "128.0.0.0"}; !slices.Equal(ips, want) {
+		t.Errorf("allocated %v, want %v (127.0.0.0/8 skipped)", ips, want)
+	}
+	cl.eventually("pool status counts the loopback block", func() (bool, string) {
+		var p v1.ExternalIPPool
+		if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: "rsvin"}, &p); err != nil {
+			return false, err.Error()
+		}
+		want := []v1.ExcludedAddresses{{Reason: v1.ExcludedSpecialPurpose, Count: 1 << 24,
+			Message: "special-purpose addresses inside the ranges, never egress IPs: loopback 127.0.0.0/8; split the ranges around them"}}
+		return slices.Equal(p.Status.Excluded, want) && p.Status.Usage.Total == 4, fmt.Sprintf("excluded %+v usage %+v", p.Status.Excluded, p.Status.Usage)
+	})
+
+	e := cl.get("rsvin-c")
+	patch := client.MergeFrom(e.DeepCopy())
+	e.Status.EgressIP = "127.0.0.0"
+	if err := cl.c.Status().Patch(cl.ctx, e, patch); err != nil {
+		t.Fatal(err)
+	}
+	cl.warningEvent("rsvin-c", v1.ReasonStatusIPRejected,
+		`status.egressIP 127.0.0.0 cannot come from ExternalIPPool "rsvin": IP 127.0.0.0 is a loopback address (127.0.0.0/8, RFC 1122), which is never allocated`)
+	if e := cl.waitReady("rsvin-c")["rsvin-c"]; e.Status.EgressIP == "127.0.0.0" {
+		t.Errorf("rsvin-c kept 127.0.0.0: %s", describe(e))
+	}
+}
