@@ -97,8 +97,9 @@ func excludedStatus(pool *ipam.Pool, idx nodeaddr.Index, nodeIPs []netip.Addr) [
 			Message: "addresses of Nodes, never egress IPs: " + strings.Join(names, ", ")})
 	}
 	if ex.SpecialPurpose > 0 {
-		var names []string
-		for _, b := range pool.Specials() {
+		blocks := pool.Specials()
+		names := make([]string, 0, len(blocks))
+		for _, b := range blocks {
 			names = append(names, fmt.Sprintf("%s %s", b.What, b.Prefix))
 		}
 		out = append(out, v1.ExcludedAddresses{Reason: v1.ExcludedSpecialPurpose, Count: saturate(ex.SpecialPurpose),

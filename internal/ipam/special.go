@@ -35,12 +35,15 @@ var SpecialBlocks = []SpecialBlock{
 	{netip.MustParsePrefix("169.254.0.0/16"), "link-local", "RFC 3927"},
 	{netip.MustParsePrefix("224.0.0.0/4"), "multicast", "RFC 5771"},
 	{netip.MustParsePrefix("255.255.255.255/32"), "limited broadcast", "RFC 919"},
-	{netip.MustParsePrefix("::/128"), "unspecified", "RFC 4291"},
-	{netip.MustParsePrefix("::1/128"), "loopback", "RFC 4291"},
-	{netip.MustParsePrefix("::ffff:0:0/96"), "IPv4-mapped", "RFC 4291"},
-	{netip.MustParsePrefix("fe80::/10"), "link-local", "RFC 4291"},
-	{netip.MustParsePrefix("ff00::/8"), "multicast", "RFC 4291"},
+	{netip.MustParsePrefix("::/128"), "unspecified", rfc4291},
+	{netip.MustParsePrefix("::1/128"), "loopback", rfc4291},
+	{netip.MustParsePrefix("::ffff:0:0/96"), "IPv4-mapped", rfc4291},
+	{netip.MustParsePrefix("fe80::/10"), "link-local", rfc4291},
+	{netip.MustParsePrefix("ff00::/8"), "multicast", rfc4291},
 }
+
+// rfc4291 is the IPv6 addressing architecture, source of most IPv6 blocks.
+const rfc4291 = "RFC 4291"
 
 // specialSpan is a SpecialBlock as an interval of the pool's family.
 type specialSpan struct {

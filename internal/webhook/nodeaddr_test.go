@@ -46,7 +46,7 @@ func warningClient(t *testing.T) (client.Client, *warnings) {
 	return c, w
 }
 
-func node(t *testing.T, name string, addrs ...corev1.NodeAddress) *corev1.Node {
+func node(t *testing.T, name string, addrs ...corev1.NodeAddress) {
 	t.Helper()
 	ctx := context.Background()
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
@@ -58,7 +58,6 @@ func node(t *testing.T, name string, addrs ...corev1.NodeAddress) *corev1.Node {
 	if err := env.Client.Status().Update(ctx, n); err != nil {
 		t.Fatal(err)
 	}
-	return n
 }
 
 // TestNodeAddressNamedEgressIPRejected: a named spec.egressIP equal to a
