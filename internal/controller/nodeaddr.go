@@ -119,9 +119,9 @@ func excludedSummary(ex []v1.ExcludedAddresses) string {
 	for _, e := range ex {
 		switch e.Reason {
 		case v1.ExcludedNodeAddress:
-			parts = append(parts, fmt.Sprintf("%d Node addresses", e.Count))
+			parts = append(parts, countOf(e.Count, "Node address"))
 		case v1.ExcludedSpecialPurpose:
-			parts = append(parts, fmt.Sprintf("%d special-purpose addresses", e.Count))
+			parts = append(parts, countOf(e.Count, "special-purpose address"))
 		}
 	}
 	if len(parts) == 0 {
@@ -156,4 +156,12 @@ func statusIPKept(e *v1.Egress, pool *ipam.Pool, idx nodeaddr.Index, held map[ne
 		return netip.Addr{}, false, nil, fmt.Sprintf("status.egressIP %s cannot come from ExternalIPPool %q: %v; no agent binds it and the controller allocates another address", ip, e.Spec.ExternalIPPool, cerr)
 	}
 	return netip.Addr{}, false, nil, ""
+}
+
+// countOf reads "1 Node address" or "3 Node addresses".
+func countOf(n int64, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ses", n, what)
 }

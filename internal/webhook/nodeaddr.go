@@ -121,7 +121,11 @@ func nodeAddressWarnings(ctx context.Context, r client.Reader, pool *ipam.Pool) 
 	if n > len(named) {
 		named = append(named, fmt.Sprintf("and %d more", n-len(named)))
 	}
-	return admission.Warnings{fmt.Sprintf("ipRanges contain %d Node addresses, which are never allocated (status.excluded counts them): %s", n, strings.Join(named, ", "))}
+	what := fmt.Sprintf("%d Node addresses, which are", n)
+	if n == 1 {
+		what = "1 Node address, which is"
+	}
+	return admission.Warnings{fmt.Sprintf("ipRanges contain %s never allocated (status.excluded counts them): %s", what, strings.Join(named, ", "))}
 }
 
 // poolWarnings are the admission warnings of a pool whose ranges are new

@@ -123,7 +123,7 @@ func TestNodeAddressPoolAdmitted(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p) })
-	want := "ipRanges contain 1 Node addresses, which are never allocated (status.excluded counts them): 198.51.100.194 (the InternalIP of Node napool-node)"
+	want := "ipRanges contain 1 Node address, which is never allocated (status.excluded counts them): 198.51.100.194 (the InternalIP of Node napool-node)"
 	if got := w.all(); len(got) != 1 || got[0] != want {
 		t.Fatalf("warnings %q, want [%q]", got, want)
 	}
