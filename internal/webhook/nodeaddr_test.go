@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
@@ -75,12 +76,18 @@ func TestNodeAddressNamedEgressIPRejected(t *testing.T) {
 	create(t, egress("nan-external", "nan-pool", "198.51.100.131"), `is the ExternalIP of Node nan-node`)
 	create(t, egress("nan-ok", "nan-pool", "198.51.100.140"), "")
 
-	var e v1.Egress
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: "nan-ok"}, &e); err != nil {
-		t.Fatal(err)
+	// update edits nan-ok, retrying when the controller wrote in between.
+	update := func(mutate func(*v1.Egress)) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			var e v1.Egress
+			if err := env.Client.Get(ctx, client.ObjectKey{Name: "nan-ok"}, &e); err != nil {
+				return err
+			}
+			mutate(&e)
+			return env.Client.Update(ctx, &e)
+		})
 	}
-	e.Spec.EgressIP = "198.51.100.131"
-	if err := env.Client.Update(ctx, &e); err == nil || !strings.Contains(err.Error(), "is the ExternalIP of Node nan-node") {
+	if err := update(func(e *v1.Egress) { e.Spec.EgressIP = "198.51.100.131" }); err == nil || !strings.Contains(err.Error(), "is the ExternalIP of Node nan-node") {
 		t.Fatalf("update to a Node address: want refused naming nan-node, got %v", err)
 	}
 
@@ -94,11 +101,7 @@ func TestNodeAddressNamedEgressIPRejected(t *testing.T) {
 		t.Fatal(err)
 	}
 	create(t, egress("nan-probe", "nan-pool", "198.51.100.140"), "is the InternalIP of Node nan-node") // the cache has it now
-	if err := env.Client.Get(ctx, client.ObjectKey{Name: "nan-ok"}, &e); err != nil {
-		t.Fatal(err)
-	}
-	e.Labels = map[string]string{"edited": "true"}
-	if err := env.Client.Update(ctx, &e); err != nil {
+	if err := update(func(e *v1.Egress) { e.Labels = map[string]string{"edited": "true"} }); err != nil {
 		t.Errorf("label edit of an Egress whose IP a Node took later: %v", err)
 	}
 }
