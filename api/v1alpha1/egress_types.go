@@ -97,16 +97,19 @@ type EgressSpec struct {
 	// +kubebuilder:validation:MinLength=2
 	// +kubebuilder:validation:MaxLength=39
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="egressIP must be an IPv4 or IPv6 address such as 192.0.2.5 (no zone, no IPv4-mapped IPv6, no leading zeros)"
-	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="egressIP must be written in canonical form (lower case, shortest IPv6 form, for example 2001:db8::5)"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="egressIP must be written in canonical form (RFC 5952 for IPv6: lower case, no leading zeros, :: for the longest run of two or more zero groups but never for a single one, as in 2001:db8::5 or 2001:db8:0:1:1:1:1:1)"
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip(self).isGlobalUnicast()",message="egressIP must be a unicast address (not loopback, link-local, multicast or unspecified)"
 	EgressIP string `json:"egressIP,omitempty"`
 
 	// FailurePolicy says what happens to the selected Pods' traffic to
 	// destinations outside the cluster while no Node holds the egress IP
 	// (no IP allocated, no eligible Node, or a failover in progress): Fail
-	// rejects it at once (the sender gets an ICMP host unreachable error,
-	// EHOSTUNREACH on a socket), Ignore lets it leave with the IP of the
-	// Pod's Node, as if no Egress selected the Pod. The names and the
+	// rejects it at once (new connections and UDP get ICMP "administratively
+	// prohibited" on IPv4 or "address unreachable" on IPv6, so connect and
+	// send fail with EHOSTUNREACH; segments of a TCP connection opened
+	// earlier get a TCP reset, ECONNRESET; see docs/datapath.md), Ignore
+	// lets it leave with the IP of the Pod's Node, as if no Egress selected
+	// the Pod. The names and the
 	// default follow the admission webhooks' failurePolicy: Fail is safe for
 	// allow-lists, Ignore keeps traffic flowing. Either way the Egress shows
 	// Ready=False with reason NoEgressNode.

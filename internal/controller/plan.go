@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -603,7 +604,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInUse,
 				Message: fmt.Sprintf("deletion waits: Egresses %s still use this pool; delete them or point them at another pool", strings.Join(held, ", ")), ObservedGeneration: p.Generation})
 			if ps.err == nil && ps.alloc != nil && ps.cloud == nil {
-				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), Used: saturate(ps.alloc.Used())}
+				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), TotalText: ps.alloc.TotalText(), Used: saturate(ps.alloc.Used())}
 			}
 			if ps.cloud != nil {
 				cs := out.Cloud.Pools[p.Name].Status
@@ -619,18 +620,18 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 				co := out.Cloud.Pools[p.Name]
 				cs := co.Status
 				st.Cloud = &cs
-				st.Usage = v1.IPPoolUsage{Total: int64(cs.Attached), Used: int64(cs.Allocated)}
+				st.Usage = v1.IPPoolUsage{Total: int64(cs.Attached), TotalText: strconv.Itoa(int(cs.Attached)), Used: int64(cs.Allocated)}
 				if ps.alloc != nil {
-					st.Usage.Total = saturate(ps.alloc.Total())
+					st.Usage.Total, st.Usage.TotalText = saturate(ps.alloc.Total()), ps.alloc.TotalText()
 				}
 			} else {
-				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), Used: saturate(ps.alloc.Used())}
+				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), TotalText: ps.alloc.TotalText(), Used: saturate(ps.alloc.Used())}
 			}
 			if ps.pool != nil && ps.cloud == nil {
 				st.Excluded = excludedStatus(ps.pool, nodeIdx, ps.nodeIPs)
 			}
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonValid,
-				Message: fmt.Sprintf("%d of %d IPs used", st.Usage.Used, st.Usage.Total) + excludedSummary(st.Excluded), ObservedGeneration: p.Generation})
+				Message: fmt.Sprintf("%d of %s IPs used", st.Usage.Used, st.Usage.TotalText) + excludedSummary(st.Excluded), ObservedGeneration: p.Generation})
 		}
 		out.Pools[p.Name] = st
 	}

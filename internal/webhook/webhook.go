@@ -27,6 +27,7 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -111,7 +112,7 @@ func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool)
 	}
 	pool, err := poolspec.Parse(p)
 	if err != nil {
-		return apierrors.NewInvalid(poolGK, p.Name, field.ErrorList{field.Invalid(rangesPath, "", err.Error())})
+		return apierrors.NewInvalid(poolGK, p.Name, specErrors(err))
 	}
 	if old != nil && equality.Semantic.DeepEqual(old.Spec.IPRanges, p.Spec.IPRanges) {
 		// Ranges unchanged (labels, finalizers, the node selector...): a
@@ -165,6 +166,28 @@ func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool)
 		return apierrors.NewInvalid(poolGK, p.Name, errs)
 	}
 	return nil
+}
+
+// specErrors turns ipam's FieldErrors (fields relative to spec, such as
+// "ipRanges[1]") into API field errors under spec, each with the value it
+// is about, so that a within-pool overlap reads
+// `spec.ipRanges[1]: Invalid value: "192.0.2.8/29": overlaps ipRanges[0] (192.0.2.0/28)`.
+// Any other error is reported against spec.ipRanges.
+func specErrors(err error) field.ErrorList {
+	var fes ipam.FieldErrors
+	if !errors.As(err, &fes) {
+		return field.ErrorList{field.Invalid(field.NewPath("spec", "ipRanges"), "", err.Error())}
+	}
+	out := make(field.ErrorList, 0, len(fes))
+	for _, fe := range fes {
+		path := "spec." + fe.Field
+		var bad any = fe.Value
+		if fe.Value == "" {
+			bad = field.OmitValueType{} // "Invalid value: <reason>", not `Invalid value: ""`
+		}
+		out = append(out, &field.Error{Type: field.ErrorTypeInvalid, Field: path, BadValue: bad, Detail: fe.Reason})
+	}
+	return out
 }
 
 // EgressValidator checks an Egress's selectors, and its named IP against

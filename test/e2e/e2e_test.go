@@ -82,6 +82,16 @@ func run(m *testing.M) int {
 	if log != nil {
 		cfg.Log = log
 	}
+	// Every process's log in a file of its own, as the demo keeps them
+	// (TestLogFiles); E2E_LOG_DIR keeps them after the run.
+	cfg.LogDir = os.Getenv("E2E_LOG_DIR")
+	if cfg.LogDir == "" {
+		if cfg.LogDir, err = os.MkdirTemp("", "egressip-e2e-logs-"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer func() { _ = os.RemoveAll(cfg.LogDir) }()
+	}
 	c, err = harness.Start(context.Background(), cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
@@ -412,4 +422,39 @@ func TestMetricsDocumented(t *testing.T) {
 		}
 	}
 	t.Logf("%d documented metrics, all served (%d endpoints scraped)", len(documented), len(endpoints))
+}
+
+// TestLogFiles checks the files the demo names in --keep mode: one per
+// process (controller, kube-apiserver, etcd, each agent), each holding that
+// process's own output.
+func TestLogFiles(t *testing.T) {
+	files := c.LogFiles()
+	want := map[string]string{ // a line each process writes at start
+		harness.LogController: "Starting manager",
+		harness.LogAPIServer:  "",
+		harness.LogEtcd:       `"msg":`,
+	}
+	for _, n := range c.Nodes {
+		want[n.Name] = "datapath on"
+	}
+	if len(files) != len(want) {
+		t.Errorf("LogFiles names %d files, want %d: %v", len(files), len(want), files)
+	}
+	for name, sub := range want {
+		p := files[name]
+		if p == "" {
+			t.Errorf("no log file for %s", name)
+			continue
+		}
+		ok := harness.WaitFor(context.Background(), 10*time.Second, func() bool {
+			b, err := os.ReadFile(p)
+			return err == nil && len(b) > 0 && strings.Contains(string(b), sub)
+		})
+		b, _ := os.ReadFile(p)
+		if !ok {
+			t.Errorf("%s: log %s holds %d bytes, want a line containing %q", name, p, len(b), sub)
+			continue
+		}
+		t.Logf("%-16s %s: %d bytes", name, p, len(b))
+	}
 }

@@ -56,6 +56,11 @@ type Config struct {
 	BinDir string
 	// Log receives the processes' output; nil discards it.
 	Log io.Writer
+	// LogDir, when set, also receives each process's standard output and
+	// error in a file of its own (see LogFiles): the controller, every
+	// agent, kube-apiserver and etcd. The files are appended to across
+	// restarts and outlive the cluster.
+	LogDir string
 	// ControllerArgs are extra flags for egressip-controller.
 	ControllerArgs []string
 	// Datapath runs the agents with --datapath=true (Pod CIDRs from the
@@ -95,6 +100,8 @@ type Cluster struct {
 
 	dir            string
 	agentConfig    string
+	logMu          sync.Mutex
+	logFiles       map[string]*os.File
 	mu             sync.Mutex
 	controller     *exec.Cmd
 	controllerDone chan struct{}
@@ -122,7 +129,13 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := c.network(); err != nil {
 		return nil, err
 	}
-	c.Env, err = testenv.Start(testenv.WithWebhooks(), testenv.WithAPIServerAddress(BridgeV4.String()))
+	if cfg.LogDir != "" {
+		if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+			return nil, fmt.Errorf("log directory: %w", err)
+		}
+	}
+	c.Env, err = testenv.Start(testenv.WithWebhooks(), testenv.WithAPIServerAddress(BridgeV4.String()),
+		testenv.WithControlPlaneOutput(c.output(LogAPIServer), c.output(LogEtcd)))
 	if err != nil {
 		return nil, err
 	}
@@ -303,7 +316,8 @@ func (c *Cluster) StartController() error {
 		"--webhook-cert-path", wo.CertDir, "--webhook-port", strconv.Itoa(wo.Port),
 	}, c.Config.ControllerArgs...)
 	cmd := exec.Command(filepath.Join(c.Config.BinDir, "egressip-controller"), args...)
-	cmd.Stdout, cmd.Stderr = prefixed(c.Config.Log, "controller"), prefixed(c.Config.Log, "controller")
+	cmd.Stdout = c.output(LogController)
+	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start egressip-controller: %w", err)
 	}
@@ -334,7 +348,8 @@ func (c *Cluster) StartAgent(n *Node) error {
 	if c.Config.Datapath {
 		cmd.Args = append(cmd.Args, "--datapath=true", "--service-cidrs="+ServiceRangeV4.String()+","+ServiceRangeV6.String())
 	}
-	cmd.Stdout, cmd.Stderr = prefixed(c.Config.Log, n.Name), prefixed(c.Config.Log, n.Name)
+	cmd.Stdout = c.output(n.Name)
+	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start agent of %s: %w", n.Name, err)
 	}
@@ -449,6 +464,76 @@ func (c *Cluster) Stop() {
 	if c.dir != "" {
 		_ = os.RemoveAll(c.dir)
 	}
+	c.logMu.Lock()
+	for _, f := range c.logFiles {
+		_ = f.Close()
+	}
+	c.logFiles = nil
+	c.logMu.Unlock()
+}
+
+// Names of the log files in Config.LogDir besides one per agent, named
+// after its Node (<Node>.log).
+const (
+	LogController = "controller"
+	LogAPIServer  = "kube-apiserver"
+	LogEtcd       = "etcd"
+)
+
+// LogFiles returns the log file of each process by name (LogController,
+// LogAPIServer, LogEtcd and each Node's name for its agent), or nil
+// without Config.LogDir.
+func (c *Cluster) LogFiles() map[string]string {
+	if c.Config.LogDir == "" {
+		return nil
+	}
+	m := map[string]string{}
+	for _, name := range append([]string{LogController, LogAPIServer, LogEtcd}, c.nodeNames()...) {
+		m[name] = c.logPath(name)
+	}
+	return m
+}
+
+func (c *Cluster) nodeNames() []string {
+	names := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		names[i] = n.Name
+	}
+	return names
+}
+
+func (c *Cluster) logPath(name string) string {
+	return filepath.Join(c.Config.LogDir, name+".log")
+}
+
+// output is where process name writes: Config.Log with a "[name] " prefix
+// on each line, and its file in Config.LogDir when set (opened once, for
+// appending, so a restarted agent continues its file). A file that cannot
+// be opened is reported on Config.Log and skipped.
+func (c *Cluster) output(name string) io.Writer {
+	w := prefixed(c.Config.Log, name)
+	if c.Config.LogDir == "" {
+		return w
+	}
+	c.logMu.Lock()
+	defer c.logMu.Unlock()
+	f, ok := c.logFiles[name]
+	if !ok {
+		var err error
+		f, err = os.OpenFile(c.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			_, _ = fmt.Fprintf(c.Config.Log, "[%s] log file: %v\n", name, err)
+			return w
+		}
+		if c.logFiles == nil {
+			c.logFiles = map[string]*os.File{}
+		}
+		c.logFiles[name] = f
+	}
+	if w == io.Discard {
+		return f
+	}
+	return io.MultiWriter(w, f)
 }
 
 // prefixed writes each line to w with "[name] " in front.
