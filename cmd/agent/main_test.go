@@ -152,6 +152,25 @@ func TestBadCIDRFlagFails(t *testing.T) {
 	}
 }
 
+func TestBadOwnershipFlagsFail(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--address-ownership", "labels"}, "--address-ownership"},
+		// With --netns there is no default record, and record mode needs one.
+		{[]string{"--address-ownership=record", "--netns", "/run/netns/none"}, "--ownership-record"},
+	} {
+		p := startAgentProc(t, []string{"NODE_NAME=n1"}, tc.args...)
+		if code := p.wait(t, 30*time.Second); code != 2 {
+			t.Fatalf("%q: exit code %d, want 2", tc.args, code)
+		}
+		if !strings.Contains(p.stderr.String(), tc.want) {
+			t.Errorf("%q: stderr does not mention %s:\n%s", tc.args, tc.want, p.stderr.String())
+		}
+	}
+}
+
 func TestCIDRList(t *testing.T) {
 	var c cidrList
 	if c.list != nil {

@@ -225,6 +225,8 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 	preferred := make([]string, len(egs)) // cloud pools: the Node holding the address
 	allocCond := make([]metav1.Condition, len(egs))
 	var pending []int
+	keeper := statusKeepers(egs)
+	keeps := func(i int, ip netip.Addr) bool { k, ok := keeper[ip]; return !ok || k == i }
 	for i := range egs {
 		e := &egs[i]
 		ps := pools[e.Spec.ExternalIPPool]
@@ -255,7 +257,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			if err != nil && e.Status.EgressIP == "" {
 				ip, err = in.Cloud.Recent[e.Name], nil // our write may not be in the cache yet
 			}
-			if err == nil && ip.IsValid() && cp.checkNamed(ip, ps.pool) == nil && !cp.used[ip] {
+			if err == nil && ip.IsValid() && cp.checkNamed(ip, ps.pool) == nil && !cp.used[ip] && keeps(i, ip) {
 				cp.used[ip] = true
 				ips[i] = ip
 				if e.Status.EgressIP == "" {
@@ -285,7 +287,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 			continue
 		}
-		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) {
+		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) && keeps(i, ip) {
 			if err := ps.alloc.Reserve(ip); err == nil {
 				ips[i] = ip
 				allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
@@ -654,6 +656,65 @@ func selectorError(e *v1.Egress) error {
 		}
 	}
 	return nil
+}
+
+// statusKeepers says, for each address that the statuses of two or more
+// Egresses without spec.egressIP hold, which of them keeps it (its index
+// in egs): the one whose traffic already uses it. That is, in order: the
+// one Ready on it, the one assigned to a Node, the one whose IPAllocated
+// condition became true first, then the older (olderFirst). The others
+// get a new address, so the source address of an Egress in use never
+// changes because another claims it (issue 23). Addresses held once are
+// not in the map.
+func statusKeepers(egs []v1.Egress) map[netip.Addr]int {
+	byIP := map[netip.Addr][]int{}
+	for i := range egs {
+		if egs[i].Spec.EgressIP != "" {
+			continue
+		}
+		if ip, err := netip.ParseAddr(egs[i].Status.EgressIP); err == nil {
+			byIP[ip] = append(byIP[ip], i)
+		}
+	}
+	keeper := map[netip.Addr]int{}
+	for ip, claim := range byIP {
+		if len(claim) < 2 {
+			continue
+		}
+		keeper[ip] = slices.MinFunc(claim, func(a, b int) int { return inUseFirst(&egs[a], &egs[b]) })
+	}
+	return keeper
+}
+
+// inUseFirst orders two Egresses claiming one address: Ready before not,
+// assigned before not, allocated earlier before later, then olderFirst.
+func inUseFirst(a, b *v1.Egress) int {
+	for _, t := range []string{v1.ConditionReady, v1.ConditionAssigned} {
+		ta, tb := meta.IsStatusConditionTrue(a.Status.Conditions, t), meta.IsStatusConditionTrue(b.Status.Conditions, t)
+		if ta != tb {
+			if ta {
+				return -1
+			}
+			return 1
+		}
+	}
+	since := func(e *v1.Egress) metav1.Time {
+		if c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated); c != nil && c.Status == metav1.ConditionTrue {
+			return c.LastTransitionTime
+		}
+		return metav1.Time{}
+	}
+	sa, sb := since(a), since(b)
+	switch {
+	case !sa.IsZero() && !sb.IsZero() && !sa.Equal(&sb):
+		return sa.Compare(sb.Time)
+	case sa.IsZero() != sb.IsZero():
+		if !sa.IsZero() {
+			return -1
+		}
+		return 1
+	}
+	return olderFirst(&a.ObjectMeta, &b.ObjectMeta)
 }
 
 // olderFirst orders objects by creationTimestamp, then name: the priority

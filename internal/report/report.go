@@ -60,6 +60,11 @@ type Report struct {
 	// reason in the Ready condition of the Egresses asking for the IP
 	// instead of waiting for a binding that will not come.
 	Refused []RefusedIP `json:"refused,omitempty"`
+	// Ownership is how the agent knows which addresses are its own and
+	// whether its ownership record is healthy; nil from agents that do
+	// not report it. The controller mirrors it in the Node condition
+	// EgressIPOwnershipKnown.
+	Ownership *OwnershipStatus `json:"ownership,omitempty"`
 }
 
 // MaxRefusedMessage bounds RefusedIP.Message, in bytes.
@@ -86,6 +91,38 @@ func (r *Report) LookupRefused(ip netip.Addr) (RefusedIP, bool) {
 		return RefusedIP{}, false
 	}
 	return r.Refused[i], true
+}
+
+// Reasons of OwnershipStatus, also the reasons of the Node condition.
+const (
+	// ReasonOwnershipMark: addresses are marked with IFA_PROTO (and
+	// recorded, where a record is configured).
+	ReasonOwnershipMark = "AddressProtocol"
+	// ReasonOwnershipRecord: the ownership record alone (kernel before
+	// 5.18, or forced with --address-ownership=record).
+	ReasonOwnershipRecord = "OwnershipRecord"
+	// ReasonRecordUnreadable: the record cannot be read or parsed; the
+	// agent binds and unbinds nothing until it is fixed.
+	ReasonRecordUnreadable = "OwnershipRecordUnreadable"
+	// ReasonRecordUnwritable: the record cannot be written; addresses
+	// that would need a record entry are not added.
+	ReasonRecordUnwritable = "OwnershipRecordUnwritable"
+	// ReasonRecordMissing: the record disappeared while it listed
+	// addresses; they are left alone.
+	ReasonRecordMissing = "OwnershipRecordMissing"
+)
+
+// OwnershipStatus is how an agent keeps address ownership, and any problem.
+type OwnershipStatus struct {
+	// Mode is the configured mode (auto, proto or record).
+	Mode string `json:"mode"`
+	// Healthy is false while the record is unreadable, unwritable or
+	// missing (Reason and Message say which and what to do).
+	Healthy bool `json:"healthy"`
+	// Reason is one of the ReasonOwnership* / ReasonRecord* constants.
+	Reason string `json:"reason"`
+	// Message is human-readable, at most MaxDatapathMessage bytes.
+	Message string `json:"message,omitempty"`
 }
 
 // Reasons of DatapathStatus, also the reasons of the Node condition.

@@ -78,7 +78,7 @@ func run(m *testing.M) int {
 	cfg := harness.Config{Prefix: prefix, Nodes: 3, BinDir: bin, Datapath: true, Pods: []harness.PodTemplate{
 		{Namespace: "e2e-pay", NamespaceLabels: map[string]string{"team": "e2e-pay"}, Name: "pay", Labels: map[string]string{"app": "pay"}},
 		{Namespace: "e2e-other", NamespaceLabels: map[string]string{"team": "e2e-other"}, Name: "other", Labels: map[string]string{"app": "other"}},
-	}}
+	}, RecordNodes: []int{1}} // n1 in forced-fallback mode (TestFallbackNode)
 	if log != nil {
 		cfg.Log = log
 	}
@@ -314,7 +314,13 @@ func TestAgentSurgeUpdate(t *testing.T) {
 func agentReplacedInPlace(t *testing.T, name, what string, replace func(n *harness.Node)) {
 	t.Helper()
 	newEgress(t, name, "office-egress", "")
-	e := waitReady(t, name)[name]
+	replacedInPlace(t, waitReady(t, name)[name], what, replace)
+}
+
+// replacedInPlace is agentReplacedInPlace for an Egress e that is Ready.
+func replacedInPlace(t *testing.T, e *v1.Egress, what string, replace func(n *harness.Node)) {
+	t.Helper()
+	name := e.Name
 	ip := netip.MustParseAddr(e.Status.EgressIP)
 	n := c.Node(e.Status.EgressNode)
 	w, err := c.WatchARP(ip, 20*time.Millisecond)

@@ -44,6 +44,9 @@ type Datapath struct {
 	eips  map[string]netip.Addr
 	// members is the programmed member classification (Plan.Members).
 	members map[netip.Addr]uint32
+	// assigning holds the Egresses last applied with Assigning set (in
+	// memory only: after a restart none is taken for assigning).
+	assigning map[string]bool
 	// applied is the last Plan applied; nil until the first Apply, which
 	// then reconciles against the kernel rather than memory.
 	applied *Plan
@@ -273,6 +276,7 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 		logger.Info("conntrack entries deleted after role changes", "entries", n)
 	}
 	d.ids, d.roles, d.eips, d.members, d.applied = plan.IDs, plan.Roles, plan.EIPs, plan.Members, &plan
+	d.assigning = assigningOf(st)
 	return buildErr
 }
 
@@ -672,10 +676,13 @@ func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 func (d *Datapath) cleanConntrack(plan Plan, st State) (uint, error) {
 	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}, left: map[netip.Addr]uint32{}, joinedFailed: map[netip.Addr]bool{}}
 	// failed: marks of Egresses rejected here, true when that began now.
+	// An Egress waiting for its first assignment does not count: flows
+	// that predate it are not cut (they are once it is failed for good).
 	failed := map[uint32]bool{}
+	assigning := assigningOf(st)
 	for name, role := range plan.Roles {
-		if role == RoleFailed {
-			failed[d.cfg.Mark(plan.IDs[name])] = d.roles[name] != RoleFailed || d.ids[name] != plan.IDs[name]
+		if role == RoleFailed && !assigning[name] {
+			failed[d.cfg.Mark(plan.IDs[name])] = d.roles[name] != RoleFailed || d.ids[name] != plan.IDs[name] || d.assigning[name]
 		}
 	}
 	for ip, mark := range plan.Members {
@@ -718,6 +725,18 @@ func (d *Datapath) cleanConntrack(plan Plan, st State) (uint, error) {
 		}
 	}
 	return total, nil
+}
+
+// assigningOf returns the Egresses of st under RoleFailed that wait for
+// their first assignment (Egress.Assigning).
+func assigningOf(st State) map[string]bool {
+	m := map[string]bool{}
+	for _, e := range st.Egresses {
+		if e.Role == RoleFailed && e.Assigning {
+			m[e.Name] = true
+		}
+	}
+	return m
 }
 
 // Teardown removes everything the datapath owns: the nftables table, the

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -69,6 +70,11 @@ type Config struct {
 	// Pods are run on every Node, behind a stand-in CNI, with an external
 	// server (ExtV4, ExtV6) that reports the source address it sees.
 	Pods []PodTemplate
+	// RecordNodes are the numbers (1..Nodes) of the Nodes whose agent runs
+	// in forced-fallback mode (--address-ownership=record: as on a kernel
+	// without IFA_PROTO); the others run in the default mode, auto. Every
+	// agent has an ownership record of its own (Node.Record).
+	RecordNodes []int
 }
 
 // Node is one Node: a network namespace with an agent.
@@ -77,6 +83,11 @@ type Node struct {
 	IPv4 netip.Addr
 	IPv6 netip.Addr
 	MAC  net.HardwareAddr
+	// Record is the path of the agent's ownership record.
+	Record string
+	// ForcedFallback: the agent runs with --address-ownership=record
+	// (Config.RecordNodes).
+	ForcedFallback bool
 
 	mu        sync.Mutex
 	agent     *exec.Cmd
@@ -212,6 +223,8 @@ func (c *Cluster) network() error {
 			return err
 		}
 		n.MAC = mac
+		n.Record = filepath.Join(c.dir, n.Name+"-ownership.json")
+		n.ForcedFallback = slices.Contains(c.Config.RecordNodes, i)
 		c.Nodes = append(c.Nodes, n)
 	}
 	_, err := c.host(c.ClientNS, "vethc", ClientV4, ClientV6)
@@ -345,6 +358,10 @@ func (c *Cluster) StartAgent(n *Node) error {
 	cmd := exec.Command("ip", "netns", "exec", n.Name, filepath.Join(c.Config.BinDir, "egressip-agent"),
 		"--kubeconfig", c.agentConfig, "--node-name", n.Name, "--health-probe-bind-address", "0",
 		"--metrics-bind-address", fmt.Sprintf(":%d", AgentMetricsPort))
+	cmd.Args = append(cmd.Args, "--ownership-record="+n.Record)
+	if n.ForcedFallback {
+		cmd.Args = append(cmd.Args, "--address-ownership=record")
+	}
 	if c.Config.Datapath {
 		cmd.Args = append(cmd.Args, "--datapath=true", "--service-cidrs="+ServiceRangeV4.String()+","+ServiceRangeV6.String())
 	}
