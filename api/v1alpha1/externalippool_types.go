@@ -53,15 +53,17 @@ import (
 // +kubebuilder:validation:XValidation:rule="!has(self.start) || !has(self.end) || !isIP(self.start) || !isIP(self.end) || ip(self.start).family() != ip(self.end).family() || ![0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94, 95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127].exists(k, (k < 32 || ip(self.start).family() == 6) && cidr(self.start + ['/0', '/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127'][k]).masked().ip() == cidr(self.end + ['/0', '/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127'][k]).masked().ip() && !(cidr(self.start + ['/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127', '/128'][k]).masked().ip() == cidr(self.start + ['/0', '/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127'][k]).masked().ip()) && cidr(self.end + ['/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127', '/128'][k]).masked().ip() == cidr(self.end + ['/0', '/1', '/2', '/3', '/4', '/5', '/6', '/7', '/8', '/9', '/10', '/11', '/12', '/13', '/14', '/15', '/16', '/17', '/18', '/19', '/20', '/21', '/22', '/23', '/24', '/25', '/26', '/27', '/28', '/29', '/30', '/31', '/32', '/33', '/34', '/35', '/36', '/37', '/38', '/39', '/40', '/41', '/42', '/43', '/44', '/45', '/46', '/47', '/48', '/49', '/50', '/51', '/52', '/53', '/54', '/55', '/56', '/57', '/58', '/59', '/60', '/61', '/62', '/63', '/64', '/65', '/66', '/67', '/68', '/69', '/70', '/71', '/72', '/73', '/74', '/75', '/76', '/77', '/78', '/79', '/80', '/81', '/82', '/83', '/84', '/85', '/86', '/87', '/88', '/89', '/90', '/91', '/92', '/93', '/94', '/95', '/96', '/97', '/98', '/99', '/100', '/101', '/102', '/103', '/104', '/105', '/106', '/107', '/108', '/109', '/110', '/111', '/112', '/113', '/114', '/115', '/116', '/117', '/118', '/119', '/120', '/121', '/122', '/123', '/124', '/125', '/126', '/127'][k]).masked().ip())",messageExpression="'start ' + self.start + ' is greater than end ' + self.end + ': a range runs from start up to end'"
 type IPRange struct {
 	// CIDR is a block of addresses in CIDR notation, such as 192.0.2.0/28 or
-	// 2001:db8::/120, with no host bits set. For IPv4 blocks larger than /31
-	// the network and broadcast addresses are never allocated; /31 and /32
-	// give every address (RFC 3021).
+	// 2001:db8::/120, with no host bits set, containing no loopback,
+	// link-local, multicast or broadcast address. For IPv4
+	// blocks larger than /31 the network and broadcast addresses are never
+	// allocated; /31 and /32 give every address (RFC 3021).
 	// +optional
 	// +kubebuilder:validation:MaxLength=43
 	// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="cidr must be a CIDR such as 192.0.2.0/28 or 2001:db8::/120"
 	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || string(cidr(self)) == self",message="cidr must be written in canonical form (RFC 5952 for IPv6: lower case, no leading zeros, :: for the longest run of two or more zero groups but never for a single one, as in 2001:db8::5 or 2001:db8:0:1:1:1:1:1)"
 	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="cidr must not have host bits set (for example 192.0.2.0/28, not 192.0.2.5/28)"
 	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self).ip().isGlobalUnicast()",message="cidr must be a unicast block (not loopback, link-local, multicast or unspecified)"
+	// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || !cidr(self).ip().isGlobalUnicast() || !['127.0.0.0/8', '169.254.0.0/16', '224.0.0.0/4', '255.255.255.255/32', 'fe80::/10', 'ff00::/8'].exists(b, cidr(self).containsCIDR(b))",message="cidr must not contain loopback, link-local, multicast or broadcast addresses (127.0.0.0/8, 169.254.0.0/16, 224.0.0.0/4, 255.255.255.255, fe80::/10, ff00::/8): they are never egress IPs; split it into blocks around them"
 	CIDR string `json:"cidr,omitempty"`
 
 	// Start is the first address of an inclusive range, such as 192.0.2.100.
@@ -283,12 +285,45 @@ type CloudPoolStatus struct {
 	WarmIPs []WarmIP `json:"warmIPs,omitempty"`
 }
 
+// ExcludedAddresses counts the addresses of a pool's ranges that are never
+// allocated for one reason.
+type ExcludedAddresses struct {
+	// Reason is NodeAddress (an InternalIP or ExternalIP of a Node),
+	// SpecialPurpose (loopback, link-local, multicast, "this network",
+	// broadcast, unspecified or IPv4-mapped) or Reserved (the gateway, or a
+	// network, broadcast or Subnet-Router anycast address).
+	// +required
+	// +kubebuilder:validation:Enum=NodeAddress;SpecialPurpose;Reserved
+	Reason string `json:"reason"`
+
+	// Count is the number of such addresses in the pool's ranges; it
+	// saturates at 2^63-1.
+	// +required
+	// +kubebuilder:validation:Minimum=0
+	Count int64 `json:"count"`
+
+	// Message says which addresses, such as "192.0.2.10 (InternalIP of Node
+	// worker-1)", naming at most a few.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
+}
+
 // ExternalIPPoolStatus is the observed state of an ExternalIPPool, written by
 // the controller.
 type ExternalIPPoolStatus struct {
 	// Usage counts the pool's addresses.
 	// +optional
 	Usage IPPoolUsage `json:"usage,omitempty"`
+
+	// Excluded counts, by reason, the addresses of the pool's ranges that
+	// are never allocated (they are not part of usage.total). Absent when
+	// there are none.
+	// +optional
+	// +listType=map
+	// +listMapKey=reason
+	// +kubebuilder:validation:MaxItems=3
+	Excluded []ExcludedAddresses `json:"excluded,omitempty"`
 
 	// Cloud is the state of a cloud-backed pool's attached addresses.
 	// +optional

@@ -290,6 +290,12 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 	pair, check := nodePair(t)
 	node := "sigterm-node"
 	ctx := context.Background()
+	// The agent binds only addresses of the Egress's pool.
+	office := &v1alpha1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: "office"},
+		Spec: v1alpha1.ExternalIPPoolSpec{IPRanges: []v1alpha1.IPRange{{CIDR: "192.0.2.0/24"}}}}
+	if err := env.Client.Create(ctx, office); err != nil {
+		t.Fatal(err)
+	}
 	eg := &v1alpha1.Egress{
 		ObjectMeta: metav1.ObjectMeta{Name: "sigterm"},
 		Spec: v1alpha1.EgressSpec{

@@ -93,6 +93,9 @@ type Agent struct {
 
 	mu    sync.Mutex
 	state map[netip.Addr]*entry
+	// refused are the assigned IPs the last reconcile did not bind, and
+	// why (report.Report.Refused).
+	refused []report.RefusedIP
 
 	synced atomic.Bool // a reconcile has completed
 
@@ -100,13 +103,14 @@ type Agent struct {
 	dpStatus atomic.Pointer[report.DatapathStatus]
 	// ownStatus is the ownership status served in the report.
 	ownStatus atomic.Pointer[report.OwnershipStatus]
-	// refused is the datapath's refused Egresses the report serves.
-	refused atomic.Pointer[[]report.RefusedEgress]
+	// refusedEgresses is the datapath's refused Egresses the report serves.
+	refusedEgresses atomic.Pointer[[]report.RefusedEgress]
 }
 
-// SetRefused sets the Egresses whose datapath this Node's kernel refuses,
-// as the report serves them (Report.Refused); nil or empty clears them.
-func (a *Agent) SetRefused(rs []report.RefusedEgress) { a.refused.Store(&rs) }
+// SetRefusedEgresses sets the Egresses whose datapath this Node's kernel
+// refuses, as the report serves them (Report.RefusedEgresses); nil or empty
+// clears them.
+func (a *Agent) SetRefusedEgresses(rs []report.RefusedEgress) { a.refusedEgresses.Store(&rs) }
 
 // SetDatapathStatus sets the datapath finding the report serves; nil
 // removes it.
@@ -208,6 +212,10 @@ func (a *Agent) Report() report.Report {
 	for ip, e := range a.state {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: e.iface, Announced: e.announced})
 	}
+	for _, rf := range a.refused {
+		rf.Egresses = slices.Clone(rf.Egresses)
+		r.Refused = append(r.Refused, rf)
+	}
 	if st := a.dpStatus.Load(); st != nil {
 		c := *st
 		r.Datapath = &c
@@ -216,8 +224,8 @@ func (a *Agent) Report() report.Report {
 		c := *st
 		r.Ownership = &c
 	}
-	if rs := a.refused.Load(); rs != nil && len(*rs) > 0 {
-		r.Refused = slices.Clone(*rs)
+	if rs := a.refusedEgresses.Load(); rs != nil && len(*rs) > 0 {
+		r.RefusedEgresses = slices.Clone(*rs)
 	}
 	r.Sort()
 	return r
@@ -406,6 +414,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 		}
 		a.mu.Unlock()
 		a.setBoundGauge()
+		a.setRefused(d.refused, nil)
 		return errors.Join(syncErr, err)
 	}
 
@@ -413,6 +422,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	for _, b := range after {
 		byIP[b.Addr] = append(byIP[b.Addr], b)
 	}
+	a.setRefused(d.refused, bindRefusals(d.ips, byIP, syncErr))
 	// Errors, counted per IP from what the kernel holds afterwards.
 	nBind, nUnbind := 0, 0
 	for _, ip := range d.ips {

@@ -336,8 +336,8 @@ func (r *DatapathReconciler) publishRefused(ctx context.Context, ref *datapath.R
 		}
 	}
 	slices.SortFunc(out, func(a, b report.RefusedEgress) int { return strings.Compare(a.Egress, b.Egress) })
-	if len(out) > report.MaxRefused {
-		out = out[:report.MaxRefused]
+	if len(out) > report.MaxRefusedEgresses {
+		out = out[:report.MaxRefusedEgresses]
 	}
 	r.mu.Lock()
 	prev := r.lastRefused

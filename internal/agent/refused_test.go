@@ -1,147 +1,161 @@
 package agent_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"net/netip"
 	"slices"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-
-	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
-	"github.com/egressip/egressip/internal/agent"
-	"github.com/egressip/egressip/internal/agent/datapath"
 	"github.com/egressip/egressip/internal/report"
 )
 
-// refusingDP is the recording engine with one Egress the "kernel" refuses:
-// a double of package datapath's Apply contract (the real refusal is
-// tested against the kernel in package datapath), which programs the rest
-// and returns a *datapath.RefusedError naming that Egress while it is in
-// the State.
-type refusingDP struct {
-	recordingDP
-	refuse string
+// refusal returns the report's refusal of ip, or an error.
+func refusal(rep report.Report, s string) (report.RefusedIP, error) {
+	r, ok := rep.LookupRefused(ip(s))
+	if !ok {
+		return r, fmt.Errorf("report refuses %v, not %s", rep.Refused, s)
+	}
+	return r, nil
 }
 
-func (r *refusingDP) Apply(ctx context.Context, st datapath.State) error {
-	var kept []datapath.Egress
-	var refused bool
-	for _, e := range st.Egresses {
-		if e.Name == r.refuse {
-			refused = true
-			continue
-		}
-		kept = append(kept, e)
-	}
-	st.Egresses = kept
-	_ = r.recordingDP.Apply(ctx, st)
-	if refused {
-		return &datapath.RefusedError{Egresses: map[string]error{r.refuse: errors.New("netlink receive: numerical result out of range")}}
-	}
-	return nil
-}
-
-// TestOneEgressFailsAgentReportsAndKeepsApplying: the datapath reconciler
-// treats an Apply that refused one Egress as applied, hands the refusal to
-// OnRefused (the report), keeps applying later changes of the other
-// Egresses, and clears the refusal once the Egress is gone.
-func TestOneEgressFailsAgentReportsAndKeepsApplying(t *testing.T) {
+// TestStatusOutsidePoolNotBound: the agent binds only an address that lies
+// in the Egress's pool and matches its allocation. A status.egressIP set by
+// hand outside every pool (8.8.8.8), a status that is not the named
+// spec.egressIP, or one moved out of the pool after it was bound, is never
+// bound (or is released), and the report names the Egress and says why;
+// the other Egresses stay bound (issue 15 fault 3).
+func TestStatusOutsidePoolNotBound(t *testing.T) {
 	env := apiServer(t)
 	c := env.Client
-	ctx := context.Background()
-	node := uniq("rfn")
-	mkNode(t, c, node, "192.0.2.31", "10.31.0.0/24")
-	team := uniq("team")
-	ns := uniq("rfns")
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"team": team}}}); err != nil {
-		t.Fatal(err)
+	n := newTestNode(t)
+	p4 := createPool(t, c, "192.0.2.0/24", "192.0.2.1", 24)
+	hand := createEgress(t, c, "hand", p4, "", n.name)
+	setStatus(t, c, hand, "8.8.8.8", n.name)
+	named := createEgress(t, c, "named", p4, "192.0.2.12", n.name)
+	setStatus(t, c, named, "192.0.2.13", n.name)
+	moved := createEgress(t, c, "moved", p4, "", n.name)
+	setStatus(t, c, moved, "192.0.2.11", n.name)
+	createEgress(t, c, "ok", p4, "192.0.2.10", n.name)
+
+	r := startAgent(t, env.Config, n.name, newAgent(t, n.config()))
+	never := []string{"8.8.8.8", "192.0.2.13", "198.51.100.5"}
+	checkNever := func() error {
+		for _, s := range never {
+			if n.present(t, ip(s)) {
+				return fmt.Errorf("%s is on the Node", s)
+			}
+		}
+		return nil
 	}
-	mkPod(t, c, ns, "a", node, "192.0.2.31", "10.31.0.5", map[string]string{"app": "bad"})
-	mkPod(t, c, ns, "b", node, "192.0.2.31", "10.31.0.6", map[string]string{"app": "good"})
-	mk := func(app string) *v1alpha1.Egress {
-		e := &v1alpha1.Egress{ObjectMeta: metav1.ObjectMeta{Name: uniq(app)}, Spec: v1alpha1.EgressSpec{
-			AppliedTo:      v1alpha1.AppliedTo{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": team}}, PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": app}}},
-			ExternalIPPool: "none",
-		}}
-		if err := c.Create(ctx, e); err != nil {
+	eventually(t, 15*time.Second, "valid IPs bound, the others refused", func() error {
+		if err := checkNever(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = c.Delete(context.Background(), e) })
-		setStatus(t, c, e.Name, "203.0.113.31", "elsewhere")
-		return e
-	}
-	bad, good := mk("bad"), mk("good")
-
-	dp := &refusingDP{refuse: bad.Name}
-	var mu sync.Mutex
-	var published [][]report.RefusedEgress
-	mgr, err := agent.NewDatapathManager(env.Config, node, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &agent.DatapathReconciler{NodeName: node, DP: dp, CIDRs: agent.CIDRs{ServiceCIDRs: []netip.Prefix{}}, ResyncPeriod: time.Hour,
-		OnRefused: func(rs []report.RefusedEgress) { mu.Lock(); published = append(published, rs); mu.Unlock() }}
-	if err := r.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	mctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(mctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
+		rep, err := r.report(ctx)
+		if err != nil {
+			return err
 		}
-	})
-	last := func() []report.RefusedEgress {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(published) == 0 {
-			return nil
+		if err := wantReport(rep, n.NodeIf, true, ip("192.0.2.10"), ip("192.0.2.11")); err != nil {
+			return err
 		}
-		return published[len(published)-1]
-	}
-
-	eventually(t, 30*time.Second, "the refusal published and the other Egress applied", func() error {
-		if rs := last(); len(rs) != 1 || rs[0].Egress != bad.Name || rs[0].Message == "" {
-			return fmt.Errorf("published %v", rs)
+		rf, err := refusal(rep, "8.8.8.8")
+		if err != nil {
+			return err
 		}
-		st, _ := dp.last()
-		if e, ok := egressOf(st, good.Name); !ok || !slices.Equal(e.Local, []netip.Addr{netip.MustParseAddr("10.31.0.6")}) {
-			return fmt.Errorf("good not applied: %+v", st)
+		if want := fmt.Sprintf(`status.egressIP 8.8.8.8 cannot come from ExternalIPPool %q: IP 8.8.8.8 is in none of the pool's ipRanges`, p4); rf.Message != want || !slices.Equal(rf.Egresses, []string{hand}) {
+			return fmt.Errorf("refusal of 8.8.8.8 = %+v, want %q for %s", rf, want, hand)
 		}
-		if _, ok := r.Applied(); !ok {
-			return errors.New("the reconciler does not count the partial apply as applied")
+		rf, err = refusal(rep, "192.0.2.13")
+		if err != nil {
+			return err
+		}
+		if want := "status.egressIP 192.0.2.13 is not the address spec.egressIP names (192.0.2.12)"; rf.Message != want || !slices.Equal(rf.Egresses, []string{named}) {
+			return fmt.Errorf("refusal of 192.0.2.13 = %+v, want %q", rf, want)
 		}
 		return nil
 	})
-	// The others keep changing and keep being applied.
-	for i := range 3 {
-		ip := fmt.Sprintf("10.31.0.%d", 10+i)
-		mkPod(t, c, ns, fmt.Sprintf("g%d", i), node, "192.0.2.31", ip, map[string]string{"app": "good"})
-		eventually(t, 30*time.Second, "new member "+ip+" applied", func() error {
-			st, _ := dp.last()
-			if e, _ := egressOf(st, good.Name); !slices.Contains(e.Local, netip.MustParseAddr(ip)) {
-				return fmt.Errorf("good: %+v", e)
+	if got := metricValue(t, "egressip_agent_refused_ips", map[string]string{"cause": "status"}); got != 2 {
+		t.Errorf("refused_ips{cause=status} = %v, want 2", got)
+	}
+
+	// A bound address whose status is moved out of the pool is released,
+	// and the new one is not bound.
+	setStatus(t, c, moved, "198.51.100.5", n.name)
+	eventually(t, 15*time.Second, "192.0.2.11 released, 198.51.100.5 refused", func() error {
+		if err := checkNever(); err != nil {
+			t.Fatal(err)
+		}
+		rep, err := r.report(ctx)
+		if err != nil {
+			return err
+		}
+		if err := wantReport(rep, n.NodeIf, true, ip("192.0.2.10")); err != nil {
+			return err
+		}
+		rf, err := refusal(rep, "198.51.100.5")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(rf.Message, "is in none of the pool's ipRanges") || !slices.Equal(rf.Egresses, []string{moved}) {
+			return fmt.Errorf("refusal of 198.51.100.5 = %+v", rf)
+		}
+		return nil
+	})
+	if owned := n.owned(t); len(owned) != 1 || owned[ip("192.0.2.10")] == "" {
+		t.Errorf("owned %v, want only 192.0.2.10", owned)
+	}
+}
+
+// TestNodeAddressAgentRefusesForeign: the agent still refuses to bind an
+// address that is already on the Node and not its own (the Node's own
+// 192.0.2.2, and a foreign secondary address), leaves both untouched, and
+// reports each with why; other Egresses are bound (issue 14, build item 3,
+// rule 5).
+func TestNodeAddressAgentRefusesForeign(t *testing.T) {
+	env := apiServer(t)
+	c := env.Client
+	n := newTestNode(t)
+	n.Node.MustIP(t, "addr", "add", "192.0.2.77/32", "dev", n.NodeIf)
+	before := n.Node.MustIP(t, "-o", "addr", "show", "dev", n.NodeIf)
+	p4 := createPool(t, c, "192.0.2.0/24", "192.0.2.1", 24)
+	createEgress(t, c, "own", p4, "192.0.2.2", n.name)
+	createEgress(t, c, "foreign", p4, "192.0.2.77", n.name)
+	createEgress(t, c, "fine", p4, "192.0.2.10", n.name)
+
+	r := startAgent(t, env.Config, n.name, newAgent(t, n.config()))
+	eventually(t, 15*time.Second, "192.0.2.10 bound, 192.0.2.2 and 192.0.2.77 refused", func() error {
+		rep, err := r.report(ctx)
+		if err != nil {
+			return err
+		}
+		if err := wantReport(rep, n.NodeIf, true, ip("192.0.2.10")); err != nil {
+			return err
+		}
+		for _, s := range []string{"192.0.2.2", "192.0.2.77"} {
+			rf, err := refusal(rep, s)
+			if err != nil {
+				return err
 			}
-			return nil
-		})
-	}
-	if err := c.Delete(ctx, bad); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "the refusal cleared", func() error {
-		if rs := last(); len(rs) != 0 {
-			return fmt.Errorf("published %v", rs)
+			if !strings.HasPrefix(rf.Message, s+" is already on the Node and egressip did not add it, so the agent leaves it alone (sync: bind "+s+" on "+n.NodeIf) ||
+				!strings.HasSuffix(rf.Message, "; remove it from the Node or give the Egress another address") {
+				return fmt.Errorf("refusal of %s: %q", s, rf.Message)
+			}
 		}
 		return nil
 	})
+	if got := metricValue(t, "egressip_agent_refused_ips", map[string]string{"cause": "bind"}); got != 2 {
+		t.Errorf("refused_ips{cause=bind} = %v, want 2", got)
+	}
+	r.stop(t)
+	after := n.Node.MustIP(t, "-o", "addr", "show", "dev", n.NodeIf)
+	for _, pfx := range []string{"192.0.2.2/24", "192.0.2.77/32"} {
+		if !strings.Contains(before, "inet "+pfx) || !strings.Contains(after, "inet "+pfx) {
+			t.Errorf("foreign %s touched:\nbefore:\n%s\nafter:\n%s", pfx, before, after)
+		}
+	}
+	if owned := n.owned(t); len(owned) != 1 || owned[ip("192.0.2.10")] == "" {
+		t.Errorf("owned %v, want only 192.0.2.10", owned)
+	}
+	t.Logf("addresses after the agent stopped:\n%s", after)
 }

@@ -283,7 +283,7 @@ func (l *Liveness) notify() {
 }
 
 func sameBound(a, b report.Report) bool {
-	if a.Instance != b.Instance || len(a.Bound) != len(b.Bound) || !slices.Equal(a.Refused, b.Refused) {
+	if a.Instance != b.Instance || len(a.Bound) != len(b.Bound) || !slices.Equal(a.RefusedEgresses, b.RefusedEgresses) {
 		return false
 	}
 	for i := range a.Bound {
@@ -291,7 +291,11 @@ func sameBound(a, b report.Report) bool {
 			return false
 		}
 	}
-	return true
+	// A new or changed refusal is news too: the Egress's Ready condition
+	// says why it is not bound.
+	return slices.EqualFunc(a.Refused, b.Refused, func(x, y report.RefusedIP) bool {
+		return x.IP == y.IP && x.Message == y.Message && slices.Equal(x.Egresses, y.Egresses)
+	})
 }
 
 // nodeAddress is the address the agent of n is reached at: its first

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -17,6 +18,7 @@ import (
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/ipam"
+	"github.com/egressip/egressip/internal/nodeaddr"
 	"github.com/egressip/egressip/internal/poolspec"
 	"github.com/egressip/egressip/internal/scheduler"
 )
@@ -136,6 +138,10 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		err   error
 		sel   labels.Selector
 		cloud *cloudPool // set for a cloud-backed pool
+		// nodeIPs are the Node addresses in the pool's ranges, never
+		// allocated (not for cloud pools: the cloud assigns each address
+		// to one interface).
+		nodeIPs []netip.Addr
 	}
 	var attached map[netip.Addr]string
 	if in.Cloud != nil {
@@ -198,9 +204,27 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		}
 	}
 
+	// A Node's own address is never an egress IP (issue 14): take them out
+	// of every ranged pool before anything is reserved.
+	nodeIdx := nodeAddressIndex(in, attached)
+	for _, ps := range pools {
+		if ps.err == nil && ps.pool != nil && ps.cloud == nil {
+			ps.pool, ps.nodeIPs = withNodeExclusions(ps.pool, nodeIdx)
+			ps.alloc = ipam.NewAllocator(ps.pool)
+		}
+	}
+
 	// Allocation: keep what statuses and specs already say, then allocate
 	// the lowest free address for the rest, oldest Egress first.
 	ips := make([]netip.Addr, len(egs))
+	// conflict is set for an Egress whose IP is a Node's address: it keeps
+	// the IP in its status but is not scheduled (the Node wins).
+	conflict := make([]*nodeaddr.Owner, len(egs))
+	conflictHeld := map[netip.Addr]bool{}
+	// rejected is the Warning Event note for an Egress whose status holds
+	// an IP its pool cannot give (written by hand, or left from an older
+	// spec); the pass allocates another.
+	rejected := make([]string, len(egs))
 	preferred := make([]string, len(egs)) // cloud pools: the Node holding the address
 	allocCond := make([]metav1.Condition, len(egs))
 	var pending []int
@@ -253,6 +277,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			if err == nil {
 				err = ps.alloc.Reserve(ip)
 			}
+			if o, ok := nodeIdx[ip]; ok && errors.Is(err, ipam.ErrExcludedAddress) {
+				ips[i], conflict[i] = ip, &o
+				allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+				continue
+			}
 			if err != nil {
 				allocCond[i] = allocatedCond(false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
 				continue
@@ -267,6 +296,14 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 				allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 				continue
 			}
+		}
+		if ip, kept, o, note := statusIPKept(e, ps.pool, nodeIdx, conflictHeld); kept {
+			conflictHeld[ip] = true
+			ips[i], conflict[i] = ip, o
+			allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+			continue
+		} else if note != "" {
+			rejected[i] = note
 		}
 		pending = append(pending, i)
 	}
@@ -353,7 +390,10 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 	sEgs := make([]scheduler.Egress, len(egs))
 	for i := range egs {
 		sEgs[i] = scheduler.Egress{Name: egs[i].Name, Created: egs[i].CreationTimestamp.Time, Pool: egs[i].Spec.ExternalIPPool, IP: ips[i], CurrentNode: egs[i].Status.EgressNode}
-		if !ips[i].IsValid() {
+		if conflict[i] != nil {
+			sEgs[i].IP = netip.Addr{} // the Node wins: scheduled nowhere
+		}
+		if !sEgs[i].IP.IsValid() {
 			sEgs[i].CurrentNode = ""
 		}
 		if ps := pools[egs[i].Spec.ExternalIPPool]; ps != nil && ps.cloud != nil && ips[i].IsValid() {
@@ -456,6 +496,19 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			out.Cloud.Allocations[e.Name] = ips[i]
 		}
 		switch {
+		case conflict[i] != nil:
+			msg := nodeConflictMessage(ips[i], *conflict[i], e.Spec.EgressIP != "")
+			prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned)
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: v1.ReasonNodeAddressConflict, Message: msg, ObservedGeneration: e.Generation})
+			out.Unplaced[v1.ReasonNodeAddressConflict]++
+			if cur != "" || prev == nil || prev.Reason != v1.ReasonNodeAddressConflict || prev.Message != msg {
+				note := msg
+				if cur != "" {
+					note = fmt.Sprintf("%s removed from Node %s: %s; %s", st.EgressIP, cur, msg, failureEffect(e.Spec.FailurePolicy))
+					ch.MoveReason = v1.ReasonNodeAddressConflict
+				}
+				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonNodeAddressConflict, note
+			}
 		case target != "":
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: ReasonScheduled,
 				Message: fmt.Sprintf("%s is assigned to Node %s", st.EgressIP, target), ObservedGeneration: e.Generation})
@@ -493,6 +546,13 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		applyRefusal(e, refused[e.Name], &rc, &ch)
 		if rc.Reason == ReasonBinding {
 			out.Awaited = append(out.Awaited, st.EgressNode)
+		}
+		if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady); rc.Reason == v1.ReasonBindRefused && ch.EventReason == "" &&
+			(prev == nil || prev.Reason != v1.ReasonBindRefused || prev.Message != rc.Message) {
+			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonBindRefused, rc.Message
+		}
+		if rejected[i] != "" && ch.EventReason == "" {
+			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonStatusIPRejected, rejected[i]
 		}
 		if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady); rc.Reason == ReasonNoEgressNode && ch.EventReason == "" &&
 			(prev == nil || prev.Reason != ReasonNoEgressNode || prev.Message != rc.Message) {
@@ -580,8 +640,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			} else {
 				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), TotalText: ps.alloc.TotalText(), Used: saturate(ps.alloc.Used())}
 			}
+			if ps.pool != nil && ps.cloud == nil {
+				st.Excluded = excludedStatus(ps.pool, nodeIdx, ps.nodeIPs)
+			}
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonValid,
-				Message: fmt.Sprintf("%d of %s IPs used", st.Usage.Used, st.Usage.TotalText), ObservedGeneration: p.Generation})
+				Message: fmt.Sprintf("%d of %s IPs used", st.Usage.Used, st.Usage.TotalText) + excludedSummary(st.Excluded), ObservedGeneration: p.Generation})
 		}
 		out.Pools[p.Name] = st
 	}
@@ -723,6 +786,12 @@ func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentS
 	ip, _ := netip.ParseAddr(st.EgressIP)
 	if b, ok := a.Report.Lookup(ip); ok && a.Known && !a.Dead && b.Announced {
 		c.Status, c.Reason, c.Message = metav1.ConditionTrue, ReasonAnnounced, fmt.Sprintf("%s is bound on %s of Node %s and announced", st.EgressIP, b.Interface, st.EgressNode)
+		return c
+	}
+	if r, ok := a.Report.LookupRefused(ip); ok && a.Known && !a.Dead && st.EgressIP == e.Status.EgressIP && st.EgressNode == e.Status.EgressNode {
+		// Only for the assignment the agent has seen: a new one gets its
+		// own answer.
+		c.Reason, c.Message = v1.ReasonBindRefused, fmt.Sprintf("the agent on Node %s does not bind %s: %s", st.EgressNode, st.EgressIP, r.Message)
 		return c
 	}
 	c.Reason, c.Message = ReasonBinding, fmt.Sprintf("waiting for the agent on Node %s to bind and announce %s", st.EgressNode, st.EgressIP)

@@ -29,13 +29,13 @@ func refusalsOf(nodes []corev1.Node, agents func(string) AgentState) map[string]
 	var out map[string][]nodeRefusal
 	for i := range nodes {
 		st := agents(nodes[i].Name)
-		if !st.Known || st.Dead || len(st.Report.Refused) == 0 {
+		if !st.Known || st.Dead || len(st.Report.RefusedEgresses) == 0 {
 			continue
 		}
 		if out == nil {
 			out = map[string][]nodeRefusal{}
 		}
-		for _, r := range st.Report.Refused {
+		for _, r := range st.Report.RefusedEgresses {
 			out[r.Egress] = append(out[r.Egress], nodeRefusal{node: nodes[i].Name, message: r.Message})
 		}
 	}

@@ -27,7 +27,7 @@ func TestOneEgressFailsReadyFalseWithEvent(t *testing.T) {
 	cl.waitReady("refuse-a", "refuse-b")
 
 	const kernelErr = "try nftables table inet egressip-try: conn.Receive: netlink receive: numerical result out of range"
-	cl.agents["refuse-n2"].setRefused([]report.RefusedEgress{{Egress: "refuse-a", Message: kernelErr}})
+	cl.agents["refuse-n2"].setRefusedEgresses([]report.RefusedEgress{{Egress: "refuse-a", Message: kernelErr}})
 	var note string
 	cl.eventually("refuse-a Ready=False DatapathRefused", func() (bool, string) {
 		e := cl.get("refuse-a")
@@ -58,6 +58,6 @@ func TestOneEgressFailsReadyFalseWithEvent(t *testing.T) {
 	if e := cl.get("refuse-b"); !ready(e) {
 		t.Fatalf("the other Egress is not Ready: %s", describe(e))
 	}
-	cl.agents["refuse-n2"].setRefused(nil)
+	cl.agents["refuse-n2"].setRefusedEgresses(nil)
 	cl.waitReady("refuse-a", "refuse-b")
 }

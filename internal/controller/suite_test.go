@@ -49,6 +49,24 @@ type fakeAgent struct {
 	datapath *report.DatapathStatus  // served as the report's finding
 	owner    *report.OwnershipStatus // served as the report's ownership status
 	refused  []report.RefusedEgress  // served as the report's refused Egresses
+	// refuse lists IPs the agent reports refused (with the message)
+	// instead of bound, as the real agent does for an address it will not
+	// bind.
+	refuse map[netip.Addr]string
+}
+
+// setRefused makes the agent refuse ip with msg ("" stops refusing).
+func (a *fakeAgent) setRefused(ip netip.Addr, msg string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.refuse == nil {
+		a.refuse = map[netip.Addr]string{}
+	}
+	if msg == "" {
+		delete(a.refuse, ip)
+		return
+	}
+	a.refuse[ip] = msg
 }
 
 // setOwnership sets the ownership status the agent serves (nil: none).
@@ -58,8 +76,8 @@ func (a *fakeAgent) setOwnership(st *report.OwnershipStatus) {
 	a.mu.Unlock()
 }
 
-// setRefused sets the refused Egresses the agent serves (nil: none).
-func (a *fakeAgent) setRefused(rs []report.RefusedEgress) {
+// setRefusedEgresses sets the refused Egresses the agent serves (nil: none).
+func (a *fakeAgent) setRefusedEgresses(rs []report.RefusedEgress) {
 	a.mu.Lock()
 	a.refused = rs
 	a.mu.Unlock()
@@ -75,10 +93,15 @@ func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, Refused: a.refused}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused}
 	for ip := range a.bound {
+		if msg, ok := a.refuse[ip]; ok {
+			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})
+			continue
+		}
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
 	}
+	r.Sort()
 	return r
 }
 

@@ -55,6 +55,11 @@ type Report struct {
 	// check turned off, or has not checked yet. The controller mirrors it
 	// in the Node condition EgressDatapathSupported.
 	Datapath *DatapathStatus `json:"datapath,omitempty"`
+	// Refused lists the egress IPs assigned to the Node that the agent does
+	// not hold, each with why, sorted by IP: the controller shows the
+	// reason in the Ready condition of the Egresses asking for the IP
+	// instead of waiting for a binding that will not come.
+	Refused []RefusedIP `json:"refused,omitempty"`
 	// Ownership is how the agent knows which addresses are its own and
 	// whether its ownership record is healthy; nil from agents that do
 	// not report it. The controller mirrors it in the Node condition
@@ -62,9 +67,35 @@ type Report struct {
 	Ownership *OwnershipStatus `json:"ownership,omitempty"`
 	// Refused lists the Egresses whose part of the datapath the Node's
 	// kernel refuses (the agent programs every other Egress), sorted by
-	// name, at most MaxRefused. The controller turns each one not Ready,
-	// naming the Node.
-	Refused []RefusedEgress `json:"refused,omitempty"`
+	// name, at most MaxRefusedEgresses. The controller turns each one not
+	// Ready, naming the Node.
+	RefusedEgresses []RefusedEgress `json:"refusedEgresses,omitempty"`
+}
+
+// MaxRefusedMessage bounds RefusedIP.Message, in bytes.
+const MaxRefusedMessage = 512
+
+// RefusedIP is an egress IP assigned to the agent's Node that the agent does
+// not bind, or could not bind.
+type RefusedIP struct {
+	// IP is the address in canonical form.
+	IP netip.Addr `json:"ip"`
+	// Egresses names the Egresses whose status asks for IP, sorted; empty
+	// when the IP failed to bind for all of them alike.
+	Egresses []string `json:"egresses,omitempty"`
+	// Message says why, in words for the Egress's Ready condition, at most
+	// MaxRefusedMessage bytes.
+	Message string `json:"message"`
+}
+
+// LookupRefused returns the refusal for ip and whether the report lists
+// one.
+func (r *Report) LookupRefused(ip netip.Addr) (RefusedIP, bool) {
+	i, ok := slices.BinarySearchFunc(r.Refused, ip, func(b RefusedIP, ip netip.Addr) int { return b.IP.Compare(ip) })
+	if !ok {
+		return RefusedIP{}, false
+	}
+	return r.Refused[i], true
 }
 
 // Reasons of OwnershipStatus, also the reasons of the Node condition.
@@ -99,12 +130,9 @@ type OwnershipStatus struct {
 	Message string `json:"message,omitempty"`
 }
 
-// MaxRefused bounds Report.Refused, in entries; MaxRefusedMessage bounds
-// RefusedEgress.Message, in bytes.
-const (
-	MaxRefused        = 256
-	MaxRefusedMessage = 512
-)
+// MaxRefusedEgresses bounds Report.RefusedEgresses, in entries (each
+// RefusedEgress.Message is bounded by MaxRefusedMessage).
+const MaxRefusedEgresses = 256
 
 // RefusedEgress is one Egress whose datapath the agent cannot program.
 type RefusedEgress struct {
@@ -151,9 +179,11 @@ func (r *Report) Lookup(ip netip.Addr) (BoundIP, bool) {
 	return r.Bound[i], true
 }
 
-// Sort orders Bound by IP, as Lookup requires.
+// Sort orders Bound and Refused by IP, as Lookup and LookupRefused
+// require.
 func (r *Report) Sort() {
 	slices.SortFunc(r.Bound, func(a, b BoundIP) int { return a.IP.Compare(b.IP) })
+	slices.SortFunc(r.Refused, func(a, b RefusedIP) int { return a.IP.Compare(b.IP) })
 }
 
 // Handler serves the report returned by current on GET Path.

@@ -27,6 +27,14 @@ func (w *warnings) HandleWarningHeader(_ int, _ string, text string) {
 	w.mu.Unlock()
 }
 
+// all returns the warnings recorded so far, keeping them.
+func (w *warnings) all() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.list...)
+}
+
+// take returns the warnings recorded so far and forgets them.
 func (w *warnings) take() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()

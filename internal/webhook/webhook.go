@@ -7,6 +7,13 @@
 //   - an Egress's spec.egressIP must lie in the pool it names and be of that
 //     pool's family (when the pool exists; a missing pool is reported by the
 //     controller as a condition, since pools may be created after Egresses);
+//   - a pool's ranges must not contain special-purpose addresses
+//     (loopback, link-local, multicast, ...: ipam.SpecialBlocks); CEL
+//     refuses such a cidr, this check finds them in start/end ranges. A
+//     pool whose ranges hold Node addresses is admitted with a warning;
+//   - an Egress's named spec.egressIP must not be a Node's own address
+//     (an InternalIP or ExternalIP in status.addresses), checked when it is
+//     new or changed;
 //   - an Egress's appliedTo selectors must parse as Kubernetes label
 //     selectors (label values and matchExpressions keys and values; CEL in
 //     the schema checks the operators and matchLabels keys, but checking
@@ -67,12 +74,18 @@ type PoolValidator struct {
 
 // ValidateCreate rejects a pool that overlaps another pool.
 func (v *PoolValidator) ValidateCreate(ctx context.Context, p *v1.ExternalIPPool) (admission.Warnings, error) {
-	return nil, v.validate(ctx, nil, p)
+	if err := v.validate(ctx, nil, p); err != nil {
+		return nil, err
+	}
+	return v.poolWarnings(ctx, nil, p), nil
 }
 
 // ValidateUpdate rejects overlaps and updates that drop allocated IPs.
 func (v *PoolValidator) ValidateUpdate(ctx context.Context, old, p *v1.ExternalIPPool) (admission.Warnings, error) {
-	return nil, v.validate(ctx, old, p)
+	if err := v.validate(ctx, old, p); err != nil {
+		return nil, err
+	}
+	return v.poolWarnings(ctx, old, p), nil
 }
 
 // ValidateDelete allows deletion; a pool in use waits on its finalizer.
@@ -108,7 +121,7 @@ func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool)
 		// newer of two overlapping pools not Ready.
 		return nil
 	}
-	var errs field.ErrorList
+	errs := specialRangeErrors(pool, rangesPath)
 	var pools v1.ExternalIPPoolList
 	if err := v.Reader.List(ctx, &pools); err != nil {
 		return apierrors.NewInternalError(fmt.Errorf("list ExternalIPPools: %w", err))
@@ -195,16 +208,25 @@ func (v *EgressValidator) ValidateCreate(ctx context.Context, e *v1.Egress) (adm
 			fmt.Sprintf("ExternalIPPool %q is being deleted", e.Spec.ExternalIPPool))})
 	}
 	ws, err := v.validate(ctx, e)
+	if err == nil {
+		err = v.checkNodeAddress(ctx, e)
+	}
 	if err != nil {
 		return ws, err
 	}
 	return append(ws, v.egressWarnings(ctx, nil, e)...), nil
 }
 
-// ValidateUpdate rejects an egressIP outside the named pool, and warns
-// of an edit that changes the Egress's source address.
+// ValidateUpdate rejects an egressIP outside the named pool, or a newly
+// named egressIP that is a Node's address, and warns of an edit that
+// changes the Egress's source address.
 func (v *EgressValidator) ValidateUpdate(ctx context.Context, old, e *v1.Egress) (admission.Warnings, error) {
 	ws, err := v.validate(ctx, e)
+	if err == nil && old.Spec.EgressIP != e.Spec.EgressIP {
+		// Only a newly named IP: an Egress whose Node took its address
+		// later must stay editable (the controller reports the conflict).
+		err = v.checkNodeAddress(ctx, e)
+	}
 	if err != nil {
 		return ws, err
 	}
