@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 snapshot() {
-	git ls-files --cached --others --exclude-standard -- api config | sort | while read -r f; do
+	git ls-files --cached --others --exclude-standard -- api config charts/chart/templates/crd | sort | while read -r f; do
 		[ -f "$f" ] && sha256sum "$f"
 	done
 }
