@@ -31,11 +31,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/selection"
 )
@@ -308,6 +310,10 @@ type RunOptions struct {
 	// reconcile whether the CNI bypasses the host stack; the finding is
 	// served in the report (report.Report.Datapath).
 	HostCheck HostStackCheck
+	// PodStart, when set with Datapath, serves the egressip-cni plugin
+	// (and installs it when PodStart.ConfDir is set) so that a new Pod is
+	// classified before it can send; its Gate is the DatapathReconciler.
+	PodStart *podstart.Options
 }
 
 // Run runs the agent until ctx is done: it creates the Agent (New), starts
@@ -406,6 +412,15 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		}
 		if err := dr.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("agent: set up datapath controller: %w", err)
+		}
+		if o.PodStart != nil {
+			ps := *o.PodStart
+			ps.Gate = dr
+			if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+				return podstart.Run(ctrllog.IntoContext(ctx, log.WithName("podstart")), ps)
+			})); err != nil {
+				return fmt.Errorf("agent: add the pod-start server: %w", err)
+			}
 		}
 	}
 	if rq, ok := o.Datapath.(rejectQueue); ok {
