@@ -110,6 +110,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err := req.Validate(true); err != nil {
 		return err
 	}
+	req.TimeoutMillis = timeout(conf).Milliseconds()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout(conf))
 	defer cancel()
 	if _, err := cniapi.Call(ctx, conf.Socket, cniapi.PathAdd, req); err != nil && !errors.Is(err, cniapi.ErrNoAgent) {

@@ -73,7 +73,7 @@ func serve(w http.ResponseWriter, r *http.Request, op string, fn func(context.Co
 	code := http.StatusOK
 	if err != nil {
 		code, res.Error = http.StatusBadRequest, fmt.Sprintf("decode request: %v", err)
-	} else if res, err = fn(r.Context(), req); err != nil {
+	} else if res, err = fnWithin(r.Context(), req, fn); err != nil {
 		code, res.Error = http.StatusServiceUnavailable, err.Error()
 		if _, ok := errors.AsType[badRequest](err); ok {
 			code = http.StatusBadRequest
@@ -91,6 +91,17 @@ func serve(w http.ResponseWriter, r *http.Request, op string, fn func(context.Co
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(res)
+}
+
+// fnWithin runs fn bounded by 90% of the plugin's own timeout, so that
+// the agent's reason reaches the plugin before the plugin gives up.
+func fnWithin(ctx context.Context, req cniapi.Request, fn func(context.Context, cniapi.Request) (cniapi.Response, error)) (cniapi.Response, error) {
+	if req.TimeoutMillis > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(req.TimeoutMillis)*time.Millisecond*9/10)
+		defer cancel()
+	}
+	return fn(ctx, req)
 }
 
 // Serve listens on the unix socket at path (its directory is created,

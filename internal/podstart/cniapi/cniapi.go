@@ -41,6 +41,10 @@ type Request struct {
 	UID         string       `json:"uid,omitempty"`
 	ContainerID string       `json:"containerID,omitempty"`
 	IPs         []netip.Addr `json:"ips,omitempty"`
+	// TimeoutMillis is how long the plugin waits for the answer, in
+	// milliseconds: the agent answers with its reason a little before, so
+	// that the runtime's error names the cause (0: no bound).
+	TimeoutMillis int64 `json:"timeoutMillis,omitempty"`
 }
 
 // Validate reports a clear error for a request the agent cannot act on:
