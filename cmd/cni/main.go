@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -145,7 +146,40 @@ func cmdCheck(args *skel.CmdArgs) error {
 	return nil
 }
 
+// copyTo installs this binary into dir (the CNI bin directory) as
+// egressip-cni: written to a temporary name there, then renamed, so that a
+// runtime never executes a partial file. The DaemonSet's init container
+// runs it (the image has no shell or cp).
+func copyTo(dir string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find this binary: %w", err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		return fmt.Errorf("read this binary: %w", err)
+	}
+	dst := filepath.Join(dir, cniapi.PluginType)
+	tmp := filepath.Join(dir, "."+cniapi.PluginType+".tmp")
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		return fmt.Errorf("install into %s: %w", dir, err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("install into %s: %w", dir, err)
+	}
+	return nil
+}
+
 func main() {
+	if len(os.Args) == 3 && os.Args[1] == "copy-to" && os.Getenv("CNI_COMMAND") == "" {
+		if err := copyTo(os.Args[2]); err != nil {
+			fmt.Fprintf(os.Stderr, "egressip-cni: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Fprintf(os.Stderr, "egressip-cni: installed into %s\n", os.Args[2])
+		return
+	}
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck},
 		version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "egressip-cni: classifies a new Pod for egressip before it can send")
 }
