@@ -181,5 +181,6 @@ func main() {
 		return
 	}
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck},
-		version.PluginSupports("0.4.0", "1.0.0", "1.1.0"), "egressip-cni: classifies a new Pod for egressip before it can send")
+		version.PluginSupports("0.4.0", "1.0.0", "1.1.0"),
+		"egressip-cni: classifies a new Pod for egressip before it can send")
 }

@@ -413,14 +413,8 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		if err := dr.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("agent: set up datapath controller: %w", err)
 		}
-		if o.PodStart != nil {
-			ps := *o.PodStart
-			ps.Gate = dr
-			if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-				return podstart.Run(ctrllog.IntoContext(ctx, log.WithName("podstart")), ps)
-			})); err != nil {
-				return fmt.Errorf("agent: add the pod-start server: %w", err)
-			}
+		if err := addPodStart(mgr, o.PodStart, dr, log); err != nil {
+			return err
 		}
 	}
 	if rq, ok := o.Datapath.(rejectQueue); ok {
@@ -536,4 +530,20 @@ func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 		case <-time.After(d):
 		}
 	}
+}
+
+// addPodStart adds the pod-start server (package podstart) to mgr with dr
+// as its Gate; a nil o adds nothing.
+func addPodStart(mgr manager.Manager, o *podstart.Options, dr *DatapathReconciler, log logr.Logger) error {
+	if o == nil {
+		return nil
+	}
+	ps := *o
+	ps.Gate = dr
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		return podstart.Run(ctrllog.IntoContext(ctx, log.WithName("podstart")), ps)
+	})); err != nil {
+		return fmt.Errorf("agent: add the pod-start server: %w", err)
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 
@@ -124,11 +125,7 @@ func overlayAnnounced(pods []corev1.Pod, ann map[types.NamespacedName]*announcem
 func (r *DatapathReconciler) snapshotAnnounced() map[types.NamespacedName]*announcement {
 	r.annMu.Lock()
 	defer r.annMu.Unlock()
-	out := make(map[types.NamespacedName]*announcement, len(r.ann))
-	for k, v := range r.ann {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(r.ann)
 }
 
 // resolveAnnounced answers the plugin's waiting ADDs that st, now applied,

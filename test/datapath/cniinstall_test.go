@@ -155,7 +155,7 @@ func TestPodStartCNIInstall(t *testing.T) {
 type noGate struct{}
 
 func (noGate) PodAdded(context.Context, cniapi.Request) ([]string, error) { return nil, nil }
-func (noGate) PodDeleted(context.Context, cniapi.Request) error          { return nil }
+func (noGate) PodDeleted(context.Context, cniapi.Request) error           { return nil }
 
 // waitFor polls cond every 5 ms for up to 10 s.
 func waitFor(t *testing.T, cond func() bool) {

@@ -189,7 +189,7 @@ func appTraffic(ctx context.Context, srv *dp.Server, p *dp.Pod, ext netip.Addr, 
 		}
 		defer func() { _ = c.Close() }()
 		buf := make([]byte, 100)
-		for seq := 0; seq < 50; seq++ {
+		for seq := range 50 {
 			if _, err := fmt.Fprintf(c, "probe %s %d", stream, seq); err != nil {
 				r.udpErr = err
 				return
