@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,20 +29,34 @@ import (
 // report.ReasonHostStackBypass and the evidence when the CNI bypasses it.
 const NodeConditionDatapath corev1.NodeConditionType = "EgressDatapathSupported"
 
-// Event reasons of the Node condition's transitions.
+// NodeConditionOwnership is the Node condition the controller keeps from
+// each agent's ownership status (report.Report.Ownership): True while the
+// agent knows which addresses it added (reason AddressProtocol or
+// OwnershipRecord, the mechanism), False while its ownership record is
+// unreadable, unwritable or missing, with what to do in the message.
+const NodeConditionOwnership corev1.NodeConditionType = "EgressIPOwnershipKnown"
+
+// Event reasons of the Node conditions' transitions.
 const (
 	// EventHostStackBypass (Warning): the condition turned False.
 	EventHostStackBypass = report.ReasonHostStackBypass
 	// EventDatapathSupported (Normal): the condition turned True again.
 	EventDatapathSupported = "DatapathSupported"
+	// EventOwnershipRecordProblem (Warning): EgressIPOwnershipKnown
+	// turned False.
+	EventOwnershipRecordProblem = "OwnershipRecordProblem"
+	// EventOwnershipKnown (Normal): EgressIPOwnershipKnown turned True
+	// again.
+	EventOwnershipKnown = "OwnershipKnown"
 )
 
-// NodeDatapathReconciler mirrors the datapath finding of each agent's
-// report (polled by Liveness) into the Node condition
-// EgressDatapathSupported, with an Event on each change of its status.
-// Agents cannot write Nodes (docs/security.md), hence this relay. A Node
-// whose agent is unknown, dead, or serves no finding keeps its condition
-// as it is.
+// NodeDatapathReconciler mirrors the findings of each agent's report
+// (polled by Liveness) into Node conditions: the datapath finding into
+// EgressDatapathSupported and the ownership status into
+// EgressIPOwnershipKnown, with an Event on each change of a condition's
+// status. Agents cannot write Nodes (docs/security.md), hence this relay. A
+// Node whose agent is unknown, dead, or serves no finding keeps its
+// conditions as they are.
 type NodeDatapathReconciler struct {
 	Client   client.Client
 	Recorder recorder.EventRecorder
@@ -63,56 +78,109 @@ func desiredCondition(st *report.DatapathStatus) corev1.NodeCondition {
 	return c
 }
 
-// Reconcile writes the condition of one Node when the agent's finding
-// differs from it (one strategic-merge patch of that condition only, so
-// the kubelet's conditions are never overwritten). It returns the patch's
+// ownershipCondition is the condition for an ownership status (times left
+// zero).
+func ownershipCondition(st *report.OwnershipStatus) corev1.NodeCondition {
+	c := corev1.NodeCondition{Type: NodeConditionOwnership, Status: corev1.ConditionTrue, Reason: st.Reason,
+		Message: "mode " + st.Mode + ": " + st.Message}
+	if !st.Healthy {
+		c.Status = corev1.ConditionFalse
+	}
+	if c.Reason == "" {
+		c.Reason = "Unknown"
+	}
+	return c
+}
+
+// conditionEvent is the Event for a condition's status change.
+type conditionEvent struct {
+	typ, reason, action, note string
+}
+
+// transitionEvent returns the Event for want replacing prev (nil: none
+// before), if its status changed.
+func transitionEvent(prev *corev1.NodeCondition, want corev1.NodeCondition) (conditionEvent, bool) {
+	changed := prev == nil || prev.Status != want.Status
+	switch {
+	case !changed:
+		return conditionEvent{}, false
+	case want.Type == NodeConditionDatapath && want.Status == corev1.ConditionFalse:
+		return conditionEvent{corev1.EventTypeWarning, EventHostStackBypass, "CheckDatapath",
+			"Pod traffic on this Node bypasses the host's IP stack, so Egresses cannot carry it: " + want.Message}, true
+	case want.Type == NodeConditionDatapath && prev != nil:
+		return conditionEvent{corev1.EventTypeNormal, EventDatapathSupported, "CheckDatapath",
+			"Pod traffic on this Node crosses the host's IP stack again: " + want.Message}, true
+	case want.Type == NodeConditionOwnership && want.Status == corev1.ConditionFalse:
+		return conditionEvent{corev1.EventTypeWarning, EventOwnershipRecordProblem, "CheckOwnership",
+			"the egressip agent cannot tell which addresses on this Node are its own and changes none until this is fixed or cleared: " + want.Message}, true
+	case want.Type == NodeConditionOwnership && prev != nil:
+		return conditionEvent{corev1.EventTypeNormal, EventOwnershipKnown, "CheckOwnership",
+			"the egressip agent knows its addresses on this Node again: " + want.Message}, true
+	}
+	return conditionEvent{}, false
+}
+
+// Reconcile writes the conditions of one Node that differ from the agent's
+// findings (one strategic-merge patch of those conditions only, so the
+// kubelet's conditions are never overwritten). It returns the patch's
 // error, retried with backoff.
 func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	st := r.Liveness.State(req.Name)
-	if !st.Known || st.Dead || st.Report.Datapath == nil {
+	if !st.Known || st.Dead {
+		return reconcile.Result{}, nil
+	}
+	var wants []corev1.NodeCondition
+	if st.Report.Datapath != nil {
+		wants = append(wants, desiredCondition(st.Report.Datapath))
+	}
+	if st.Report.Ownership != nil {
+		wants = append(wants, ownershipCondition(st.Report.Ownership))
+	}
+	if len(wants) == 0 {
 		return reconcile.Result{}, nil
 	}
 	var n corev1.Node
 	if err := r.Client.Get(ctx, req.NamespacedName, &n); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	want := desiredCondition(st.Report.Datapath)
-	idx := -1
-	for i, c := range n.Status.Conditions {
-		if c.Type == NodeConditionDatapath {
-			idx = i
-		}
-	}
-	var prev *corev1.NodeCondition
-	if idx >= 0 {
-		prev = &n.Status.Conditions[idx]
-		if prev.Status == want.Status && prev.Reason == want.Reason && prev.Message == want.Message {
-			return reconcile.Result{}, nil
-		}
-	}
 	orig := n.DeepCopy()
 	now := metav1.Now()
-	want.LastHeartbeatTime, want.LastTransitionTime = now, now
-	statusChanged := prev == nil || prev.Status != want.Status
-	if !statusChanged {
-		want.LastTransitionTime = prev.LastTransitionTime
+	var events []conditionEvent
+	var written []corev1.NodeCondition
+	for _, want := range wants {
+		idx := slices.IndexFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == want.Type })
+		var prev *corev1.NodeCondition
+		if idx >= 0 {
+			prev = orig.Status.Conditions[idx].DeepCopy()
+			if prev.Status == want.Status && prev.Reason == want.Reason && prev.Message == want.Message {
+				continue
+			}
+		}
+		want.LastHeartbeatTime, want.LastTransitionTime = now, now
+		if prev != nil && prev.Status == want.Status {
+			want.LastTransitionTime = prev.LastTransitionTime
+		}
+		if idx >= 0 {
+			n.Status.Conditions[idx] = want
+		} else {
+			n.Status.Conditions = append(n.Status.Conditions, want)
+		}
+		if ev, ok := transitionEvent(prev, want); ok {
+			events = append(events, ev)
+		}
+		written = append(written, want)
 	}
-	if idx >= 0 {
-		n.Status.Conditions[idx] = want
-	} else {
-		n.Status.Conditions = append(n.Status.Conditions, want)
+	if len(written) == 0 {
+		return reconcile.Result{}, nil
 	}
 	if err := r.Client.Status().Patch(ctx, &n, client.StrategicMergeFrom(orig)); err != nil {
-		return reconcile.Result{}, fmt.Errorf("patch condition %s of Node %s: %w", NodeConditionDatapath, n.Name, err)
+		return reconcile.Result{}, fmt.Errorf("patch conditions of Node %s: %w", n.Name, err)
 	}
-	log.FromContext(ctx).Info("Node datapath condition set", "node", klog.KObj(&n), "status", want.Status, "reason", want.Reason, "message", want.Message)
-	switch {
-	case statusChanged && want.Status == corev1.ConditionFalse:
-		r.Recorder.Eventf(&n, nil, corev1.EventTypeWarning, EventHostStackBypass, "CheckDatapath",
-			"Pod traffic on this Node bypasses the host's IP stack, so Egresses cannot carry it: %s", want.Message)
-	case statusChanged && prev != nil:
-		r.Recorder.Eventf(&n, nil, corev1.EventTypeNormal, EventDatapathSupported, "CheckDatapath",
-			"Pod traffic on this Node crosses the host's IP stack again: %s", want.Message)
+	for _, c := range written {
+		log.FromContext(ctx).Info("Node condition set", "node", klog.KObj(&n), "type", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
+	}
+	for _, ev := range events {
+		r.Recorder.Eventf(&n, nil, ev.typ, ev.reason, ev.action, "%s", ev.note)
 	}
 	return reconcile.Result{}, nil
 }
@@ -133,7 +201,7 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				o, ok1 := e.ObjectOld.(*corev1.Node)
 				n, ok2 := e.ObjectNew.(*corev1.Node)
-				return !ok1 || !ok2 || datapathCondition(o) != datapathCondition(n)
+				return !ok1 || !ok2 || mirrored(o) != mirrored(n)
 			},
 			DeleteFunc: func(event.DeleteEvent) bool { return false },
 		})).
@@ -141,13 +209,18 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// datapathCondition is the Node's EgressDatapathSupported condition without
-// its times, for change detection.
-func datapathCondition(n *corev1.Node) corev1.NodeCondition {
+// mirrored is the Node's conditions this reconciler keeps, without their
+// times, for change detection.
+func mirrored(n *corev1.Node) [2]corev1.NodeCondition {
+	var out [2]corev1.NodeCondition
 	for _, c := range n.Status.Conditions {
-		if c.Type == NodeConditionDatapath {
-			return corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
+		c := corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
+		switch c.Type {
+		case NodeConditionDatapath:
+			out[0] = c
+		case NodeConditionOwnership:
+			out[1] = c
 		}
 	}
-	return corev1.NodeCondition{}
+	return out
 }
