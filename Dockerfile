@@ -22,11 +22,13 @@ RUN CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
     CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
     go build -trimpath -ldflags="-s -w" -o /out/egressip-agent ./cmd/agent && \
     CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags="-s -w" -o /out/egressip-agent-probe ./cmd/agent-probe
+    go build -trimpath -ldflags="-s -w" -o /out/egressip-agent-probe ./cmd/agent-probe && \
+    CGO_ENABLED=0 GOOS=${TARGETOS:-linux} GOARCH=${TARGETARCH} \
+    go build -trimpath -ldflags="-s -w" -o /out/egressip-cni ./cmd/cni
 
 FROM gcr.io/distroless/static:nonroot
 WORKDIR /
-COPY --from=builder /out/egressip-controller /out/egressip-agent /out/egressip-agent-probe /
+COPY --from=builder /out/egressip-controller /out/egressip-agent /out/egressip-agent-probe /out/egressip-cni /
 # The controller runs as this user. The agent's DaemonSet overrides it with
 # runAsUser: 0 and only CAP_NET_ADMIN and CAP_NET_RAW (see docs/security.md).
 USER 65532:65532

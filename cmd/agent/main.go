@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"time"
 
 	// Client auth plugins (OIDC, exec, ...) for out-of-cluster kubeconfigs.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
@@ -23,6 +24,8 @@ import (
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/datapath"
 	"github.com/egressip/egressip/internal/healthprobe"
+	"github.com/egressip/egressip/internal/podstart"
+	"github.com/egressip/egressip/internal/podstart/cniapi"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -83,6 +86,9 @@ func run(args []string, stderr io.Writer) int {
 		dpUplink                      string
 		rejectQueue                   int
 		hostStackCheck                bool
+		cniSocket, cniConfDir         string
+		cniKeep                       bool
+		cniTimeout                    time.Duration
 	)
 	fs.BoolVar(&withDatapath, "datapath", false,
 		"Also program the datapath that makes selected Pods' traffic leave with their Egress's IP (a VXLAN-GPE "+
@@ -107,6 +113,20 @@ func run(args []string, stderr io.Writer) int {
 			"so that TCP connects fail at once with EHOSTUNREACH (IPv6 otherwise waits for the retransmitted SYN, about 1 s). "+
 			"-1 turns it off. "+
 			"Change it if other software on the Node uses that queue.")
+	fs.StringVar(&cniSocket, "cni-socket", "",
+		"With --datapath, serve the egressip-cni plugin on this unix socket (the DaemonSet uses "+cniapi.DefaultSocket+
+			"): a new Pod is classified before its sandbox's network setup returns, so its first packet already "+
+			"leaves with its egress IP. Empty turns it off.")
+	fs.StringVar(&cniConfDir, "cni-conf-dir", "",
+		"With --cni-socket, chain egressip-cni into the first network configuration list of this directory "+
+			"(/etc/cni/net.d), keep it there, and remove it when the agent stops (see --cni-keep-on-exit). "+
+			"Empty: the plugin is chained by hand.")
+	fs.BoolVar(&cniKeep, "cni-keep-on-exit", false,
+		"Leave the plugin's entry and socket in place when the agent stops: Pods that start while no agent runs "+
+			"then fail their sandbox setup and are retried by the kubelet, instead of starting unclassified. "+
+			"Remove the entry by hand when uninstalling.")
+	fs.DurationVar(&cniTimeout, "cni-timeout", cniapi.DefaultTimeout,
+		"How long the plugin waits for the agent to classify a Pod before failing its sandbox setup (whole seconds).")
 	fs.StringVar(&dpUplink, "datapath-uplink", "",
 		"Interface toward the other Nodes, whose MTU sizes the tunnel. "+
 			"Default: --interface, else the interface of the default route.")
@@ -181,11 +201,19 @@ func run(args []string, stderr io.Writer) int {
 			o.HostCheck = hc
 		}
 		o.CIDRs = agent.CIDRs{ClusterCIDRs: clusterCIDRs.list, ServiceCIDRs: svcCIDRs.list, ExcludeCIDRs: excls.list}
+		if cniSocket != "" {
+			if cniTimeout < time.Second {
+				_, _ = fmt.Fprintf(stderr, "egressip-agent: --cni-timeout %s: want at least 1s\n", cniTimeout)
+				return 2
+			}
+			o.PodStart = &podstart.Options{Socket: cniSocket, ConfDir: cniConfDir, Keep: cniKeep, Timeout: cniTimeout}
+		}
 		log.Info("datapath on",
 			"uplink", eng.Config().Uplink, "rejectQueue", eng.Config().RejectQueue,
 			"rejectQueueForm", eng.RejectQueueForm(), "uplinkMTU", eng.Config().UplinkMTU,
 			"clusterCIDRs", cmp.Or(clusterCIDRs.String(), "Nodes' podCIDRs"),
-			"serviceCIDRs", cmp.Or(svcCIDRs.String(), "ServiceCIDR objects"), "excludeCIDRs", excls.String())
+			"serviceCIDRs", cmp.Or(svcCIDRs.String(), "ServiceCIDR objects"), "excludeCIDRs", excls.String(),
+			"cniSocket", cniSocket, "cniConfDir", cniConfDir)
 	}
 	if err := agent.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "agent failed")

@@ -216,6 +216,12 @@ type DatapathReconciler struct {
 	serviceCIDRsOn    atomic.Bool
 	serviceCIDREvents chan event.GenericEvent
 
+	// ann holds the Pods the egressip-cni plugin announced (PodAdded) and
+	// annEvents kicks a reconcile for them.
+	annMu     sync.Mutex
+	ann       map[types.NamespacedName]*announcement
+	annEvents chan event.GenericEvent
+
 	mu          sync.Mutex
 	last        *datapath.State
 	lastApply   time.Time
@@ -281,14 +287,18 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 			return reconcile.Result{}, fmt.Errorf("list %s: %w", l.what, err)
 		}
 	}
-	in.Egresses, in.Pools, in.Namespaces, in.Pods, in.Slices, in.Nodes = egs.Items, pools.Items, nss.Items, pods.Items, sls.Items, nodes.Items
 	r.checkHostStack(ctx, pods.Items)
+	// Pods the CNI plugin announced are classified with the IPs it gave,
+	// before their status shows them (docs/datapath.md, "Pod start").
+	covered, redundant := overlayAnnounced(pods.Items, r.snapshotAnnounced())
+	in.Egresses, in.Pools, in.Namespaces, in.Pods, in.Slices, in.Nodes = egs.Items, pools.Items, nss.Items, pods.Items, sls.Items, nodes.Items
 	st := computeState(in)
 
 	r.mu.Lock()
 	same := r.last != nil && stateEqual(*r.last, st) && time.Since(r.lastApply) < resync
 	r.mu.Unlock()
 	if same {
+		r.resolveAnnounced(st, covered, redundant)
 		return reconcile.Result{RequeueAfter: resync}, nil
 	}
 	start := time.Now()
@@ -307,6 +317,7 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 	} else {
 		datapathApplies.WithLabelValues("ok").Inc()
 	}
+	r.resolveAnnounced(st, covered, redundant)
 	r.mu.Lock()
 	changed := r.last == nil || !stateEqual(*r.last, st)
 	r.last, r.lastApply = &st, time.Now()
@@ -404,6 +415,9 @@ func (r *DatapathReconciler) SetupWithManager(mgr manager.Manager) error {
 		return !ok1 || !ok2 || nodeAddrChanged(o, n)
 	}})
 	r.serviceCIDREvents = make(chan event.GenericEvent, 1)
+	r.annMu.Lock()
+	r.annEvents = make(chan event.GenericEvent, 1)
+	r.annMu.Unlock()
 	if r.CIDRs.ServiceCIDRs == nil {
 		// A bounded request: discovery calls take no context.
 		dcfg := rest.CopyConfig(mgr.GetConfig())
@@ -421,6 +435,7 @@ func (r *DatapathReconciler) SetupWithManager(mgr manager.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(DatapathControllerName).
 		WatchesRawSource(source.Channel(r.serviceCIDREvents, toKey)).
+		WatchesRawSource(source.Channel(r.annEvents, toKey)).
 		Watches(&v1alpha1.Egress{}, toKey).
 		Watches(&v1alpha1.ExternalIPPool{}, toKey).
 		Watches(&v1alpha1.EgressMemberSlice{}, toKey).

@@ -30,12 +30,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/selection"
 )
@@ -308,6 +310,10 @@ type RunOptions struct {
 	// reconcile whether the CNI bypasses the host stack; the finding is
 	// served in the report (report.Report.Datapath).
 	HostCheck HostStackCheck
+	// PodStart, when set with Datapath, serves the egressip-cni plugin
+	// (and installs it when PodStart.ConfDir is set) so that a new Pod is
+	// classified before it can send; its Gate is the DatapathReconciler.
+	PodStart *podstart.Options
 }
 
 // Run runs the agent until ctx is done: it creates the Agent (New), starts
@@ -406,6 +412,9 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		}
 		if err := dr.SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("agent: set up datapath controller: %w", err)
+		}
+		if err := addPodStart(mgr, o.PodStart, dr, log); err != nil {
+			return err
 		}
 	}
 	if rq, ok := o.Datapath.(rejectQueue); ok {
@@ -521,4 +530,20 @@ func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 		case <-time.After(d):
 		}
 	}
+}
+
+// addPodStart adds the pod-start server (package podstart) to mgr with dr
+// as its Gate; a nil o adds nothing.
+func addPodStart(mgr manager.Manager, o *podstart.Options, dr *DatapathReconciler, log logr.Logger) error {
+	if o == nil {
+		return nil
+	}
+	ps := *o
+	ps.Gate = dr
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		return podstart.Run(ctrllog.IntoContext(ctx, log.WithName("podstart")), ps)
+	})); err != nil {
+		return fmt.Errorf("agent: add the pod-start server: %w", err)
+	}
+	return nil
 }

@@ -357,9 +357,25 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 }
 
 func (c *Cluster) addPod(n *Node, j int) error {
-	ns, err := c.newNS(fmt.Sprintf("n%dp%d", n.Index, j))
+	p, err := c.WirePod(n, j)
 	if err != nil {
 		return err
+	}
+	n.Pods = append(n.Pods, p)
+	return nil
+}
+
+// WirePod creates Pod slot j (1..14) behind n as a main CNI plugin would:
+// the Pod's namespace, a veth into it, its /32 and /128 (203.0.113.16K+j,
+// 2001:db8:1:K::j) and the routes of both sides. The Pod is not added to
+// n.Pods; UnwirePod removes it.
+func (c *Cluster) WirePod(n *Node, j int) (*Pod, error) {
+	if j < 1 || j > 14 {
+		return nil, fmt.Errorf("pod slot %d: out of 1..14", j)
+	}
+	ns, err := c.newNS(fmt.Sprintf("n%dp%d", n.Index, j))
+	if err != nil {
+		return nil, err
 	}
 	p := &Pod{
 		NS: *ns, Node: n, Veth: fmt.Sprintf("vp%d", j),
@@ -373,10 +389,10 @@ func (c *Cluster) addPod(n *Node, j int) error {
 		[]string{"route", "add", p.IPv4.String() + "/32", "dev", p.Veth},
 		[]string{"-6", "route", "add", p.IPv6.String() + "/128", "dev", p.Veth},
 	); err != nil {
-		return err
+		return nil, err
 	}
 	if err := n.Sysctl("net/ipv4/conf/"+p.Veth+"/proxy_arp", "1"); err != nil {
-		return err
+		return nil, err
 	}
 	if err := ipAll(ns,
 		[]string{"addr", "add", p.IPv4.String() + "/32", "dev", "eth0"},
@@ -386,9 +402,22 @@ func (c *Cluster) addPod(n *Node, j int) error {
 		[]string{"route", "add", "default", "via", "169.254.1.1", "dev", "eth0"},
 		[]string{"-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"},
 	); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// UnwirePod deletes a Pod made by WirePod: its namespace (and with it the
+// veth and the Node's routes to it).
+func (c *Cluster) UnwirePod(p *Pod) error {
+	if _, err := p.Node.IP("link", "del", p.Veth); err != nil {
 		return err
 	}
-	n.Pods = append(n.Pods, p)
+	_ = p.Handle.Close()
+	if out, err := exec.Command("ip", "netns", "del", p.Name).CombinedOutput(); err != nil {
+		return fmt.Errorf("ip netns del %s: %w: %s", p.Name, err, out)
+	}
+	c.all = slices.DeleteFunc(c.all, func(n *NS) bool { return n.Name == p.Name })
 	return nil
 }
 

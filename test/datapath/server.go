@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,6 +95,13 @@ func (s *Server) MaxGap(stream string) (time.Duration, int) {
 		}
 	}
 	return max, len(ts)
+}
+
+// Probes returns the arrival times of a probe stream's datagrams.
+func (s *Server) Probes(stream string) []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.probes[stream])
 }
 
 func (s *Server) serveTCP() {

@@ -53,6 +53,9 @@ type Datapath struct {
 	// rejected holds the rejected-packet counts harvested from tables that
 	// a later Apply replaced, by Egress name.
 	rejected map[string]uint64
+	// onStep, set only by tests, observes the kernel between the phases
+	// of program.
+	onStep func(step string, plan Plan)
 	// refused are the Egresses whose part of the table the kernel refused
 	// in the last Apply, by name (see isolate).
 	refused map[string]refusal
@@ -322,21 +325,54 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 	return errors.Join(buildErr, refusedError(refused))
 }
 
-// program writes the device, the table (when changed), routes and rules.
+// program writes the device, routes and rules, and the table (when
+// changed), in the order that never leaves a marked flow without its
+// route: the routes and policy rules a new or changed Egress needs are
+// added first, then the table that marks its members' connections is
+// replaced, and only then are the rules and routes nobody marks for any
+// more deleted (removal in the reverse order). Otherwise a member's first
+// packet could be marked (the mark lives in conntrack for the whole flow)
+// while no rule routes the mark yet: it leaves through the main table and
+// the CNI masquerades it, and the flow is reset once the route appears.
 func (d *Datapath) program(ctx context.Context, plan Plan) error {
 	if err := d.ensureDevice(); err != nil {
 		return err
 	}
+	staleRoutes, err := d.addRoutes(plan.Routes)
+	if err != nil {
+		return err
+	}
+	staleRules, err := d.addRules(plan.Rules)
+	if err != nil {
+		return err
+	}
+	d.step(stepAdded, plan)
 	if d.applied == nil || !reflect.DeepEqual(d.applied.NFT, plan.NFT) {
 		if err := d.writeTable(plan); err != nil {
 			return err
 		}
 		logr.FromContextOrDiscard(ctx).WithName("datapath").V(1).Info("nftables table replaced", "table", d.cfg.TableName, "egresses", len(plan.IDs))
 	}
-	if err := d.syncRoutes(plan.Routes); err != nil {
+	d.step(stepTable, plan)
+	if err := d.delRules(staleRules); err != nil {
 		return err
 	}
-	return d.syncRules(plan.Rules)
+	d.step(stepRulesDeleted, plan)
+	return d.delRoutes(staleRoutes)
+}
+
+// Steps of program, reported to a test's observer (Datapath.onStep).
+const (
+	stepAdded        = "routes and rules added"
+	stepTable        = "table written"
+	stepRulesDeleted = "stale rules deleted"
+)
+
+// step calls the test observer, if any, between two phases of program.
+func (d *Datapath) step(name string, plan Plan) {
+	if d.onStep != nil {
+		d.onStep(name, plan)
+	}
 }
 
 // ensureDevice creates or repairs the tunnel device: flow-based VXLAN-GPE,
@@ -533,21 +569,23 @@ func (d *Datapath) ownsTable(t int) bool {
 	return t == d.cfg.ReturnTable() || (t > d.cfg.TableBase && t <= d.cfg.TableBase+int(d.cfg.maxID()))
 }
 
-// syncRoutes makes the routes of our tables equal want: against the kernel
-// on the first Apply (every wanted route replaced, since the kernel's dump
-// is not decoded enough to compare outer destinations), against the last
-// Plan afterwards.
-func (d *Datapath) syncRoutes(want []EncapRoute) error {
+// addRoutes adds or replaces the routes of want that are missing or
+// differ, and returns the routes of our tables that want no longer holds
+// (for delRoutes, once nothing marks for them): against the kernel on the
+// first Apply (every wanted route replaced, since the kernel's dump is not
+// decoded enough to compare outer destinations), against the last Plan
+// afterwards.
+func (d *Datapath) addRoutes(want []EncapRoute) ([]routeKey, error) {
 	l, err := d.nl.LinkByName(d.cfg.TunnelDevice)
 	if err != nil {
-		return fmt.Errorf("find tunnel device: %w", err)
+		return nil, fmt.Errorf("find tunnel device: %w", err)
 	}
 	have := map[routeKey]*EncapRoute{}
 	if d.applied == nil {
 		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 			rs, err := d.nl.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 			if err != nil {
-				return fmt.Errorf("list routes: %w", err)
+				return nil, fmt.Errorf("list routes: %w", err)
 			}
 			for _, r := range rs {
 				if !d.ownsTable(r.Table) || r.Dst == nil {
@@ -582,13 +620,21 @@ func (d *Datapath) syncRoutes(want []EncapRoute) error {
 			Encap: &ipEncap{ID: tunnelID, Dst: r.Outer, TTL: tunnelTTL, Flags: tunnelCsum},
 		}
 		if err := d.nl.RouteReplace(nr); err != nil {
-			return fmt.Errorf("route %s table %d via %s: %w", r.Dst, r.Table, r.Outer, err)
+			return nil, fmt.Errorf("route %s table %d via %s: %w", r.Dst, r.Table, r.Outer, err)
 		}
 	}
+	var stale []routeKey
 	for k := range have {
-		if wanted[k] {
-			continue
+		if !wanted[k] {
+			stale = append(stale, k)
 		}
+	}
+	return stale, nil
+}
+
+// delRoutes deletes routes of our tables; absent ones are not an error.
+func (d *Datapath) delRoutes(stale []routeKey) error {
+	for _, k := range stale {
 		// Scope "nowhere" matches any scope (as ip-route(8) deletes); the
 		// default, universe, would not match our link-scope routes.
 		del := &netlink.Route{Table: k.table, Dst: prefixNet(k.dst), Scope: netlink.Scope(unix.RT_SCOPE_NOWHERE)}
@@ -634,12 +680,12 @@ func (d *Datapath) listRules() ([]PolicyRule, []netlink.Rule, error) {
 	return prs, raw, nil
 }
 
-// syncRules makes our policy rules equal want: missing ones are added
-// before stale ones are deleted.
-func (d *Datapath) syncRules(want []PolicyRule) error {
+// addRules adds the policy rules of want that are missing, and returns
+// ours that want no longer holds (for delRules).
+func (d *Datapath) addRules(want []PolicyRule) ([]netlink.Rule, error) {
 	have, raw, err := d.listRules()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, w := range want {
 		if slices.Contains(have, w) {
@@ -660,15 +706,23 @@ func (d *Datapath) syncRules(want []PolicyRule) error {
 			r.Table = w.Table
 		}
 		if err := d.nl.RuleAdd(r); err != nil {
-			return fmt.Errorf("add rule pref %d: %w", w.Priority, err)
+			return nil, fmt.Errorf("add rule pref %d: %w", w.Priority, err)
 		}
 	}
+	var stale []netlink.Rule
 	for i, h := range have {
-		if slices.Contains(want, h) {
-			continue
+		if !slices.Contains(want, h) {
+			stale = append(stale, raw[i])
 		}
-		if err := d.nl.RuleDel(&raw[i]); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("delete rule pref %d: %w", h.Priority, err)
+	}
+	return stale, nil
+}
+
+// delRules deletes policy rules; absent ones are not an error.
+func (d *Datapath) delRules(stale []netlink.Rule) error {
+	for i := range stale {
+		if err := d.nl.RuleDel(&stale[i]); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete rule pref %d: %w", stale[i].Priority, err)
 		}
 	}
 	return nil
