@@ -88,7 +88,13 @@ type Agent struct {
 
 	// dpStatus is the datapath finding served in the report (nil: none).
 	dpStatus atomic.Pointer[report.DatapathStatus]
+	// kernel is the kernel feature finding served in the report (nil: none).
+	kernel atomic.Pointer[report.KernelStatus]
 }
+
+// SetKernelStatus sets the kernel feature finding the report serves; nil
+// removes it.
+func (a *Agent) SetKernelStatus(s *report.KernelStatus) { a.kernel.Store(s) }
 
 // SetDatapathStatus sets the datapath finding the report serves; nil
 // removes it.
@@ -187,6 +193,11 @@ func (a *Agent) Report() report.Report {
 	if st := a.dpStatus.Load(); st != nil {
 		c := *st
 		r.Datapath = &c
+	}
+	if st := a.kernel.Load(); st != nil {
+		c := *st
+		c.Missing = slices.Clone(st.Missing)
+		r.Kernel = &c
 	}
 	r.Sort()
 	return r

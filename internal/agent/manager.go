@@ -308,6 +308,9 @@ type RunOptions struct {
 	// reconcile whether the CNI bypasses the host stack; the finding is
 	// served in the report (report.Report.Datapath).
 	HostCheck HostStackCheck
+	// Kernel, when set, is the start-up kernel feature finding
+	// (RecordKernel) served in the report.
+	Kernel *report.KernelStatus
 }
 
 // Run runs the agent until ctx is done: it creates the Agent (New), starts
@@ -368,6 +371,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	a.SetKernelStatus(o.Kernel)
 	defer func() {
 		if cerr := a.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("agent: close: %w", cerr))

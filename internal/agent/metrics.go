@@ -49,6 +49,11 @@ var (
 		Help: "Owned egress IPs no longer assigned to this Node that a reconcile could not remove, counted once per IP per reconcile.",
 	})
 
+	kernelFeature = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressip_agent_kernel_feature",
+		Help: "Kernel features probed at start: 1 present, 0 missing (docs/agent.md lists them and what happens without each). The feature label is one of package kernel's Feature names.",
+	}, []string{"feature"})
+
 	reconcileDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "egressip_agent_reconcile_duration_seconds",
 		Help: "Duration of one agent reconcile (read the cache, sync the bindings, start announcements), in seconds.",
@@ -58,7 +63,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, reconcileDuration)
+	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, kernelFeature, reconcileDuration)
 	// Export both families from the start, so dashboards see 0, not nothing.
 	for _, f := range []string{familyIPv4, familyIPv6} {
 		boundIPs.WithLabelValues(f)

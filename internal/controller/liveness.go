@@ -91,8 +91,8 @@ type Liveness struct {
 }
 
 // onDatapathChange makes fn be called, outside the lock, with the name of
-// every Node whose agent's datapath finding (report.Report.Datapath)
-// changes, and at once for every Node already known.
+// every Node whose agent's datapath or kernel finding (report.Report.Datapath,
+// report.Report.Kernel) changes, and at once for every Node already known.
 func (l *Liveness) onDatapathChange(fn func(node string)) {
 	l.mu.Lock()
 	l.dpHook = fn
@@ -244,7 +244,7 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 	changed, dpChanged := false, false
 	if hasAddr && err == nil && rep.Node == node {
 		changed = !s.Known || s.Dead || !sameBound(s.Report, rep)
-		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath)
+		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath) || !s.Report.Kernel.Equal(rep.Kernel)
 		s.Known, s.Dead, s.failures, s.LastSeen, s.Report = true, false, 0, now, rep
 	} else {
 		s.failures++

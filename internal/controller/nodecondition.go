@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,20 +29,29 @@ import (
 // report.ReasonHostStackBypass and the evidence when the CNI bypasses it.
 const NodeConditionDatapath corev1.NodeConditionType = "EgressDatapathSupported"
 
-// Event reasons of the Node condition's transitions.
+// NodeConditionKernel is the Node condition the controller keeps from each
+// agent's kernel feature probe: True when every feature probed was found,
+// False with reason report.ReasonKernelFeatureMissing and a message naming
+// the kernel release, the missing features and the parts of the agent
+// degraded or not started (docs/agent.md has the table).
+const NodeConditionKernel corev1.NodeConditionType = "EgressKernelFeatures"
+
+// Event reasons of the Node conditions' transitions.
 const (
 	// EventHostStackBypass (Warning): the condition turned False.
 	EventHostStackBypass = report.ReasonHostStackBypass
 	// EventDatapathSupported (Normal): the condition turned True again.
 	EventDatapathSupported = "DatapathSupported"
+	// EventKernelFeatureMissing (Warning): EgressKernelFeatures turned False.
+	EventKernelFeatureMissing = report.ReasonKernelFeatureMissing
 )
 
-// NodeDatapathReconciler mirrors the datapath finding of each agent's
-// report (polled by Liveness) into the Node condition
-// EgressDatapathSupported, with an Event on each change of its status.
-// Agents cannot write Nodes (docs/security.md), hence this relay. A Node
-// whose agent is unknown, dead, or serves no finding keeps its condition
-// as it is.
+// NodeDatapathReconciler mirrors the datapath and kernel findings of each
+// agent's report (polled by Liveness) into the Node conditions
+// EgressDatapathSupported and EgressKernelFeatures, with an Event on each
+// change of a condition's status. Agents cannot write Nodes
+// (docs/security.md), hence this relay. A Node whose agent is unknown,
+// dead, or serves no finding keeps its conditions as they are.
 type NodeDatapathReconciler struct {
 	Client   client.Client
 	Recorder recorder.EventRecorder
@@ -63,56 +73,93 @@ func desiredCondition(st *report.DatapathStatus) corev1.NodeCondition {
 	return c
 }
 
-// Reconcile writes the condition of one Node when the agent's finding
-// differs from it (one strategic-merge patch of that condition only, so
-// the kubelet's conditions are never overwritten). It returns the patch's
+// desiredKernelCondition is the condition for a kernel finding (times left
+// zero): False exactly when a feature is missing.
+func desiredKernelCondition(st *report.KernelStatus) corev1.NodeCondition {
+	c := corev1.NodeCondition{Type: NodeConditionKernel, Status: corev1.ConditionTrue, Reason: st.Reason, Message: st.Message}
+	if len(st.Missing) > 0 {
+		c.Status = corev1.ConditionFalse
+	}
+	if c.Reason == "" {
+		c.Reason = report.ReasonKernelFeaturesPresent
+		if len(st.Missing) > 0 {
+			c.Reason = report.ReasonKernelFeatureMissing
+		}
+	}
+	return c
+}
+
+// Reconcile writes the conditions of one Node that differ from the agent's
+// findings (one strategic-merge patch of those conditions only, so the
+// kubelet's conditions are never overwritten). It returns the patch's
 // error, retried with backoff.
 func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	st := r.Liveness.State(req.Name)
-	if !st.Known || st.Dead || st.Report.Datapath == nil {
+	if !st.Known || st.Dead || (st.Report.Datapath == nil && st.Report.Kernel == nil) {
 		return reconcile.Result{}, nil
 	}
 	var n corev1.Node
 	if err := r.Client.Get(ctx, req.NamespacedName, &n); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	want := desiredCondition(st.Report.Datapath)
-	idx := -1
-	for i, c := range n.Status.Conditions {
-		if c.Type == NodeConditionDatapath {
-			idx = i
-		}
+	var wants []corev1.NodeCondition
+	if st.Report.Datapath != nil {
+		wants = append(wants, desiredCondition(st.Report.Datapath))
 	}
-	var prev *corev1.NodeCondition
-	if idx >= 0 {
-		prev = &n.Status.Conditions[idx]
-		if prev.Status == want.Status && prev.Reason == want.Reason && prev.Message == want.Message {
-			return reconcile.Result{}, nil
-		}
+	if st.Report.Kernel != nil {
+		wants = append(wants, desiredKernelCondition(st.Report.Kernel))
 	}
 	orig := n.DeepCopy()
 	now := metav1.Now()
-	want.LastHeartbeatTime, want.LastTransitionTime = now, now
-	statusChanged := prev == nil || prev.Status != want.Status
-	if !statusChanged {
-		want.LastTransitionTime = prev.LastTransitionTime
+	type change struct {
+		want          corev1.NodeCondition
+		prev          *corev1.NodeCondition
+		statusChanged bool
 	}
-	if idx >= 0 {
-		n.Status.Conditions[idx] = want
-	} else {
-		n.Status.Conditions = append(n.Status.Conditions, want)
+	var changes []change
+	for _, want := range wants {
+		idx := slices.IndexFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == want.Type })
+		var prev *corev1.NodeCondition
+		if idx >= 0 {
+			p := n.Status.Conditions[idx]
+			prev = &p
+			if prev.Status == want.Status && prev.Reason == want.Reason && prev.Message == want.Message {
+				continue
+			}
+		}
+		want.LastHeartbeatTime, want.LastTransitionTime = now, now
+		statusChanged := prev == nil || prev.Status != want.Status
+		if !statusChanged {
+			want.LastTransitionTime = prev.LastTransitionTime
+		}
+		if idx >= 0 {
+			n.Status.Conditions[idx] = want
+		} else {
+			n.Status.Conditions = append(n.Status.Conditions, want)
+		}
+		changes = append(changes, change{want: want, prev: prev, statusChanged: statusChanged})
+	}
+	if len(changes) == 0 {
+		return reconcile.Result{}, nil
 	}
 	if err := r.Client.Status().Patch(ctx, &n, client.StrategicMergeFrom(orig)); err != nil {
-		return reconcile.Result{}, fmt.Errorf("patch condition %s of Node %s: %w", NodeConditionDatapath, n.Name, err)
+		return reconcile.Result{}, fmt.Errorf("patch the egressip conditions of Node %s: %w", n.Name, err)
 	}
-	log.FromContext(ctx).Info("Node datapath condition set", "node", klog.KObj(&n), "status", want.Status, "reason", want.Reason, "message", want.Message)
-	switch {
-	case statusChanged && want.Status == corev1.ConditionFalse:
-		r.Recorder.Eventf(&n, nil, corev1.EventTypeWarning, EventHostStackBypass, "CheckDatapath",
-			"Pod traffic on this Node bypasses the host's IP stack, so Egresses cannot carry it: %s", want.Message)
-	case statusChanged && prev != nil:
-		r.Recorder.Eventf(&n, nil, corev1.EventTypeNormal, EventDatapathSupported, "CheckDatapath",
-			"Pod traffic on this Node crosses the host's IP stack again: %s", want.Message)
+	for _, ch := range changes {
+		want := ch.want
+		log.FromContext(ctx).Info("Node condition set", "node", klog.KObj(&n), "type", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
+		switch {
+		case want.Type == NodeConditionKernel && ch.statusChanged && want.Status == corev1.ConditionFalse:
+			r.Recorder.Eventf(&n, nil, corev1.EventTypeWarning, EventKernelFeatureMissing, "ProbeKernel",
+				"The kernel of this Node lacks features egressip uses: %s", want.Message)
+		case want.Type != NodeConditionDatapath:
+		case ch.statusChanged && want.Status == corev1.ConditionFalse:
+			r.Recorder.Eventf(&n, nil, corev1.EventTypeWarning, EventHostStackBypass, "CheckDatapath",
+				"Pod traffic on this Node bypasses the host's IP stack, so Egresses cannot carry it: %s", want.Message)
+		case ch.statusChanged && ch.prev != nil:
+			r.Recorder.Eventf(&n, nil, corev1.EventTypeNormal, EventDatapathSupported, "CheckDatapath",
+				"Pod traffic on this Node crosses the host's IP stack again: %s", want.Message)
+		}
 	}
 	return reconcile.Result{}, nil
 }
@@ -133,7 +180,8 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				o, ok1 := e.ObjectOld.(*corev1.Node)
 				n, ok2 := e.ObjectNew.(*corev1.Node)
-				return !ok1 || !ok2 || datapathCondition(o) != datapathCondition(n)
+				return !ok1 || !ok2 || datapathCondition(o, NodeConditionDatapath) != datapathCondition(n, NodeConditionDatapath) ||
+					datapathCondition(o, NodeConditionKernel) != datapathCondition(n, NodeConditionKernel)
 			},
 			DeleteFunc: func(event.DeleteEvent) bool { return false },
 		})).
@@ -141,11 +189,11 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// datapathCondition is the Node's EgressDatapathSupported condition without
-// its times, for change detection.
-func datapathCondition(n *corev1.Node) corev1.NodeCondition {
+// datapathCondition is the Node's condition of type typ without its times,
+// for change detection.
+func datapathCondition(n *corev1.Node, typ corev1.NodeConditionType) corev1.NodeCondition {
 	for _, c := range n.Status.Conditions {
-		if c.Type == NodeConditionDatapath {
+		if c.Type == typ {
 			return corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
 		}
 	}

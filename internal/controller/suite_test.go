@@ -47,6 +47,14 @@ type fakeAgent struct {
 	bound    map[netip.Addr]bool
 	stopped  bool
 	datapath *report.DatapathStatus // served as the report's finding
+	kernel   *report.KernelStatus   // served as the report's kernel finding
+}
+
+// setKernel sets the kernel finding the agent serves (nil: none).
+func (a *fakeAgent) setKernel(st *report.KernelStatus) {
+	a.mu.Lock()
+	a.kernel = st
+	a.mu.Unlock()
 }
 
 // setDatapath sets the datapath finding the agent serves (nil: none).
@@ -59,7 +67,7 @@ func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Kernel: a.kernel}
 	for ip := range a.bound {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
 	}

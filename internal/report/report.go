@@ -55,6 +55,42 @@ type Report struct {
 	// check turned off, or has not checked yet. The controller mirrors it
 	// in the Node condition EgressDatapathSupported.
 	Datapath *DatapathStatus `json:"datapath,omitempty"`
+	// Kernel is what the agent's start-up probe of kernel features found
+	// (internal/agent/kernel); nil when it did not probe. The controller
+	// mirrors it in the Node condition EgressKernelFeatures.
+	Kernel *KernelStatus `json:"kernel,omitempty"`
+}
+
+// Reasons of KernelStatus, also the reasons of the Node condition
+// EgressKernelFeatures.
+const (
+	// ReasonKernelFeaturesPresent: every feature probed was found.
+	ReasonKernelFeaturesPresent = "KernelFeaturesPresent"
+	// ReasonKernelFeatureMissing: a feature is missing; a part of the
+	// agent is degraded or did not start, as the message says.
+	ReasonKernelFeatureMissing = "KernelFeatureMissing"
+)
+
+// KernelStatus is the outcome of the agent's kernel feature probe.
+type KernelStatus struct {
+	// Release is the kernel release (uname -r).
+	Release string `json:"release"`
+	// Missing names the features found missing (the "feature" label of
+	// egressip_agent_kernel_feature); empty when all were found.
+	Missing []string `json:"missing,omitempty"`
+	// Reason is ReasonKernelFeaturesPresent or ReasonKernelFeatureMissing.
+	Reason string `json:"reason"`
+	// Message names the kernel release, each part degraded or not started
+	// and its missing features, at most MaxDatapathMessage bytes.
+	Message string `json:"message"`
+}
+
+// Equal reports whether two kernel findings are equal (nil: none).
+func (k *KernelStatus) Equal(o *KernelStatus) bool {
+	if k == nil || o == nil {
+		return k == o
+	}
+	return k.Release == o.Release && k.Reason == o.Reason && k.Message == o.Message && slices.Equal(k.Missing, o.Missing)
 }
 
 // Reasons of DatapathStatus, also the reasons of the Node condition.
