@@ -2,6 +2,8 @@ package kernel
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -62,9 +64,11 @@ func Release() string {
 
 // Options name the scratch objects the probes create and delete again.
 type Options struct {
-	// LinkName is the name of the scratch links; default "egxprobe" (a
-	// veth pair adds "0" and "1"). Links are created down and deleted at
-	// once; a stale one from a crashed probe is replaced.
+	// LinkName is the name of the scratch links (a veth pair adds "0" and
+	// "1"; at most 14 bytes). Default "egxp" and 6 random hex digits, so
+	// that two agents probing at once (a surge rolling update) never
+	// touch each other's links. Links are created down and deleted at
+	// once; one of the same name left by a crashed probe is replaced.
 	LinkName string
 	// RouteTable is the routing table the encap routes are tried in; no
 	// policy rule points to it. Default 49998, below the datapath's tables
@@ -77,7 +81,9 @@ type Options struct {
 
 func (o Options) withDefaults() Options {
 	if o.LinkName == "" {
-		o.LinkName = "egxprobe"
+		b := make([]byte, 3)
+		_, _ = rand.Read(b) // crypto/rand.Read does not fail (Go 1.24+)
+		o.LinkName = "egxp" + hex.EncodeToString(b)
 	}
 	if o.RouteTable == 0 {
 		o.RouteTable = 49998
@@ -143,10 +149,12 @@ func (p *NetNSProber) Probe(f Feature) error {
 		})
 	case NftSets:
 		return p.probeNft(func(c *nftables.Conn, t *nftables.Table) {
-			iv := &nftables.Set{Table: t, Name: "cidrs", KeyType: nftables.TypeIPAddr, Interval: true}
+			// Explicit batch-local IDs: google/nftables allocates missing
+			// ones from a package counter without a lock.
+			iv := &nftables.Set{Table: t, ID: 1, Name: "cidrs", KeyType: nftables.TypeIPAddr, Interval: true}
 			_ = c.AddSet(iv, []nftables.SetElement{
 				{Key: []byte{192, 0, 2, 0}}, {Key: []byte{192, 0, 2, 128}, IntervalEnd: true}})
-			m := &nftables.Set{Table: t, Name: "marks", KeyType: nftables.TypeMark,
+			m := &nftables.Set{Table: t, ID: 2, Name: "marks", KeyType: nftables.TypeMark,
 				KeyByteOrder: binaryutil.NativeEndian, IsMap: true, DataType: nftables.TypeIPAddr}
 			_ = c.AddSet(m, []nftables.SetElement{{Key: binaryutil.NativeEndian.PutUint32(1), Val: []byte{192, 0, 2, 1}}})
 		})
@@ -247,7 +255,9 @@ func (p *NetNSProber) probeEncapRoute(dst, outer net.IP) error {
 	if err := h.RouteReplace(r); err != nil {
 		return fmt.Errorf("add a route with %s: %w", r.Encap, err)
 	}
-	if err := h.RouteDel(r); err != nil {
+	// The kernel took the route: the feature is there. ESRCH on delete
+	// means another agent's probe (same route) removed it first.
+	if err := h.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("delete the probe route in table %d: %w", p.opts.RouteTable, err)
 	}
 	return nil

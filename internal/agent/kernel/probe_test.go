@@ -77,7 +77,7 @@ func TestKernelProbeStaleProbeLink(t *testing.T) {
 	ns := netnstest.NewNS(t, "kstale")
 	ns.MustIP(t, "link", "add", "egxprobe", "type", "vxlan", "id", "7", "dstport", "4789")
 	ns.MustIP(t, "link", "add", "egxprobe0", "type", "veth", "peer", "name", "egxprobe1")
-	p := NewProber(ns.Handle, Options{})
+	p := NewProber(ns.Handle, Options{LinkName: "egxprobe"})
 	for _, f := range []Feature{VXLANGPE, IFAProto} {
 		if err := p.Probe(f); err != nil {
 			t.Errorf("%s with a stale probe link: %v", f, err)
@@ -137,7 +137,7 @@ func TestKernelProbeAbsentLinkKind(t *testing.T) {
 			t.Errorf("condition message %q lacks %q", msg, want)
 		}
 	}
-	if out := ns.MustIP(t, "-o", "link"); strings.Contains(out, "egxprobe") {
+	if out := ns.MustIP(t, "-o", "link"); strings.Contains(out, "egxp") {
 		t.Errorf("probe link left:\n%s", out)
 	}
 }
@@ -174,5 +174,35 @@ func TestKernelProbeNftRefusal(t *testing.T) {
 	}
 	if s := snapshot(t, ns); strings.Contains(s, "nft table") {
 		t.Errorf("table left:\n%s", s)
+	}
+}
+
+// TestKernelProbeConcurrent: two agents probing one namespace at once (a
+// surge rolling update) both find every feature.
+func TestKernelProbeConcurrent(t *testing.T) {
+	netnstest.RequireRoot(t)
+	ns := netnstest.NewNS(t, "kconc")
+	errs := make(chan string, 2)
+	for range 2 {
+		go func() {
+			var bad []string
+			p := NewProber(ns.Handle, Options{})
+			for range 5 {
+				for f, err := range ProbeAll(p, FeaturesOf(PartDatapath, PartOwnership)) {
+					if err != nil {
+						bad = append(bad, fmt.Sprintf("%s: %v", f, err))
+					}
+				}
+			}
+			errs <- strings.Join(bad, "; ")
+		}()
+	}
+	for range 2 {
+		if e := <-errs; e != "" {
+			t.Errorf("concurrent probe: %s", e)
+		}
+	}
+	if out := ns.MustIP(t, "-o", "link"); strings.Contains(out, "egxp") {
+		t.Errorf("probe links left:\n%s", out)
 	}
 }
