@@ -3,8 +3,8 @@ package kernel
 import (
 	"bytes"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
