@@ -32,6 +32,10 @@ func ProbeKernel(p kernel.Prober, release string, withDatapath bool) *KernelChec
 	return &KernelCheck{release: release, results: kernel.ProbeAll(p, kernel.FeaturesOf(parts...))}
 }
 
+// rejectQueueNone is what Engine.RejectQueueForm says when there is no
+// reject queue (datapath.Datapath.RejectQueueForm).
+const rejectQueueNone = "none"
+
 // errNoQueue is the NFQueue finding when the datapath found neither queue
 // form.
 var errNoQueue = errors.New("nftables accepts neither the queue expression nor xtables' NFQUEUE target")
@@ -40,7 +44,7 @@ var errNoQueue = errors.New("nftables accepts neither the queue expression nor x
 // datapath (Engine.RejectQueueForm): "none" means NFQueue is missing.
 // Call it only when the reject queue is configured (not -1).
 func (k *KernelCheck) SetRejectQueueForm(form string) {
-	if form == "none" {
+	if form == rejectQueueNone {
 		k.results[kernel.NFQueue] = errNoQueue
 		return
 	}

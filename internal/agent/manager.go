@@ -504,7 +504,7 @@ var rejectQueueRetry = wait.Backoff{Duration: time.Second, Factor: 2, Cap: 8 * t
 // only on the retransmitted SYN.
 func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 	log := ctrl.Log.WithName("datapath")
-	if rq.RejectQueueForm() == "none" {
+	if rq.RejectQueueForm() == rejectQueueNone {
 		log.Info("no reject queue (turned off, or the kernel has neither nft_queue nor nft_compat with xt_NFQUEUE): failurePolicy Fail rejects without it")
 		return
 	}

@@ -132,10 +132,11 @@ func (p *NetNSProber) Probe(f Feature) error {
 		})
 	case NftNamedCounter:
 		return p.probeNft(func(c *nftables.Conn, t *nftables.Table) {
-			c.AddObj(&nftables.CounterObj{Table: t, Name: "probe"})
-			ch := c.AddChain(&nftables.Chain{Name: "probe", Table: t})
+			const name = "probe"
+			c.AddObj(&nftables.CounterObj{Table: t, Name: name})
+			ch := c.AddChain(&nftables.Chain{Name: name, Table: t})
 			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: []expr.Any{
-				&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: "probe"}}})
+				&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name}}})
 		})
 	case NftTCPMSS:
 		return p.probeNft(func(c *nftables.Conn, t *nftables.Table) {
@@ -284,7 +285,7 @@ func (e *ipEncap) Encode() ([]byte, error) {
 	if ip == nil {
 		ip = e.dst.To16()
 	}
-	var b []byte
+	b := make([]byte, 0, 32)
 	b = append(b, nl.NewRtAttr(lwtIPID, binary.BigEndian.AppendUint64(nil, 1)).Serialize()...)
 	b = append(b, nl.NewRtAttr(lwtIPDst, ip).Serialize()...)
 	return b, nil
