@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -114,12 +115,25 @@ func NewProber(ns netns.NsHandle, o Options) *NetNSProber {
 func (p *NetNSProber) Probe(f Feature) error {
 	switch f {
 	case VXLANGPE:
-		return p.probeLinkKind("vxlan", func(data *nl.RtAttr) {
-			data.AddRtAttr(unix.IFLA_VXLAN_COLLECT_METADATA, []byte{1})
-			data.AddRtAttr(nl.IFLA_VXLAN_LEARNING, []byte{0})
-			data.AddRtAttr(unix.IFLA_VXLAN_PORT, htons(4790))
-			data.AddRtAttr(unix.IFLA_VXLAN_GPE, nil)
-		})
+		// The kernel allows one flow-based VXLAN device per UDP port
+		// (EEXIST otherwise), and the datapath's own device may be up on
+		// 4790: the probe device takes a random port of the dynamic range
+		// (RFC 6335), never bound as the device stays down, and another
+		// one if a concurrent probe holds it.
+		var err error
+		for range 3 {
+			port := uint16(49152 + mrand.IntN(16384))
+			err = p.probeLinkKind("vxlan", func(data *nl.RtAttr) {
+				data.AddRtAttr(unix.IFLA_VXLAN_COLLECT_METADATA, []byte{1})
+				data.AddRtAttr(nl.IFLA_VXLAN_LEARNING, []byte{0})
+				data.AddRtAttr(unix.IFLA_VXLAN_PORT, htons(port))
+				data.AddRtAttr(unix.IFLA_VXLAN_GPE, nil)
+			})
+			if !errors.Is(err, unix.EEXIST) {
+				return err
+			}
+		}
+		return err
 	case EncapRouteIPv4:
 		return p.probeEncapRoute(net.IPv4(192, 0, 2, 255), net.IPv4(192, 0, 2, 254))
 	case EncapRouteIPv6:

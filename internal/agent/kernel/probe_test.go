@@ -206,3 +206,23 @@ func TestKernelProbeConcurrent(t *testing.T) {
 		t.Errorf("probe links left:\n%s", out)
 	}
 }
+
+// TestKernelProbeBesideTheTunnel: on a Node where the datapath's
+// flow-based VXLAN-GPE device already exists (an agent restart), the
+// VXLAN-GPE probe still finds the feature (the kernel allows one such
+// device per port) and leaves the device alone.
+func TestKernelProbeBesideTheTunnel(t *testing.T) {
+	netnstest.RequireRoot(t)
+	ns := netnstest.NewNS(t, "ktun")
+	ns.MustIP(t, "link", "add", "egx", "type", "vxlan", "external", "gpe", "nolearning", "dstport", "4790")
+	ns.MustIP(t, "link", "set", "egx", "up")
+	before := ns.MustIP(t, "-d", "link", "show", "egx")
+	for range 3 {
+		if err := NewProber(ns.Handle, Options{}).Probe(VXLANGPE); err != nil {
+			t.Errorf("probe beside egx: %v", err)
+		}
+	}
+	if after := ns.MustIP(t, "-d", "link", "show", "egx"); after != before {
+		t.Errorf("egx changed:\n%s\n%s", before, after)
+	}
+}
