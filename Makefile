@@ -1,5 +1,14 @@
+# The release: the chart's appVersion (charts/chart/Chart.yaml), also the
+# default image tag.
+VERSION ?= $(shell awk -F'"' '/^appVersion:/ { print $$2 }' charts/chart/Chart.yaml)
+# Image repository of the one image that holds egressip-controller and
+# egressip-agent. IMAGE_REPO:VERSION is the default image of config/ (the
+# images: of config/manager and config/agent), dist/install.yaml and the
+# chart (manager.image.repository, tag appVersion); test/packaging checks
+# that they agree.
+IMAGE_REPO ?= ghcr.io/egressip/egressip
 # Image URL to use all building/pushing image targets
-IMG ?= controller:latest
+IMG ?= $(IMAGE_REPO):$(VERSION)
 
 # Get the currently used golang install path (in GOPATH/bin, unless GOBIN is set)
 ifeq (,$(shell go env GOBIN))
@@ -137,12 +146,13 @@ docker-buildx: ## Build and push docker image for the manager for cross-platform
 	- $(CONTAINER_TOOL) buildx rm egressip-builder
 	rm Dockerfile.cross
 
+## build-installer sets IMG in a temporary copy of config/ (hack/kustomize-build.sh):
+## with the default IMG it changes no tracked file on a clean checkout.
 .PHONY: build-installer
-build-installer: manifests generate kustomize ## Generate a consolidated YAML with CRDs and deployment.
+build-installer: manifests generate kustomize ## Generate dist/install.yaml (CRDs and deployment) for image IMG (default IMAGE_REPO:VERSION).
 	mkdir -p dist
-	cd config/manager && "$(KUSTOMIZE)" edit set image controller=${IMG}
-	cd config/agent && "$(KUSTOMIZE)" edit set image controller=${IMG}
-	"$(KUSTOMIZE)" build config/default > dist/install.yaml
+	hack/kustomize-build.sh "$(KUSTOMIZE)" "$(IMG)" > dist/install.yaml.tmp
+	mv dist/install.yaml.tmp dist/install.yaml
 
 ## The chart is generated from dist/install.yaml by kubebuilder's helm/v2-alpha
 ## plugin. Chart.yaml, values.yaml, values.schema.json, _helpers.tpl and
@@ -150,6 +160,10 @@ build-installer: manifests generate kustomize ## Generate a consolidated YAML wi
 ## DaemonSet as a static template (templates/extras/agent.yaml); we replace it
 ## with templates/agent/daemonset.yaml, which reads the agent's settings from
 ## values.yaml. test/packaging checks that both installs agree.
+.PHONY: print-IMG
+print-IMG: ## Print the image build-installer and docker-build use (default IMAGE_REPO:VERSION).
+	@echo "$(IMG)"
+
 .PHONY: helm-chart
 helm-chart: build-installer kubebuilder ## Regenerate charts/chart from dist/install.yaml (kubebuilder helm/v2-alpha).
 	"$(KUBEBUILDER)" edit --plugins=helm/v2-alpha --output-dir=charts
@@ -163,6 +177,12 @@ helm-chart: build-installer kubebuilder ## Regenerate charts/chart from dist/ins
 		|| { echo "$(HELM_MANAGER_TPL): the webhook certificate conditions changed, update the helm-chart target"; exit 1; }
 	@test "$$(grep -c 'egressip.webhookCABundle' $(HELM_WEBHOOK_TPL))" = "$$(grep -c '^  clientConfig:$$' $(HELM_WEBHOOK_TPL))" \
 		|| { echo "$(HELM_WEBHOOK_TPL): caBundle not inserted under every clientConfig, update the helm-chart target"; exit 1; }
+	@# Hand-written templates the plugin must leave in place.
+	@for f in agent/daemonset.yaml namespace/namespace.yaml; do test -f charts/chart/templates/$$f \
+		|| { echo "charts/chart/templates/$$f is gone after the plugin: restore it (git checkout)"; exit 1; }; done
+	@# The default image is IMAGE_REPO with tag appVersion in all three installs.
+	@grep -qx '    repository: $(IMAGE_REPO)' charts/chart/values.yaml \
+		|| { echo "charts/chart/values.yaml: manager.image.repository is not $(IMAGE_REPO) (IMAGE_REPO), update it"; exit 1; }
 	@# The plugin also scaffolds a kind-based GitHub workflow; keep it only if the project tracks one.
 	git ls-files --error-unmatch .github/workflows/test-chart.yml >/dev/null 2>&1 || rm -f .github/workflows/test-chart.yml
 	rmdir .github/workflows .github 2>/dev/null || true
@@ -195,9 +215,7 @@ uninstall: manifests kustomize ## Uninstall CRDs from the K8s cluster specified 
 
 .PHONY: deploy
 deploy: manifests kustomize ## Deploy controller to the K8s cluster specified in ~/.kube/config.
-	cd config/manager && "$(KUSTOMIZE)" edit set image controller=${IMG}
-	cd config/agent && "$(KUSTOMIZE)" edit set image controller=${IMG}
-	"$(KUSTOMIZE)" build config/default | "$(KUBECTL)" apply -f -
+	hack/kustomize-build.sh "$(KUSTOMIZE)" "$(IMG)" | "$(KUBECTL)" apply --server-side -f -
 
 .PHONY: undeploy
 undeploy: kustomize ## Undeploy controller from the K8s cluster specified in ~/.kube/config. Call with ignore-not-found=true to ignore resource not found errors during deletion.
@@ -365,10 +383,12 @@ HELM_CHART_DIR ?= charts/chart
 HELM_EXTRA_ARGS ?=
 
 .PHONY: helm-deploy
+## The chart creates the namespace, labelled for Pod Security "privileged"
+## (namespace.create); Helm's --create-namespace would create it unlabelled.
 helm-deploy: ## Deploy manager to the K8s cluster via Helm. Specify an image with IMG.
 	IMG="$(IMG)"; $(HELM) upgrade --install $(HELM_RELEASE) $(HELM_CHART_DIR) \
 		--namespace $(HELM_NAMESPACE) \
-		--create-namespace \
+		--set namespace.create=true \
 		--set manager.image.repository=$${IMG%:*} \
 		--set manager.image.tag=$${IMG##*:} \
 		--wait \

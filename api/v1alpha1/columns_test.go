@@ -3,6 +3,7 @@ package v1alpha1_test
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -97,6 +98,7 @@ func TestPrinterColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), eg) })
+	eg.Status.SelectedPods = new(int32(7))
 	setStatus(t, eg, "192.0.2.5", "worker-3", metav1.ConditionTrue)
 
 	p := pool("columns", nil, cidr("192.0.2.0/28"))
@@ -104,9 +106,20 @@ func TestPrinterColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p) })
-	p.Status.Usage = v1.IPPoolUsage{Total: 14, Used: 2}
+	p.Status.Usage = v1.IPPoolUsage{Total: 14, TotalText: "14", Used: 2}
 	p.Status.Conditions = []metav1.Condition{{Type: "Ready", Status: metav1.ConditionTrue, Reason: "Valid", Message: "ok", LastTransitionTime: metav1.Now()}}
 	if err := env.Client.Status().Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+
+	// A /64: Total saturates, TOTAL shows the readable figure.
+	v6 := pool("columns-v6", nil, cidr("2001:db8:0:64::/64"))
+	if err := env.Client.Create(ctx, v6); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), v6) })
+	v6.Status.Usage = v1.IPPoolUsage{Total: math.MaxInt64, TotalText: "~2^64", Used: 1}
+	if err := env.Client.Status().Update(ctx, v6); err != nil {
 		t.Fatal(err)
 	}
 
@@ -143,9 +156,11 @@ func TestPrinterColumns(t *testing.T) {
 		}
 	}
 	check("egresses", "columns", []string{"Name", "Egress-IP", "Node", "Ready", "Age"},
-		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress", "Failure-Policy": "Fail"}, []string{"Pool", "Failure-Policy"})
+		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress", "Failure-Policy": "Fail", "Pods": float64(7)}, []string{"Pool", "Failure-Policy", "Pods"})
 	check("externalippools", "columns", []string{"Name", "Total", "Used", "Ready", "Age"},
-		map[string]any{"Total": float64(14), "Used": float64(2), "Ready": "True"}, nil)
+		map[string]any{"Total": "14", "Used": float64(2), "Ready": "True"}, nil)
+	check("externalippools", "columns-v6", []string{"Name", "Total", "Used", "Ready", "Age"},
+		map[string]any{"Total": "~2^64", "Used": float64(1)}, nil)
 }
 
 func serializerFor() runtime.NegotiatedSerializer {

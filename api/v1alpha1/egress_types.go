@@ -97,16 +97,19 @@ type EgressSpec struct {
 	// +kubebuilder:validation:MinLength=2
 	// +kubebuilder:validation:MaxLength=39
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="egressIP must be an IPv4 or IPv6 address such as 192.0.2.5 (no zone, no IPv4-mapped IPv6, no leading zeros)"
-	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="egressIP must be written in canonical form (lower case, shortest IPv6 form, for example 2001:db8::5)"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="egressIP must be written in canonical form (RFC 5952 for IPv6: lower case, no leading zeros, :: for the longest run of two or more zero groups but never for a single one, as in 2001:db8::5 or 2001:db8:0:1:1:1:1:1)"
 	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip(self).isGlobalUnicast()",message="egressIP must be a unicast address (not loopback, link-local, multicast or unspecified)"
 	EgressIP string `json:"egressIP,omitempty"`
 
 	// FailurePolicy says what happens to the selected Pods' traffic to
 	// destinations outside the cluster while no Node holds the egress IP
 	// (no IP allocated, no eligible Node, or a failover in progress): Fail
-	// rejects it at once (the sender gets an ICMP host unreachable error,
-	// EHOSTUNREACH on a socket), Ignore lets it leave with the IP of the
-	// Pod's Node, as if no Egress selected the Pod. The names and the
+	// rejects it at once (new connections and UDP get ICMP "administratively
+	// prohibited" on IPv4 or "address unreachable" on IPv6, so connect and
+	// send fail with EHOSTUNREACH; segments of a TCP connection opened
+	// earlier get a TCP reset, ECONNRESET; see docs/datapath.md), Ignore
+	// lets it leave with the IP of the Pod's Node, as if no Egress selected
+	// the Pod. The names and the
 	// default follow the admission webhooks' failurePolicy: Fail is safe for
 	// allow-lists, Ignore keeps traffic flowing. Either way the Egress shows
 	// Ready=False with reason NoEgressNode.
@@ -153,6 +156,31 @@ type EgressStatus struct {
 	// +kubebuilder:validation:Pattern=`^([0-9a-f]{2}:){5}[0-9a-f]{2}$`
 	InterfaceMAC string `json:"interfaceMAC,omitempty"`
 
+	// SelectedPods is the number of Pods whose traffic uses this Egress, as
+	// the controller last published them in EgressMemberSlices. A Pod that
+	// an older Egress also selects counts for the older one only (the
+	// oldest Egress wins). Absent until the first count.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	SelectedPods *int32 `json:"selectedPods,omitempty"`
+
+	// ShadowedBy names, while SelectedPods is 0, the older Egresses that
+	// hold the Pods this Egress's selectors match (at most 3, sorted).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=3
+	// +kubebuilder:validation:items:MaxLength=253
+	ShadowedBy []string `json:"shadowedBy,omitempty"`
+
+	// SharedWith names the other Egresses that use the same egress IP
+	// (sharing is allowed: one Node holds the address for all of them);
+	// at most 8, sorted.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	// +kubebuilder:validation:items:MaxLength=253
+	SharedWith []string `json:"sharedWith,omitempty"`
+
 	// Conditions are IPAllocated, Assigned and Ready, each with a reason and
 	// a message that says what to do when it is False.
 	// +optional
@@ -177,6 +205,7 @@ type EgressStatus struct {
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.externalIPPool`,priority=1,description="ExternalIPPool"
 // +kubebuilder:printcolumn:name="Failure-Policy",type=string,JSONPath=`.spec.failurePolicy`,priority=1,description="What the Pods get while no Node holds the IP"
+// +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.selectedPods`,priority=1,description="Pods whose traffic uses this Egress"
 type Egress struct {
 	metav1.TypeMeta `json:",inline"`
 

@@ -41,7 +41,7 @@ type EgressMember struct {
 	// +kubebuilder:validation:MinLength=2
 	// +kubebuilder:validation:MaxLength=39
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="podIP must be an IPv4 or IPv6 address"
-	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="podIP must be written in canonical form"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="podIP must be written in canonical form (RFC 5952 for IPv6)"
 	PodIP string `json:"podIP"`
 
 	// HostIP is the IP of the Pod's Node (from status.hostIPs) of the same
@@ -50,7 +50,7 @@ type EgressMember struct {
 	// +kubebuilder:validation:MinLength=2
 	// +kubebuilder:validation:MaxLength=39
 	// +kubebuilder:validation:XValidation:rule="isIP(self)",message="hostIP must be an IPv4 or IPv6 address"
-	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="hostIP must be written in canonical form"
+	// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="hostIP must be written in canonical form (RFC 5952 for IPv6)"
 	HostIP string `json:"hostIP"`
 }
 

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/egressip/egressip/internal/agent"
+	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/datapath"
 	"github.com/egressip/egressip/internal/agent/kernel"
 	"github.com/egressip/egressip/internal/healthprobe"
@@ -66,6 +67,15 @@ func run(args []string, stderr io.Writer) int {
 			"for `egressip-agent probe` in an exec probe (the health port is shared with "+
 			"the other agent during a surge rolling update). Empty turns it off; the "+
 			"DaemonSet uses "+agent.DefaultHealthProbeSocket+".")
+	var ownership, recordPath string
+	fs.StringVar(&ownership, "address-ownership", string(bind.OwnershipAuto),
+		"How the agent knows which addresses it added: auto (the address protocol attribute IFA_PROTO, kept by "+
+			"Linux 5.18+, and the ownership record; works on every kernel), proto (IFA_PROTO alone: refuses to bind "+
+			"where the kernel drops it) or record (the ownership record alone, IFA_PROTO neither written nor read).")
+	fs.StringVar(&recordPath, "ownership-record", "",
+		"Ownership record file, written before each bind and after each unbind (its directory must exist: in the "+
+			"DaemonSet a hostPath volume). Default "+agent.DefaultRecordPath+", or none with --netns. "+
+			"Agents in different network namespaces need different files.")
 	fs.StringVar(&o.NetNSPath, "netns", "",
 		"Bind and announce in the network namespace at this path (e.g. /run/netns/node1) "+
 			"instead of the agent's own. For tests and the local end-to-end setup.")
@@ -128,6 +138,18 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	o.NodeName = node
+	if o.Ownership, err = bind.ParseOwnership(ownership); err != nil {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --address-ownership: %v\n", err)
+		return 2
+	}
+	o.RecordPath = recordPath
+	if recordPath == "" && o.NetNSPath == "" {
+		o.RecordPath = agent.DefaultRecordPath
+	}
+	if o.Ownership == bind.OwnershipRecord && o.RecordPath == "" {
+		_, _ = fmt.Fprintln(stderr, "egressip-agent: --address-ownership=record needs --ownership-record")
+		return 2
+	}
 
 	cfg, err := ctrl.GetConfig()
 	if err != nil {

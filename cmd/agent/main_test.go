@@ -153,6 +153,25 @@ func TestBadCIDRFlagFails(t *testing.T) {
 	}
 }
 
+func TestBadOwnershipFlagsFail(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--address-ownership", "labels"}, "--address-ownership"},
+		// With --netns there is no default record, and record mode needs one.
+		{[]string{"--address-ownership=record", "--netns", "/run/netns/none"}, "--ownership-record"},
+	} {
+		p := startAgentProc(t, []string{"NODE_NAME=n1"}, tc.args...)
+		if code := p.wait(t, 30*time.Second); code != 2 {
+			t.Fatalf("%q: exit code %d, want 2", tc.args, code)
+		}
+		if !strings.Contains(p.stderr.String(), tc.want) {
+			t.Errorf("%q: stderr does not mention %s:\n%s", tc.args, tc.want, p.stderr.String())
+		}
+	}
+}
+
 func TestCIDRList(t *testing.T) {
 	var c cidrList
 	if c.list != nil {
@@ -272,6 +291,12 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 	pair, check := nodePair(t)
 	node := "sigterm-node"
 	ctx := context.Background()
+	// The agent binds only addresses of the Egress's pool.
+	office := &v1alpha1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: "office"},
+		Spec: v1alpha1.ExternalIPPoolSpec{IPRanges: []v1alpha1.IPRange{{CIDR: "192.0.2.0/24"}}}}
+	if err := env.Client.Create(ctx, office); err != nil {
+		t.Fatal(err)
+	}
 	eg := &v1alpha1.Egress{
 		ObjectMeta: metav1.ObjectMeta{Name: "sigterm"},
 		Spec: v1alpha1.EgressSpec{

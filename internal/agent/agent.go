@@ -31,6 +31,11 @@ import (
 // between retries of a failed reconcile.
 const DefaultResyncPeriod = 30 * time.Second
 
+// DefaultRecordPath is the agent's default ownership record: on tmpfs
+// (/run), so it lives exactly as long as the addresses it lists (both are
+// gone after a reboot), mounted from the host by the DaemonSet.
+const DefaultRecordPath = "/run/egressip/ownership.json"
+
 // Config configures an Agent.
 type Config struct {
 	// NodeName is the name of the Node the agent runs on. Required.
@@ -55,6 +60,11 @@ type Config struct {
 	NetNSPath string
 	// Proto is the IFA_PROTO ownership mark; 0 means bind.DefaultProto.
 	Proto uint8
+	// Ownership is the address ownership mode; "" means bind.OwnershipAuto.
+	Ownership bind.Ownership
+	// RecordPath is the ownership record (bind.Config.RecordPath); empty
+	// means none.
+	RecordPath string
 }
 
 // entry is one owned address as the report shows it.
@@ -83,14 +93,26 @@ type Agent struct {
 
 	mu    sync.Mutex
 	state map[netip.Addr]*entry
+	// refused are the assigned IPs the last reconcile did not bind, and
+	// why (report.Report.Refused).
+	refused []report.RefusedIP
 
 	synced atomic.Bool // a reconcile has completed
 
 	// dpStatus is the datapath finding served in the report (nil: none).
 	dpStatus atomic.Pointer[report.DatapathStatus]
+	// ownStatus is the ownership status served in the report.
+	ownStatus atomic.Pointer[report.OwnershipStatus]
+	// refusedEgresses is the datapath's refused Egresses the report serves.
+	refusedEgresses atomic.Pointer[[]report.RefusedEgress]
 	// kernel is the kernel feature finding served in the report (nil: none).
 	kernel atomic.Pointer[report.KernelStatus]
 }
+
+// SetRefusedEgresses sets the Egresses whose datapath this Node's kernel
+// refuses, as the report serves them (Report.RefusedEgresses); nil or empty
+// clears them.
+func (a *Agent) SetRefusedEgresses(rs []report.RefusedEgress) { a.refusedEgresses.Store(&rs) }
 
 // SetKernelStatus sets the kernel feature finding the report serves; nil
 // removes it.
@@ -136,7 +158,8 @@ func New(cfg Config) (*Agent, error) {
 		hints:    map[netip.Addr]bind.Hint{},
 		state:    map[netip.Addr]*entry{},
 	}
-	b, err := bind.New(ns, bind.Config{Interface: cfg.Interface, HintFor: a.hintFor, Proto: cfg.Proto})
+	b, err := bind.New(ns, bind.Config{Interface: cfg.Interface, HintFor: a.hintFor, Proto: cfg.Proto,
+		Ownership: cfg.Ownership, RecordPath: cfg.RecordPath})
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
@@ -152,10 +175,15 @@ func New(cfg Config) (*Agent, error) {
 	a.binder, a.ann = b, an
 
 	owned, err := b.Owned()
-	if err != nil {
+	if errors.Is(err, bind.ErrRecordUnreadable) {
+		// Start anyway, to serve the report and its Node condition;
+		// every reconcile refuses to change addresses until it is fixed.
+		a.log.Error(err, "cannot read the ownership record; binding and unbinding nothing until it is fixed")
+	} else if err != nil {
 		_ = a.Close() // the Owned error is the one to report
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	a.noteOwnership(a.log)
 	for _, o := range owned {
 		if _, dup := a.state[o.Addr]; !dup {
 			a.state[o.Addr] = &entry{iface: o.Interface}
@@ -190,9 +218,20 @@ func (a *Agent) Report() report.Report {
 	for ip, e := range a.state {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: e.iface, Announced: e.announced})
 	}
+	for _, rf := range a.refused {
+		rf.Egresses = slices.Clone(rf.Egresses)
+		r.Refused = append(r.Refused, rf)
+	}
 	if st := a.dpStatus.Load(); st != nil {
 		c := *st
 		r.Datapath = &c
+	}
+	if st := a.ownStatus.Load(); st != nil {
+		c := *st
+		r.Ownership = &c
+	}
+	if rs := a.refusedEgresses.Load(); rs != nil && len(*rs) > 0 {
+		r.RefusedEgresses = slices.Clone(*rs)
 	}
 	if st := a.kernel.Load(); st != nil {
 		c := *st
@@ -246,6 +285,56 @@ func (a *Agent) onAnnounce(ev announce.Event) {
 	} else {
 		a.log.V(1).Info("announced egress IP", "ip", ev.IP, "interface", ev.Interface, "family", fam)
 	}
+}
+
+// noteOwnership publishes the binder's ownership status in the report and
+// logs it when it changes (an error, with what to do, while it is bad).
+func (a *Agent) noteOwnership(log logr.Logger) {
+	st := ownershipStatus(a.binder.Status())
+	prev := a.ownStatus.Swap(&st)
+	if prev != nil && *prev == st {
+		return
+	}
+	if st.Healthy {
+		log.Info("address ownership", "mode", st.Mode, "reason", st.Reason, "detail", st.Message)
+		return
+	}
+	log.Error(errors.New(st.Message), "address ownership record problem", "mode", st.Mode, "reason", st.Reason)
+}
+
+// ownershipStatus is the report form of a bind.Status.
+func ownershipStatus(s bind.Status) report.OwnershipStatus {
+	o := report.OwnershipStatus{Mode: string(s.Mode), Healthy: s.Err == nil}
+	switch {
+	case errors.Is(s.Err, bind.ErrRecordUnreadable):
+		o.Reason = report.ReasonRecordUnreadable
+	case errors.Is(s.Err, bind.ErrRecordUnwritable):
+		o.Reason = report.ReasonRecordUnwritable
+	case errors.Is(s.Err, bind.ErrRecordMissing):
+		o.Reason = report.ReasonRecordMissing
+	case s.Mode == bind.OwnershipRecord || s.MarkDropped:
+		o.Reason = report.ReasonOwnershipRecord
+	default:
+		o.Reason = report.ReasonOwnershipMark
+	}
+	switch {
+	case s.Err != nil:
+		o.Message = s.Err.Error()
+	case s.Mode == bind.OwnershipRecord:
+		o.Message = "ownership record " + s.RecordPath + " (forced: IFA_PROTO not used)"
+	case s.MarkDropped:
+		o.Message = "the kernel drops the address protocol (IFA_PROTO, Linux 5.18+): ownership record " + s.RecordPath + " alone"
+	case s.RecordPath != "":
+		o.Message = "address protocol (IFA_PROTO) mark and ownership record " + s.RecordPath
+	case s.Note != "":
+		o.Message = s.Note
+	default:
+		o.Message = "address protocol (IFA_PROTO) mark, no ownership record"
+	}
+	if len(o.Message) > report.MaxDatapathMessage {
+		o.Message = o.Message[:report.MaxDatapathMessage]
+	}
+	return o
 }
 
 // setBoundGauge sets egressip_agent_bound_ips from the state. Callers must
@@ -323,6 +412,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	before, beforeErr := a.binder.Owned()
 	a.setHints(d.hints)
 	added, removed, syncErr := a.binder.Sync(d.ips)
+	a.noteOwnership(log)
 	for _, ip := range removed {
 		log.Info("unbound egress IP", "ip", ip)
 	}
@@ -335,6 +425,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 		}
 		a.mu.Unlock()
 		a.setBoundGauge()
+		a.setRefused(d.refused, nil)
 		return errors.Join(syncErr, err)
 	}
 
@@ -342,6 +433,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	for _, b := range after {
 		byIP[b.Addr] = append(byIP[b.Addr], b)
 	}
+	a.setRefused(d.refused, bindRefusals(d.ips, byIP, syncErr))
 	// Errors, counted per IP from what the kernel holds afterwards.
 	nBind, nUnbind := 0, 0
 	for _, ip := range d.ips {

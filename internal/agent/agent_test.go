@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,6 +23,7 @@ import (
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/testenv"
 )
 
@@ -545,4 +549,68 @@ func TestStatusChangeToGARPLatency(t *testing.T) {
 	median := (sorted[runs/2-1] + sorted[runs/2]) / 2
 	t.Logf("status update returned -> GARP at peer, %d runs: median %s, min %s, max %s (all %v)",
 		runs, median, sorted[0], sorted[runs-1], ds)
+}
+
+// TestAgentOwnershipRecordUnreadable: an agent in record mode whose
+// ownership record is corrupt starts, reports the problem (report and
+// log) and changes no address until the file is dealt with; once the
+// operator deletes it, the assigned IP is bound and the address the lost
+// record listed is left alone.
+func TestAgentOwnershipRecordUnreadable(t *testing.T) {
+	env := apiServer(t)
+	c := env.Client
+	n := newTestNode(t)
+	path := filepath.Join(t.TempDir(), "ownership.json")
+	prev, err := bind.New(n.Node.Handle, bind.Config{Ownership: bind.OwnershipRecord, RecordPath: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	earlier, assigned := ip("192.0.2.51"), ip("192.0.2.52")
+	if _, err := prev.Bind(earlier); err != nil {
+		t.Fatal(err)
+	}
+	prev.Close()
+	if err := os.WriteFile(path, []byte("{\"version\":1,"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pool := createPool(t, c, "192.0.2.48/28", "192.0.2.1", 24)
+	createEgress(t, c, "rec", pool, assigned.String(), n.name)
+
+	cfg := n.config()
+	cfg.Ownership, cfg.RecordPath = bind.OwnershipRecord, path
+	a := newAgent(t, cfg)
+	if o := a.Report().Ownership; o == nil || o.Healthy || o.Reason != report.ReasonRecordUnreadable || !strings.Contains(o.Message, "fix or delete the file") {
+		t.Fatalf("report ownership before the first reconcile = %+v; want unhealthy, %s, saying what to do", o, report.ReasonRecordUnreadable)
+	}
+	rc := reconcileCount(t)
+	r := startAgent(t, env.Config, n.name, a)
+	eventually(t, 15*time.Second, "two reconciles", func() error {
+		if reconcileCount(t) < rc+2 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if !n.present(t, earlier) || n.present(t, assigned) {
+		t.Fatalf("with a corrupt record: %s present %v (want true), %s present %v (want false)", earlier, n.present(t, earlier), assigned, n.present(t, assigned))
+	}
+	if rep, err := r.report(ctx); err != nil || rep.Ownership == nil || rep.Ownership.Healthy {
+		t.Fatalf("served report = %+v, %v; want an unhealthy ownership status", rep.Ownership, err)
+	}
+
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 15*time.Second, "assigned IP bound once the record is gone", func() error {
+		rep, err := r.report(ctx)
+		if err != nil {
+			return err
+		}
+		if rep.Ownership == nil || !rep.Ownership.Healthy {
+			return fmt.Errorf("ownership %+v", rep.Ownership)
+		}
+		return wantReport(rep, n.NodeIf, true, assigned)
+	})
+	if !n.present(t, earlier) {
+		t.Errorf("%s, listed by the corrupt record, was removed; want it left alone", earlier)
+	}
 }

@@ -6,9 +6,13 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/bind"
+	"github.com/egressip/egressip/internal/ipam"
+	"github.com/egressip/egressip/internal/poolspec"
+	"github.com/egressip/egressip/internal/report"
 )
 
 // desiredState is what the Egresses assigned to a Node ask for.
@@ -23,24 +27,33 @@ type desiredState struct {
 	// skipped explains every Egress assigned to the Node that asks for
 	// nothing usable (for the log).
 	skipped []skippedEgress
+	// refused are the IPs of skipped Egresses that no other Egress asks
+	// for validly, with the Egresses and why (for the report), sorted by
+	// IP.
+	refused []report.RefusedIP
 }
 
 type skippedEgress struct {
 	name   string
+	ip     netip.Addr // zero when status.egressIP is not an address
 	reason string
 }
 
 // computeDesired returns the egress IPs the Egresses assigned to node ask
 // for. Egresses naming another Node are ignored (the cache should not hold
 // them; this is a second line of defence). An Egress being deleted still
-// counts while its status names node. When several Egresses share an IP the
-// hint comes from the first by name that has one, so the result does not
-// depend on the order of egs.
+// counts while its status names node. An Egress whose status.egressIP is
+// not what its allocation allows (statusAllowed: in its pool, equal to a
+// named spec.egressIP, attached by the cloud) is skipped and its IP
+// refused, whoever wrote the status (issue 15 fault 3). When several
+// Egresses share an IP the hint comes from the first by name that has one,
+// so the result does not depend on the order of egs.
 func computeDesired(node string, egs []v1alpha1.Egress, pools []v1alpha1.ExternalIPPool) desiredState {
 	byName := make(map[string]*v1alpha1.ExternalIPPool, len(pools))
 	for i := range pools {
 		byName[pools[i].Name] = &pools[i]
 	}
+	parsed := map[string]parsedPool{}
 	sorted := make([]*v1alpha1.Egress, 0, len(egs))
 	for i := range egs {
 		sorted = append(sorted, &egs[i])
@@ -54,10 +67,14 @@ func computeDesired(node string, egs []v1alpha1.Egress, pools []v1alpha1.Externa
 		}
 		ip, err := netip.ParseAddr(eg.Status.EgressIP)
 		if err != nil || ip.Zone() != "" {
-			d.skipped = append(d.skipped, skippedEgress{eg.Name, fmt.Sprintf("status.egressIP %q is not an IP address", eg.Status.EgressIP)})
+			d.skipped = append(d.skipped, skippedEgress{name: eg.Name, reason: fmt.Sprintf("status.egressIP %q is not an IP address", eg.Status.EgressIP)})
 			continue
 		}
 		ip = ip.Unmap()
+		if why := statusAllowed(eg, ip, byName[eg.Spec.ExternalIPPool], parsed); why != "" {
+			d.skipped = append(d.skipped, skippedEgress{eg.Name, ip, why})
+			continue
+		}
 		if !d.want[ip] {
 			d.want[ip] = true
 			d.ips = append(d.ips, ip)
@@ -76,7 +93,88 @@ func computeDesired(node string, egs []v1alpha1.Egress, pools []v1alpha1.Externa
 		}
 	}
 	slices.SortFunc(d.ips, netip.Addr.Compare)
+	d.refused = refusals(d.skipped, d.want)
 	return d
+}
+
+// parsedPool is a pool's spec as ipam reads it, parsed once per reconcile.
+type parsedPool struct {
+	pool *ipam.Pool // nil for a cloud pool without ipRanges, or on err
+	err  error
+}
+
+// statusAllowed returns "" when eg's status.egressIP ip is an address its
+// allocation allows, else why not (for the log and the report):
+//   - the pool must be in the cache and valid;
+//   - a named spec.egressIP must equal ip;
+//   - ip must be one of the pool's allocatable addresses (ipam.Pool.Check:
+//     in its ranges, not reserved, not special-purpose);
+//   - for a cloud-backed pool without ranges, status.interfaceMAC must be
+//     set: the controller writes it once the cloud attached ip to this
+//     Node's interface.
+//
+// Node addresses are the controller's to exclude: the agent does not know
+// the other Nodes', and its own are already on the Node (bind refuses them
+// as foreign).
+func statusAllowed(eg *v1alpha1.Egress, ip netip.Addr, pool *v1alpha1.ExternalIPPool, parsed map[string]parsedPool) string {
+	if pool == nil {
+		return fmt.Sprintf("ExternalIPPool %q is not known to this agent, so status.egressIP %s cannot be checked against it", eg.Spec.ExternalIPPool, ip)
+	}
+	if eg.Spec.EgressIP != "" {
+		if named, err := netip.ParseAddr(eg.Spec.EgressIP); err != nil || named.Unmap() != ip {
+			return fmt.Sprintf("status.egressIP %s is not the address spec.egressIP names (%s)", ip, eg.Spec.EgressIP)
+		}
+	}
+	pp, ok := parsed[pool.Name]
+	if !ok {
+		if pool.Spec.Cloud == nil || len(pool.Spec.IPRanges) > 0 {
+			pp.pool, pp.err = poolspec.Parse(pool)
+		}
+		parsed[pool.Name] = pp
+	}
+	switch {
+	case pp.err != nil:
+		return fmt.Sprintf("ExternalIPPool %q is invalid (%v), so status.egressIP %s cannot be checked against it", pool.Name, pp.err, ip)
+	case pp.pool != nil:
+		if err := pp.pool.Check(ip); err != nil {
+			return fmt.Sprintf("status.egressIP %s cannot come from ExternalIPPool %q: %v", ip, pool.Name, err)
+		}
+	case eg.Status.InterfaceMAC == "":
+		return fmt.Sprintf("status.egressIP %s of cloud-backed ExternalIPPool %q has no status.interfaceMAC: the cloud has not attached it to this Node", ip, pool.Name)
+	}
+	return ""
+}
+
+// refusals groups the skipped Egresses with a valid IP that no Egress asks
+// for validly (want) by IP, sorted, each with the first reason by Egress
+// name (skipped is in name order).
+func refusals(skipped []skippedEgress, want map[netip.Addr]bool) []report.RefusedIP {
+	byIP := map[netip.Addr]int{}
+	var out []report.RefusedIP
+	for _, s := range skipped {
+		if !s.ip.IsValid() || want[s.ip] {
+			continue
+		}
+		if i, ok := byIP[s.ip]; ok {
+			out[i].Egresses = append(out[i].Egresses, s.name)
+			continue
+		}
+		byIP[s.ip] = len(out)
+		out = append(out, report.RefusedIP{IP: s.ip, Egresses: []string{s.name}, Message: truncate(s.reason, report.MaxRefusedMessage)})
+	}
+	slices.SortFunc(out, func(a, b report.RefusedIP) int { return a.IP.Compare(b.IP) })
+	return out
+}
+
+// truncate cuts s to at most n bytes, on a rune boundary.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // poolHint turns a pool's subnetInfo into an interface selection hint for

@@ -22,10 +22,13 @@ func eg(name, pool, ip, node string) v1alpha1.Egress {
 	}
 }
 
-func pool(name, gw string, plen, vlan int32) v1alpha1.ExternalIPPool {
+func pool(name, gw string, plen, vlan int32, ranges ...string) v1alpha1.ExternalIPPool {
 	p := v1alpha1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	if gw != "" {
 		p.Spec.SubnetInfo = &v1alpha1.SubnetInfo{Gateway: gw, PrefixLength: plen, VLAN: vlan}
+	}
+	for _, r := range ranges {
+		p.Spec.IPRanges = append(p.Spec.IPRanges, v1alpha1.IPRange{CIDR: r})
 	}
 	return p
 }
@@ -40,11 +43,16 @@ func addrs(s ...string) []netip.Addr {
 
 func TestComputeDesired(t *testing.T) {
 	pools := []v1alpha1.ExternalIPPool{
-		pool("v4", "192.0.2.1", 24, 0),
-		pool("v4vlan", "198.51.100.1", 25, 20),
-		pool("v6", "2001:db8::1", 64, 0),
-		pool("plain", "", 0, 0),
-		pool("badgw", "not-an-ip", 24, 0),
+		pool("v4", "192.0.2.1", 24, 0, "192.0.2.0/24"),
+		pool("v4vlan", "198.51.100.1", 25, 20, "198.51.100.0/25"),
+		pool("v6", "2001:db8::1", 64, 0, "2001:db8::/64"),
+		pool("plain", "", 0, 0, "10.0.0.0/24", "192.0.2.0/24", "198.51.100.0/24"),
+		pool("badgw", "not-an-ip", 24, 0, "192.0.2.0/24"),
+		func() v1alpha1.ExternalIPPool {
+			p := pool("cloud", "", 0, 0)
+			p.Spec.Cloud = &v1alpha1.CloudPool{Provider: v1alpha1.CloudProviderAWS, AWS: &v1alpha1.AWSPool{SubnetID: "subnet-01234567"}}
+			return p
+		}(),
 	}
 	tests := []struct {
 		name    string
@@ -52,6 +60,7 @@ func TestComputeDesired(t *testing.T) {
 		want    []netip.Addr
 		hints   map[netip.Addr]bind.Hint
 		skipped []string
+		refused map[string][]string // IP -> Egresses
 	}{
 		{
 			name: "cloud address: the interface MAC from the status, with the pool's subnet",
@@ -103,24 +112,51 @@ func TestComputeDesired(t *testing.T) {
 			},
 		},
 		{
-			name: "unknown pool, bad gateway and family mismatch give no hint",
+			name: "unknown pool, invalid pool and family mismatch are refused",
 			egs: []v1alpha1.Egress{
 				eg("a", "gone", "192.0.2.30", "n1"),
 				eg("b", "badgw", "192.0.2.31", "n1"),
 				eg("c", "v6", "192.0.2.32", "n1"),
 			},
-			want:  addrs("192.0.2.30", "192.0.2.31", "192.0.2.32"),
-			hints: map[netip.Addr]bind.Hint{},
+			want:    nil,
+			hints:   map[netip.Addr]bind.Hint{},
+			skipped: []string{"a", "b", "c"},
+			refused: map[string][]string{"192.0.2.30": {"a"}, "192.0.2.31": {"b"}, "192.0.2.32": {"c"}},
 		},
 		{
 			name: "shared IP takes the hint of the first Egress by name that has one",
 			egs: []v1alpha1.Egress{
-				eg("b", "v4", "198.51.100.9", "n1"),
+				eg("b", "v4vlan", "198.51.100.9", "n1"),
 				eg("a", "plain", "198.51.100.9", "n1"),
 				eg("c", "v4vlan", "198.51.100.9", "n1"),
 			},
 			want:  addrs("198.51.100.9"),
-			hints: map[netip.Addr]bind.Hint{netip.MustParseAddr("198.51.100.9"): {Subnet: netip.MustParsePrefix("192.0.2.0/24")}},
+			hints: map[netip.Addr]bind.Hint{netip.MustParseAddr("198.51.100.9"): {Subnet: netip.MustParsePrefix("198.51.100.0/25"), VLAN: 20}},
+		},
+		{
+			// issue 15 fault 3: a status written by hand outside the pool,
+			// a status that is not the named address, a reserved address
+			// and an unattached cloud address are not bound but reported.
+			name: "status outside the allocation is refused, one valid asker is enough",
+			egs: func() []v1alpha1.Egress {
+				named := eg("named", "v4", "192.0.2.60", "n1")
+				named.Spec.EgressIP = "192.0.2.61"
+				share := eg("share-bad", "v6", "192.0.2.70", "n1") // other family: invalid
+				cloudOK := eg("cloud-ok", "cloud", "10.1.0.5", "n1")
+				cloudOK.Status.InterfaceMAC = "0a:1b:2c:3d:4e:5f"
+				return []v1alpha1.Egress{
+					eg("outside", "v4", "8.8.8.8", "n1"), named, eg("network", "v4", "192.0.2.0", "n1"),
+					eg("cloud-unattached", "cloud", "10.1.0.6", "n1"), cloudOK,
+					share, eg("share-ok", "v4", "192.0.2.70", "n1"),
+				}
+			}(),
+			want: addrs("10.1.0.5", "192.0.2.70"),
+			hints: map[netip.Addr]bind.Hint{
+				netip.MustParseAddr("10.1.0.5"):   {MAC: "0a:1b:2c:3d:4e:5f"},
+				netip.MustParseAddr("192.0.2.70"): {Subnet: netip.MustParsePrefix("192.0.2.0/24")},
+			},
+			skipped: []string{"cloud-unattached", "named", "network", "outside", "share-bad"},
+			refused: map[string][]string{"8.8.8.8": {"outside"}, "192.0.2.60": {"named"}, "192.0.2.0": {"network"}, "10.1.0.6": {"cloud-unattached"}},
 		},
 		{
 			name:    "unparsable status.egressIP is skipped and explained",
@@ -167,6 +203,24 @@ func TestComputeDesired(t *testing.T) {
 			}
 			if !slices.Equal(skipped, tc.skipped) {
 				t.Errorf("skipped = %v, want %v", skipped, tc.skipped)
+			}
+			refused := map[string][]string{}
+			for i, r := range d.refused {
+				refused[r.IP.String()] = r.Egresses
+				if r.Message == "" {
+					t.Errorf("refused %s without a message", r.IP)
+				}
+				if i > 0 && d.refused[i-1].IP.Compare(r.IP) >= 0 {
+					t.Errorf("refused not sorted: %v", d.refused)
+				}
+			}
+			if len(refused) != len(tc.refused) {
+				t.Errorf("refused = %v, want %v", refused, tc.refused)
+			}
+			for ip, names := range tc.refused {
+				if !slices.Equal(refused[ip], names) {
+					t.Errorf("refused[%s] = %v, want %v", ip, refused[ip], names)
+				}
 			}
 
 			// The result does not depend on the order of the Egresses.

@@ -51,7 +51,7 @@
 // addresses as they are. While the API server is unreachable the cache keeps
 // its last state, so a control-plane outage removes nothing. When the agent
 // stops (SIGTERM, context cancelled) it unbinds nothing: the next instance
-// adopts the addresses through the kernel ownership mark (IFA_PROTO) and
-// re-announces them. docs/agent.md describes what happens when only this
+// adopts the addresses through the kernel ownership mark (IFA_PROTO) or the
+// ownership record (see package bind) and re-announces them. docs/agent.md describes what happens when only this
 // Node is cut off from the control plane.
 package agent

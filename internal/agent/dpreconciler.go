@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,7 +59,7 @@ type Datapath interface {
 var (
 	datapathApplies = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_agent_datapath_applies_total",
-		Help: "Datapath programming runs (a changed State, or the periodic re-apply), by result (ok, error).",
+		Help: "Datapath programming runs (a changed State, or the periodic re-apply), by result (ok; partial: some Egresses refused by the kernel, the others programmed; error).",
 	}, []string{"result"})
 	rejectedDesc = prometheus.NewDesc("egressip_agent_packets_rejected_total",
 		"Packets of an Egress's Pods rejected on this Node because the Egress has no egress Node and failurePolicy Fail, by Egress.",
@@ -108,7 +109,7 @@ var rejected = &rejectedCollector{}
 
 func init() {
 	metrics.Registry.MustRegister(datapathApplies, rejected)
-	for _, r := range []string{"ok", "error"} {
+	for _, r := range []string{"ok", "partial", "error"} {
 		datapathApplies.WithLabelValues(r)
 	}
 }
@@ -203,6 +204,10 @@ type DatapathReconciler struct {
 	// OnFinding receives each finding of HostCheck (the agent serves it in
 	// its report); it is not called when the check fails.
 	OnFinding func(*report.DatapathStatus)
+	// OnRefused receives, after every Apply that programmed the Node, the
+	// Egresses whose part the engine refused (empty when none; the agent
+	// serves them in its report, and the controller turns them not Ready).
+	OnRefused func([]report.RefusedEgress)
 
 	reader client.Reader
 	log    logr.Logger
@@ -215,6 +220,7 @@ type DatapathReconciler struct {
 	last        *datapath.State
 	lastApply   time.Time
 	lastFinding *report.DatapathStatus
+	lastRefused []report.RefusedEgress
 }
 
 func (r *DatapathReconciler) lastNames() []string {
@@ -260,22 +266,22 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 		in.CIDRs.ServiceCIDRs = serviceCIDRPrefixes(&scs)
 	}
 	var (
-		egs    v1alpha1.EgressList
-		pools  v1alpha1.ExternalIPPoolList
-		nss    corev1.NamespaceList
-		pods   corev1.PodList
-		slices v1alpha1.EgressMemberSliceList
-		nodes  corev1.NodeList
+		egs   v1alpha1.EgressList
+		pools v1alpha1.ExternalIPPoolList
+		nss   corev1.NamespaceList
+		pods  corev1.PodList
+		sls   v1alpha1.EgressMemberSliceList
+		nodes corev1.NodeList
 	)
 	for _, l := range []struct {
 		what string
 		list client.ObjectList
-	}{{"Egresses", &egs}, {"ExternalIPPools", &pools}, {"Namespaces", &nss}, {"Pods", &pods}, {"EgressMemberSlices", &slices}, {"Nodes", &nodes}} {
+	}{{"Egresses", &egs}, {"ExternalIPPools", &pools}, {"Namespaces", &nss}, {"Pods", &pods}, {"EgressMemberSlices", &sls}, {"Nodes", &nodes}} {
 		if err := r.reader.List(ctx, l.list); err != nil {
 			return reconcile.Result{}, fmt.Errorf("list %s: %w", l.what, err)
 		}
 	}
-	in.Egresses, in.Pools, in.Namespaces, in.Pods, in.Slices, in.Nodes = egs.Items, pools.Items, nss.Items, pods.Items, slices.Items, nodes.Items
+	in.Egresses, in.Pools, in.Namespaces, in.Pods, in.Slices, in.Nodes = egs.Items, pools.Items, nss.Items, pods.Items, sls.Items, nodes.Items
 	r.checkHostStack(ctx, pods.Items)
 	st := computeState(in)
 
@@ -286,11 +292,21 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 		return reconcile.Result{RequeueAfter: resync}, nil
 	}
 	start := time.Now()
-	if err := r.DP.Apply(ctx, st); err != nil {
+	err := r.DP.Apply(ctx, st)
+	refused, partial := errors.AsType[*datapath.RefusedError](err)
+	if err != nil && (!partial || errors.Is(err, datapath.ErrTooManyEgresses)) {
 		datapathApplies.WithLabelValues("error").Inc()
 		return reconcile.Result{}, fmt.Errorf("apply the datapath of node %s: %w", r.NodeName, err)
 	}
-	datapathApplies.WithLabelValues("ok").Inc()
+	// Applied; refused Egresses are the engine's verdict on them, not a
+	// failure of the Node's datapath: they are reported and stay out until
+	// they change (a retry of the same State would be refused again).
+	r.publishRefused(ctx, refused)
+	if partial {
+		datapathApplies.WithLabelValues("partial").Inc()
+	} else {
+		datapathApplies.WithLabelValues("ok").Inc()
+	}
 	r.mu.Lock()
 	changed := r.last == nil || !stateEqual(*r.last, st)
 	r.last, r.lastApply = &st, time.Now()
@@ -303,6 +319,42 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 		log.Info("datapath applied", "egresses", len(st.Egresses), "roles", roles, "nodeIPs", len(st.NodeIPs), "clusterCIDRs", len(st.ClusterCIDRs), "duration", time.Since(start))
 	}
 	return reconcile.Result{RequeueAfter: resync}, nil
+}
+
+// publishRefused logs every refused Egress (by name, once per change of its
+// message) and hands the list, sorted and bounded as the report wants it,
+// to OnRefused; a nil ref clears it.
+func (r *DatapathReconciler) publishRefused(ctx context.Context, ref *datapath.RefusedError) {
+	var out []report.RefusedEgress
+	if ref != nil {
+		for n, e := range ref.Egresses {
+			msg := e.Error()
+			if len(msg) > report.MaxRefusedMessage {
+				msg = msg[:report.MaxRefusedMessage-3] + "..."
+			}
+			out = append(out, report.RefusedEgress{Egress: n, Message: msg})
+		}
+	}
+	slices.SortFunc(out, func(a, b report.RefusedEgress) int { return strings.Compare(a.Egress, b.Egress) })
+	if len(out) > report.MaxRefusedEgresses {
+		out = out[:report.MaxRefusedEgresses]
+	}
+	r.mu.Lock()
+	prev := r.lastRefused
+	r.lastRefused = out
+	r.mu.Unlock()
+	if slices.Equal(prev, out) {
+		return
+	}
+	log := ctrllog.FromContext(ctx)
+	for _, x := range out {
+		if !slices.Contains(prev, x) {
+			log.Error(errors.New(x.Message), "this Node's kernel refuses the Egress's datapath; the other Egresses are programmed", "egress", klog.KRef("", x.Egress))
+		}
+	}
+	if r.OnRefused != nil {
+		r.OnRefused(out)
+	}
 }
 
 func roleName(r datapath.Role) string {

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/datapath"
@@ -153,6 +154,10 @@ func computeState(in stateInput) datapath.State {
 			eg.Role = datapath.RoleSource
 		default:
 			eg.Role = datapath.RoleFailed
+			// Until the controller has written an IP or the Assigned
+			// condition once, the Egress is being assigned for the
+			// first time.
+			eg.Assigning = e.Status.EgressIP == "" && meta.FindStatusCondition(e.Status.Conditions, v1alpha1.ConditionAssigned) == nil
 		}
 		slices.SortFunc(eg.Local, netip.Addr.Compare)
 		slices.SortFunc(eg.Remote, func(a, b datapath.Member) int { return a.IP.Compare(b.IP) })
@@ -182,7 +187,7 @@ func comparePrefix(a, b netip.Prefix) int {
 func stateEqual(a, b datapath.State) bool {
 	return slices.Equal(a.NodeIPs, b.NodeIPs) && slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) &&
 		slices.EqualFunc(a.Egresses, b.Egresses, func(x, y datapath.Egress) bool {
-			return x.Name == y.Name && x.IP == y.IP && x.Role == y.Role && x.FailurePolicy == y.FailurePolicy &&
+			return x.Name == y.Name && x.IP == y.IP && x.Role == y.Role && x.FailurePolicy == y.FailurePolicy && x.Assigning == y.Assigning &&
 				slices.Equal(x.Local, y.Local) && slices.Equal(x.Remote, y.Remote)
 		})
 }

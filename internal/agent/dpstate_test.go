@@ -121,4 +121,31 @@ func TestComputeState(t *testing.T) {
 	if stateEqual(before, got) {
 		t.Error("stateEqual: a role change went unnoticed")
 	}
+
+	// A new Egress selecting p1's namespace before the controller has
+	// written anything is being assigned; once the controller says it
+	// cannot assign it, it is failed for good (issue 23 fault 3).
+	in.Egresses = append(in.Egresses, dpEgress("fresh", 5, "", "", "", "new"))
+	in.Namespaces = append(in.Namespaces, corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "new", Labels: map[string]string{"team": "new"}}})
+	in.Pods = append(in.Pods, dpPod("new", "app", "n1", "192.0.2.11", "10.1.0.11"))
+	fresh := func() datapath.Egress {
+		for _, e := range computeState(in).Egresses {
+			if e.Name == "fresh" {
+				return e
+			}
+		}
+		t.Fatal("fresh left out")
+		return datapath.Egress{}
+	}
+	if e := fresh(); e.Role != datapath.RoleFailed || !e.Assigning {
+		t.Errorf("new Egress: %+v, want RoleFailed and Assigning", e)
+	}
+	before = computeState(in)
+	in.Egresses[len(in.Egresses)-1].Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: "NoEligibleNode"}}
+	if e := fresh(); e.Role != datapath.RoleFailed || e.Assigning {
+		t.Errorf("unassignable Egress: %+v, want RoleFailed, not Assigning", e)
+	}
+	if stateEqual(before, computeState(in)) {
+		t.Error("stateEqual: the end of Assigning went unnoticed")
+	}
 }

@@ -404,7 +404,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return fmt.Errorf("agent: set up controller: %w", err)
 	}
 	if o.Datapath != nil {
-		dr := &DatapathReconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod}
+		dr := &DatapathReconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod, OnRefused: a.SetRefusedEgresses}
 		if o.HostCheck != nil {
 			dr.HostCheck, dr.OnFinding = o.HostCheck, a.SetDatapathStatus
 		}

@@ -270,6 +270,7 @@ func TestCloudControllerRestartDetachesNothing(t *testing.T) {
 	}
 	cl.waitReady(egs...)
 	cl.waitWarm("crestart", 4)
+	cl.waitCounted(egs...)
 	before := map[string]v1.EgressStatus{}
 	for _, e := range egs {
 		before[e] = cl.get(e).Status

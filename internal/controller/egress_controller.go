@@ -7,7 +7,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -99,8 +101,23 @@ type PassReconciler struct {
 	Cloud *Cloud
 	// WriteParallelism bounds concurrent status patches. Default 16.
 	WriteParallelism int
+	// APIReader reads the API server without the cache (consistent
+	// reads). The first pass as leader, and the first after a status
+	// write whose outcome is unknown, wait until the cache shows every
+	// Egress at least as new as a read through it: another replica, or
+	// this one, may have written statuses the cache does not show yet.
+	// Nil skips that wait (tests of the pass alone).
+	APIReader client.Reader
 
 	reportedInvalid map[string]string
+	// written holds the Egresses this controller wrote and the cache does
+	// not show yet; the next pass reads them instead (writeLedger).
+	written writeLedger
+	// synced is set once the cache has caught up with a consistent read
+	// (see APIReader); cleared by a write with an unknown outcome.
+	synced bool
+	// live is the consistent read the cache must catch up with.
+	live []v1.Egress
 }
 
 // Reconcile runs one pass. It returns an error (and is retried with backoff)
@@ -124,6 +141,9 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	}
 	if err := r.Client.List(ctx, &nodes); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list Nodes: %w", err)
+	}
+	if wait, err := r.readYourWrites(ctx, egs.Items); err != nil || wait {
+		return reconcile.Result{RequeueAfter: cacheWait}, err
 	}
 	in := passInput{Pools: pools.Items, Egresses: egs.Items, Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config}
 	var result reconcile.Result
@@ -160,6 +180,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		do  func(context.Context) error
 	}
 	var writes []write
+	written := make([]*v1.Egress, len(egs.Items)) // what each successful patch returned
 	for i := range egs.Items {
 		e := &egs.Items[i]
 		ch, ok := out.Egresses[e.Name]
@@ -172,8 +193,12 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			if err := r.Client.Status().Patch(ctx, e, patch); err != nil {
 				return err
 			}
+			written[i] = e.DeepCopy()
 			if ch.EventReason != "" {
 				r.Recorder.Eventf(e, nil, ch.EventType, ch.EventReason, "Schedule", "%s", ch.EventNote)
+			}
+			if ch.IPChangedNote != "" {
+				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, EventEgressIPChanged, "Allocate", "%s", ch.IPChangedNote)
 			}
 			if ch.SelectorEvent != "" {
 				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
@@ -210,6 +235,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	}
 
 	errs := make([]error, len(writes))
+	var unknown atomic.Bool
 	par := r.WriteParallelism
 	if par <= 0 {
 		par = 16
@@ -231,13 +257,89 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		default:
 			statusWrites.WithLabelValues(kind, resultError).Inc()
 			errs[i] = fmt.Errorf("patch status of %s %s: %w", kind, w.obj.GetName(), err)
+			if kind == kindEgress {
+				unknown.Store(true) // it may have been applied all the same
+			}
 		}
 	})
+	for _, e := range written {
+		if e != nil {
+			r.written.record(e)
+		}
+	}
+	if unknown.Load() {
+		r.synced = false
+	}
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}
 	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "duration", time.Since(start))
 	return result, nil
+}
+
+// cacheWait is how soon a pass that waits for the cache to catch up runs
+// again.
+const cacheWait = 50 * time.Millisecond
+
+// readYourWrites makes egs (the cache's Egresses) at least as new as every
+// status this controller or a previous leader wrote: it replaces the
+// cached copies older than this controller's own writes (writeLedger),
+// and until the cache has caught up with a consistent read of the API
+// server (see APIReader) it returns wait: the pass must not allocate
+// from it yet. Errors are those of the read and of comparing resource
+// versions.
+func (r *PassReconciler) readYourWrites(ctx context.Context, egs []v1.Egress) (wait bool, err error) {
+	if !r.synced && r.APIReader != nil {
+		if r.live == nil {
+			var live v1.EgressList
+			if err := r.APIReader.List(ctx, &live); err != nil {
+				return false, fmt.Errorf("read Egresses from the API server: %w", err)
+			}
+			r.live = live.Items
+			if r.live == nil {
+				r.live = []v1.Egress{}
+			}
+		}
+		ok, lag, missing, err := caughtUp(egs, r.live)
+		if err != nil {
+			r.live = nil
+			return false, err
+		}
+		if len(missing) > 0 {
+			// Not in the cache: not seen yet, or deleted since the read
+			// (then it holds no address and is no longer waited for).
+			gone := map[types.UID]bool{}
+			for _, m := range missing {
+				var cur v1.Egress
+				err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(m), &cur)
+				switch {
+				case apierrors.IsNotFound(err) || err == nil && cur.UID != m.UID:
+					gone[m.UID] = true
+				case err != nil:
+					return false, fmt.Errorf("read Egress %s from the API server: %w", m.Name, err)
+				}
+			}
+			r.live = slices.DeleteFunc(r.live, func(e v1.Egress) bool { return gone[e.UID] })
+			if len(gone) > 0 {
+				ok, lag, _, err = caughtUp(egs, r.live)
+				if err != nil {
+					r.live = nil
+					return false, err
+				}
+			}
+		}
+		if !ok {
+			log.FromContext(ctx).V(1).Info("waiting for the cache to show earlier status writes", "lagging", lag)
+			return true, nil
+		}
+		r.live = nil
+	}
+	r.synced = true
+	if _, err := r.written.overlay(egs); err != nil {
+		r.synced = false
+		return false, err
+	}
+	return false, nil
 }
 
 // reportCapacity records a Warning Event on each Node whose capacity
@@ -346,7 +448,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	collectorOnce.Do(func() { metrics.Registry.MustRegister(collector) })
 	collector.set(mgr.GetCache(), o.Pass.DefaultCapacity)
 	l := NewLiveness(mgr.GetClient(), o.Liveness)
-	r := &PassReconciler{Client: mgr.GetClient(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass}
+	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass}
 	if o.Cloud.Provider != nil {
 		r.Cloud = NewCloud(mgr.GetClient(), o.Cloud)
 	}

@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -91,8 +92,10 @@ type Liveness struct {
 }
 
 // onDatapathChange makes fn be called, outside the lock, with the name of
-// every Node whose agent's datapath or kernel finding (report.Report.Datapath,
-// report.Report.Kernel) changes, and at once for every Node already known.
+// every Node whose agent's datapath finding (report.Report.Datapath),
+// ownership status (report.Report.Ownership) or kernel finding
+// (report.Report.Kernel) changes, and at once for every
+// Node already known.
 func (l *Liveness) onDatapathChange(fn func(node string)) {
 	l.mu.Lock()
 	l.dpHook = fn
@@ -110,6 +113,14 @@ func (l *Liveness) onDatapathChange(fn func(node string)) {
 
 // sameDatapath reports whether two findings are equal (nil: none).
 func sameDatapath(a, b *report.DatapathStatus) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// sameOwnership reports whether two ownership statuses are equal (nil: none).
+func sameOwnership(a, b *report.OwnershipStatus) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
@@ -244,7 +255,8 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 	changed, dpChanged := false, false
 	if hasAddr && err == nil && rep.Node == node {
 		changed = !s.Known || s.Dead || !sameBound(s.Report, rep)
-		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath) || !s.Report.Kernel.Equal(rep.Kernel)
+		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath) || !sameOwnership(s.Report.Ownership, rep.Ownership) ||
+			!s.Report.Kernel.Equal(rep.Kernel)
 		s.Known, s.Dead, s.failures, s.LastSeen, s.Report = true, false, 0, now, rep
 	} else {
 		s.failures++
@@ -273,7 +285,7 @@ func (l *Liveness) notify() {
 }
 
 func sameBound(a, b report.Report) bool {
-	if a.Instance != b.Instance || len(a.Bound) != len(b.Bound) {
+	if a.Instance != b.Instance || len(a.Bound) != len(b.Bound) || !slices.Equal(a.RefusedEgresses, b.RefusedEgresses) {
 		return false
 	}
 	for i := range a.Bound {
@@ -281,7 +293,11 @@ func sameBound(a, b report.Report) bool {
 			return false
 		}
 	}
-	return true
+	// A new or changed refusal is news too: the Egress's Ready condition
+	// says why it is not bound.
+	return slices.EqualFunc(a.Refused, b.Refused, func(x, y report.RefusedIP) bool {
+		return x.IP == y.IP && x.Message == y.Message && slices.Equal(x.Egresses, y.Egresses)
+	})
 }
 
 // nodeAddress is the address the agent of n is reached at: its first

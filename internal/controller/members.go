@@ -155,6 +155,7 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 		if e.DeletionTimestamp != nil {
 			continue // going away: the garbage collector removes its slices
 		}
+		errs = append(errs, r.writeSelected(ctx, e, selectedOf(e.Name, sel)))
 		ch := packSlices(e.Name, existing, want, max)
 		for _, c := range ch.Create {
 			s := &v1.EgressMemberSlice{

@@ -29,11 +29,19 @@ import (
 // report.ReasonHostStackBypass and the evidence when the CNI bypasses it.
 const NodeConditionDatapath corev1.NodeConditionType = "EgressDatapathSupported"
 
+// NodeConditionOwnership is the Node condition the controller keeps from
+// each agent's ownership status (report.Report.Ownership): True while the
+// agent knows which addresses it added (reason AddressProtocol or
+// OwnershipRecord, the mechanism), False while its ownership record is
+// unreadable, unwritable or missing, with what to do in the message.
+const NodeConditionOwnership corev1.NodeConditionType = "EgressIPOwnershipKnown"
+
 // NodeConditionKernel is the Node condition the controller keeps from each
-// agent's kernel feature probe: True when every feature probed was found,
-// False with reason report.ReasonKernelFeatureMissing and a message naming
-// the kernel release, the missing features and the parts of the agent
-// degraded or not started (docs/agent.md has the table).
+// agent's kernel feature probe (report.Report.Kernel): True when every
+// feature probed was found, False with reason
+// report.ReasonKernelFeatureMissing and a message naming the kernel
+// release, the missing features and the parts of the agent degraded or not
+// started (docs/agent.md has the table).
 const NodeConditionKernel corev1.NodeConditionType = "EgressKernelFeatures"
 
 // Event reasons of the Node conditions' transitions.
@@ -42,16 +50,24 @@ const (
 	EventHostStackBypass = report.ReasonHostStackBypass
 	// EventDatapathSupported (Normal): the condition turned True again.
 	EventDatapathSupported = "DatapathSupported"
-	// EventKernelFeatureMissing (Warning): EgressKernelFeatures turned False.
+	// EventOwnershipRecordProblem (Warning): EgressIPOwnershipKnown
+	// turned False.
+	EventOwnershipRecordProblem = "OwnershipRecordProblem"
+	// EventOwnershipKnown (Normal): EgressIPOwnershipKnown turned True
+	// again.
+	EventOwnershipKnown = "OwnershipKnown"
+	// EventKernelFeatureMissing (Warning): EgressKernelFeatures turned
+	// False.
 	EventKernelFeatureMissing = report.ReasonKernelFeatureMissing
 )
 
-// NodeDatapathReconciler mirrors the datapath and kernel findings of each
-// agent's report (polled by Liveness) into the Node conditions
-// EgressDatapathSupported and EgressKernelFeatures, with an Event on each
-// change of a condition's status. Agents cannot write Nodes
-// (docs/security.md), hence this relay. A Node whose agent is unknown,
-// dead, or serves no finding keeps its conditions as they are.
+// NodeDatapathReconciler mirrors the findings of each agent's report
+// (polled by Liveness) into Node conditions: the datapath finding into
+// EgressDatapathSupported and the ownership status into
+// EgressIPOwnershipKnown, with an Event on each change of a condition's
+// status. Agents cannot write Nodes (docs/security.md), hence this relay. A
+// Node whose agent is unknown, dead, or serves no finding keeps its
+// conditions as they are.
 type NodeDatapathReconciler struct {
 	Client   client.Client
 	Recorder recorder.EventRecorder
@@ -73,6 +89,20 @@ func desiredCondition(st *report.DatapathStatus) corev1.NodeCondition {
 	return c
 }
 
+// ownershipCondition is the condition for an ownership status (times left
+// zero).
+func ownershipCondition(st *report.OwnershipStatus) corev1.NodeCondition {
+	c := corev1.NodeCondition{Type: NodeConditionOwnership, Status: corev1.ConditionTrue, Reason: st.Reason,
+		Message: "mode " + st.Mode + ": " + st.Message}
+	if !st.Healthy {
+		c.Status = corev1.ConditionFalse
+	}
+	if c.Reason == "" {
+		c.Reason = "Unknown"
+	}
+	return c
+}
+
 // desiredKernelCondition is the condition for a kernel finding (times left
 // zero): False exactly when a feature is missing.
 func desiredKernelCondition(st *report.KernelStatus) corev1.NodeCondition {
@@ -89,47 +119,78 @@ func desiredKernelCondition(st *report.KernelStatus) corev1.NodeCondition {
 	return c
 }
 
+// conditionEvent is the Event for a condition's status change.
+type conditionEvent struct {
+	typ, reason, action, note string
+}
+
+// transitionEvent returns the Event for want replacing prev (nil: none
+// before), if its status changed.
+func transitionEvent(prev *corev1.NodeCondition, want corev1.NodeCondition) (conditionEvent, bool) {
+	changed := prev == nil || prev.Status != want.Status
+	switch {
+	case !changed:
+		return conditionEvent{}, false
+	case want.Type == NodeConditionDatapath && want.Status == corev1.ConditionFalse:
+		return conditionEvent{corev1.EventTypeWarning, EventHostStackBypass, "CheckDatapath",
+			"Pod traffic on this Node bypasses the host's IP stack, so Egresses cannot carry it: " + want.Message}, true
+	case want.Type == NodeConditionDatapath && prev != nil:
+		return conditionEvent{corev1.EventTypeNormal, EventDatapathSupported, "CheckDatapath",
+			"Pod traffic on this Node crosses the host's IP stack again: " + want.Message}, true
+	case want.Type == NodeConditionOwnership && want.Status == corev1.ConditionFalse:
+		return conditionEvent{corev1.EventTypeWarning, EventOwnershipRecordProblem, "CheckOwnership",
+			"the egressip agent cannot tell which addresses on this Node are its own and changes none until this is fixed or cleared: " + want.Message}, true
+	case want.Type == NodeConditionKernel && want.Status == corev1.ConditionFalse:
+		return conditionEvent{corev1.EventTypeWarning, EventKernelFeatureMissing, "ProbeKernel",
+			"The kernel of this Node lacks features egressip uses: " + want.Message}, true
+	case want.Type == NodeConditionOwnership && prev != nil:
+		return conditionEvent{corev1.EventTypeNormal, EventOwnershipKnown, "CheckOwnership",
+			"the egressip agent knows its addresses on this Node again: " + want.Message}, true
+	}
+	return conditionEvent{}, false
+}
+
 // Reconcile writes the conditions of one Node that differ from the agent's
 // findings (one strategic-merge patch of those conditions only, so the
 // kubelet's conditions are never overwritten). It returns the patch's
 // error, retried with backoff.
 func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	st := r.Liveness.State(req.Name)
-	if !st.Known || st.Dead || (st.Report.Datapath == nil && st.Report.Kernel == nil) {
+	if !st.Known || st.Dead {
+		return reconcile.Result{}, nil
+	}
+	var wants []corev1.NodeCondition
+	if st.Report.Datapath != nil {
+		wants = append(wants, desiredCondition(st.Report.Datapath))
+	}
+	if st.Report.Ownership != nil {
+		wants = append(wants, ownershipCondition(st.Report.Ownership))
+	}
+	if st.Report.Kernel != nil {
+		wants = append(wants, desiredKernelCondition(st.Report.Kernel))
+	}
+	if len(wants) == 0 {
 		return reconcile.Result{}, nil
 	}
 	var n corev1.Node
 	if err := r.Client.Get(ctx, req.NamespacedName, &n); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
 	}
-	var wants []corev1.NodeCondition
-	if st.Report.Datapath != nil {
-		wants = append(wants, desiredCondition(st.Report.Datapath))
-	}
-	if st.Report.Kernel != nil {
-		wants = append(wants, desiredKernelCondition(st.Report.Kernel))
-	}
 	orig := n.DeepCopy()
 	now := metav1.Now()
-	type change struct {
-		want          corev1.NodeCondition
-		prev          *corev1.NodeCondition
-		statusChanged bool
-	}
-	var changes []change
+	var events []conditionEvent
+	var written []corev1.NodeCondition
 	for _, want := range wants {
 		idx := slices.IndexFunc(n.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == want.Type })
 		var prev *corev1.NodeCondition
 		if idx >= 0 {
-			p := n.Status.Conditions[idx]
-			prev = &p
+			prev = orig.Status.Conditions[idx].DeepCopy()
 			if prev.Status == want.Status && prev.Reason == want.Reason && prev.Message == want.Message {
 				continue
 			}
 		}
 		want.LastHeartbeatTime, want.LastTransitionTime = now, now
-		statusChanged := prev == nil || prev.Status != want.Status
-		if !statusChanged {
+		if prev != nil && prev.Status == want.Status {
 			want.LastTransitionTime = prev.LastTransitionTime
 		}
 		if idx >= 0 {
@@ -137,29 +198,22 @@ func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		} else {
 			n.Status.Conditions = append(n.Status.Conditions, want)
 		}
-		changes = append(changes, change{want: want, prev: prev, statusChanged: statusChanged})
+		if ev, ok := transitionEvent(prev, want); ok {
+			events = append(events, ev)
+		}
+		written = append(written, want)
 	}
-	if len(changes) == 0 {
+	if len(written) == 0 {
 		return reconcile.Result{}, nil
 	}
 	if err := r.Client.Status().Patch(ctx, &n, client.StrategicMergeFrom(orig)); err != nil {
-		return reconcile.Result{}, fmt.Errorf("patch the egressip conditions of Node %s: %w", n.Name, err)
+		return reconcile.Result{}, fmt.Errorf("patch conditions of Node %s: %w", n.Name, err)
 	}
-	for _, ch := range changes {
-		want := ch.want
-		log.FromContext(ctx).Info("Node condition set", "node", klog.KObj(&n), "type", want.Type, "status", want.Status, "reason", want.Reason, "message", want.Message)
-		switch {
-		case want.Type == NodeConditionKernel && ch.statusChanged && want.Status == corev1.ConditionFalse:
-			r.Recorder.Eventf(&n, nil, corev1.EventTypeWarning, EventKernelFeatureMissing, "ProbeKernel",
-				"The kernel of this Node lacks features egressip uses: %s", want.Message)
-		case want.Type != NodeConditionDatapath:
-		case ch.statusChanged && want.Status == corev1.ConditionFalse:
-			r.Recorder.Eventf(&n, nil, corev1.EventTypeWarning, EventHostStackBypass, "CheckDatapath",
-				"Pod traffic on this Node bypasses the host's IP stack, so Egresses cannot carry it: %s", want.Message)
-		case ch.statusChanged && ch.prev != nil:
-			r.Recorder.Eventf(&n, nil, corev1.EventTypeNormal, EventDatapathSupported, "CheckDatapath",
-				"Pod traffic on this Node crosses the host's IP stack again: %s", want.Message)
-		}
+	for _, c := range written {
+		log.FromContext(ctx).Info("Node condition set", "node", klog.KObj(&n), "type", c.Type, "status", c.Status, "reason", c.Reason, "message", c.Message)
+	}
+	for _, ev := range events {
+		r.Recorder.Eventf(&n, nil, ev.typ, ev.reason, ev.action, "%s", ev.note)
 	}
 	return reconcile.Result{}, nil
 }
@@ -180,8 +234,7 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			UpdateFunc: func(e event.UpdateEvent) bool {
 				o, ok1 := e.ObjectOld.(*corev1.Node)
 				n, ok2 := e.ObjectNew.(*corev1.Node)
-				return !ok1 || !ok2 || datapathCondition(o, NodeConditionDatapath) != datapathCondition(n, NodeConditionDatapath) ||
-					datapathCondition(o, NodeConditionKernel) != datapathCondition(n, NodeConditionKernel)
+				return !ok1 || !ok2 || mirrored(o) != mirrored(n)
 			},
 			DeleteFunc: func(event.DeleteEvent) bool { return false },
 		})).
@@ -189,13 +242,20 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Complete(r)
 }
 
-// datapathCondition is the Node's condition of type typ without its times,
-// for change detection.
-func datapathCondition(n *corev1.Node, typ corev1.NodeConditionType) corev1.NodeCondition {
+// mirrored is the Node's conditions this reconciler keeps, without their
+// times, for change detection.
+func mirrored(n *corev1.Node) [3]corev1.NodeCondition {
+	var out [3]corev1.NodeCondition
 	for _, c := range n.Status.Conditions {
-		if c.Type == typ {
-			return corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
+		c := corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
+		switch c.Type {
+		case NodeConditionDatapath:
+			out[0] = c
+		case NodeConditionOwnership:
+			out[1] = c
+		case NodeConditionKernel:
+			out[2] = c
 		}
 	}
-	return corev1.NodeCondition{}
+	return out
 }

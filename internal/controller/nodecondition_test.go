@@ -99,6 +99,73 @@ func TestNodeDatapathCondition(t *testing.T) {
 	}
 }
 
+// TestNodeOwnershipCondition: an agent's ownership status becomes the Node
+// condition EgressIPOwnershipKnown: True naming the mechanism, False with
+// the agent's message (what to do) and a Warning Event while its record is
+// unreadable, True again with a Normal Event; the datapath condition beside
+// it is kept.
+func TestNodeOwnershipCondition(t *testing.T) {
+	cl := newCluster(t, "own", 1, 4)
+	node := "own-n1"
+	cond := func(typ corev1.NodeConditionType) (corev1.NodeCondition, bool) {
+		var n corev1.Node
+		if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: node}, &n); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == typ {
+				return c, true
+			}
+		}
+		return corev1.NodeCondition{}, false
+	}
+	event := func(reason string) (bool, string) {
+		var evs eventsv1.EventList
+		if err := cl.c.List(cl.ctx, &evs); err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range evs.Items {
+			if ev.Regarding.Name == node && ev.Reason == reason {
+				return true, ev.Note
+			}
+		}
+		return false, fmt.Sprintf("%d events, none %s for %s", len(evs.Items), reason, node)
+	}
+
+	a := cl.agents[node]
+	a.setDatapath(&report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: "no bypass"})
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: report.ReasonOwnershipRecord,
+		Message: "ownership record /run/egressip/ownership.json (forced: IFA_PROTO not used)"})
+	cl.eventually("condition True naming the record", func() (bool, string) {
+		c, ok := cond(NodeConditionOwnership)
+		return ok && c.Status == corev1.ConditionTrue && c.Reason == report.ReasonOwnershipRecord &&
+			strings.Contains(c.Message, "mode record") && strings.Contains(c.Message, "ownership.json"), fmt.Sprintf("%+v", c)
+	})
+
+	msg := "ownership record unreadable: /run/egressip/ownership.json is corrupt: unexpected EOF; egressip binds and unbinds nothing on this Node until it is fixed, " +
+		"and removes no address because of it: check which /32 and /128 addresses on the Node are egress IPs, then fix or delete the file"
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: false, Reason: report.ReasonRecordUnreadable, Message: msg})
+	cl.eventually("condition False with what to do", func() (bool, string) {
+		c, ok := cond(NodeConditionOwnership)
+		return ok && c.Status == corev1.ConditionFalse && c.Reason == report.ReasonRecordUnreadable &&
+			strings.Contains(c.Message, "fix or delete the file"), fmt.Sprintf("%+v", c)
+	})
+	cl.eventually("Warning Event", func() (bool, string) {
+		ok, note := event(EventOwnershipRecordProblem)
+		return ok && strings.Contains(note, "ownership.json is corrupt"), note
+	})
+	if c, ok := cond(NodeConditionDatapath); !ok || c.Status != corev1.ConditionTrue {
+		t.Errorf("datapath condition beside it = %+v, %v; want True", c, ok)
+	}
+
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: report.ReasonOwnershipRecord, Message: "ownership record /run/egressip/ownership.json"})
+	cl.eventually("condition True again", func() (bool, string) {
+		c, ok := cond(NodeConditionOwnership)
+		return ok && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v", c)
+	})
+	cl.eventually("Normal Event", func() (bool, string) { return event(EventOwnershipKnown) })
+}
+
 // TestInvalidSelectorIsReported: an appliedTo selector the schema admits
 // (no webhook here) but that cannot be parsed gets SelectorValid=False
 // with the parse error and a Warning Event; fixing it removes the

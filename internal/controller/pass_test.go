@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -46,7 +47,25 @@ func TestFreshEgressIsAllocatedAssignedAndReady(t *testing.T) {
 	}
 	cl.eventually("pool usage", func() (bool, string) {
 		_ = cl.c.Get(cl.ctx, client.ObjectKey{Name: "fresh"}, &p)
-		return p.Status.Usage == v1.IPPoolUsage{Total: 14, Used: 1}, fmt.Sprintf("%+v", p.Status.Usage)
+		return p.Status.Usage == v1.IPPoolUsage{Total: 14, TotalText: "14", Used: 1}, fmt.Sprintf("%+v", p.Status.Usage)
+	})
+}
+
+// A /64 holds more addresses than status.usage.total (int64) can: total
+// saturates, totalText (the TOTAL column) and the Ready message show a
+// readable figure.
+func TestHugePoolTotalIsReadable(t *testing.T) {
+	cl := newCluster(t, "huge", 1, 10)
+	cl.pool("huge", func(p *v1.ExternalIPPool) {
+		p.Spec.IPRanges = []v1.IPRange{{CIDR: "2001:db8:64::/64"}}
+		p.Spec.SubnetInfo = &v1.SubnetInfo{Gateway: "2001:db8:64::1", PrefixLength: 64}
+	})
+	cl.eventually("usage of a /64", func() (bool, string) {
+		st := cl.poolStatus("huge")
+		ready := meta.FindStatusCondition(st.Conditions, v1.ConditionReady)
+		ok := st.Usage == v1.IPPoolUsage{Total: math.MaxInt64, TotalText: "~2^64", Used: 0} &&
+			ready != nil && ready.Message == "0 of ~2^64 IPs used"
+		return ok, fmt.Sprintf("%+v %+v", st.Usage, ready)
 	})
 }
 
@@ -342,6 +361,7 @@ func TestControllerRestartMovesNothing(t *testing.T) {
 		cl.egress(e, "restart", "")
 	}
 	cl.waitReady(egs...)
+	cl.waitCounted(egs...)
 	before := map[string]v1.EgressStatus{}
 	for _, e := range egs {
 		before[e] = cl.get(e).Status
@@ -393,6 +413,7 @@ func TestLeaderHandOverMovesNothing(t *testing.T) {
 		cl.egress(e, "leader", "")
 	}
 	cl.waitReady(egs...)
+	cl.waitCounted(egs...)
 	start("b")
 	before := map[string]v1.EgressStatus{}
 	for _, e := range egs {

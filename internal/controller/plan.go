@@ -2,11 +2,13 @@ package controller
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +18,7 @@ import (
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/ipam"
+	"github.com/egressip/egressip/internal/nodeaddr"
 	"github.com/egressip/egressip/internal/poolspec"
 	"github.com/egressip/egressip/internal/scheduler"
 )
@@ -86,6 +89,9 @@ type egressChange struct {
 	// SelectorEvent, when set, is the note of a Warning Event
 	// (ReasonInvalidSelector): the Egress's selectors became unparsable.
 	SelectorEvent string
+	// IPChangedNote, when set, is the note of the EgressIPChanged Warning
+	// Event: status.egressIP changes from one address to another.
+	IPChangedNote string
 }
 
 // passOutput is what a pass decides.
@@ -132,6 +138,10 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		err   error
 		sel   labels.Selector
 		cloud *cloudPool // set for a cloud-backed pool
+		// nodeIPs are the Node addresses in the pool's ranges, never
+		// allocated (not for cloud pools: the cloud assigns each address
+		// to one interface).
+		nodeIPs []netip.Addr
 	}
 	var attached map[netip.Addr]string
 	if in.Cloud != nil {
@@ -194,12 +204,32 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		}
 	}
 
+	// A Node's own address is never an egress IP (issue 14): take them out
+	// of every ranged pool before anything is reserved.
+	nodeIdx := nodeAddressIndex(in, attached)
+	for _, ps := range pools {
+		if ps.err == nil && ps.pool != nil && ps.cloud == nil {
+			ps.pool, ps.nodeIPs = withNodeExclusions(ps.pool, nodeIdx)
+			ps.alloc = ipam.NewAllocator(ps.pool)
+		}
+	}
+
 	// Allocation: keep what statuses and specs already say, then allocate
 	// the lowest free address for the rest, oldest Egress first.
 	ips := make([]netip.Addr, len(egs))
+	// conflict is set for an Egress whose IP is a Node's address: it keeps
+	// the IP in its status but is not scheduled (the Node wins).
+	conflict := make([]*nodeaddr.Owner, len(egs))
+	conflictHeld := map[netip.Addr]bool{}
+	// rejected is the Warning Event note for an Egress whose status holds
+	// an IP its pool cannot give (written by hand, or left from an older
+	// spec); the pass allocates another.
+	rejected := make([]string, len(egs))
 	preferred := make([]string, len(egs)) // cloud pools: the Node holding the address
 	allocCond := make([]metav1.Condition, len(egs))
 	var pending []int
+	keeper := statusKeepers(egs)
+	keeps := func(i int, ip netip.Addr) bool { k, ok := keeper[ip]; return !ok || k == i }
 	for i := range egs {
 		e := &egs[i]
 		ps := pools[e.Spec.ExternalIPPool]
@@ -230,7 +260,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			if err != nil && e.Status.EgressIP == "" {
 				ip, err = in.Cloud.Recent[e.Name], nil // our write may not be in the cache yet
 			}
-			if err == nil && ip.IsValid() && cp.checkNamed(ip, ps.pool) == nil && !cp.used[ip] {
+			if err == nil && ip.IsValid() && cp.checkNamed(ip, ps.pool) == nil && !cp.used[ip] && keeps(i, ip) {
 				cp.used[ip] = true
 				ips[i] = ip
 				if e.Status.EgressIP == "" {
@@ -247,6 +277,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			if err == nil {
 				err = ps.alloc.Reserve(ip)
 			}
+			if o, ok := nodeIdx[ip]; ok && errors.Is(err, ipam.ErrExcludedAddress) {
+				ips[i], conflict[i] = ip, &o
+				allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+				continue
+			}
 			if err != nil {
 				allocCond[i] = allocatedCond(false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
 				continue
@@ -255,12 +290,20 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 			continue
 		}
-		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) {
+		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) && keeps(i, ip) {
 			if err := ps.alloc.Reserve(ip); err == nil {
 				ips[i] = ip
 				allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
 				continue
 			}
+		}
+		if ip, kept, o, note := statusIPKept(e, ps.pool, nodeIdx, conflictHeld); kept {
+			conflictHeld[ip] = true
+			ips[i], conflict[i] = ip, o
+			allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+			continue
+		} else if note != "" {
+			rejected[i] = note
 		}
 		pending = append(pending, i)
 	}
@@ -347,7 +390,10 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 	sEgs := make([]scheduler.Egress, len(egs))
 	for i := range egs {
 		sEgs[i] = scheduler.Egress{Name: egs[i].Name, Created: egs[i].CreationTimestamp.Time, Pool: egs[i].Spec.ExternalIPPool, IP: ips[i], CurrentNode: egs[i].Status.EgressNode}
-		if !ips[i].IsValid() {
+		if conflict[i] != nil {
+			sEgs[i].IP = netip.Addr{} // the Node wins: scheduled nowhere
+		}
+		if !sEgs[i].IP.IsValid() {
 			sEgs[i].CurrentNode = ""
 		}
 		if ps := pools[egs[i].Spec.ExternalIPPool]; ps != nil && ps.cloud != nil && ips[i].IsValid() {
@@ -390,12 +436,16 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		}
 	}
 
+	refused := refusalsOf(in.Nodes, in.Agents)
+
 	// Statuses.
 	attach := map[string][]netip.Addr{}
 	attachNode := map[string]string{}
 	for i := range egs {
 		e := &egs[i]
-		st := v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions)}
+		// selectedPods and shadowedBy belong to the member publication
+		// (MembersReconciler.writeSelected): kept as they are.
+		st := v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions), SelectedPods: e.Status.SelectedPods, ShadowedBy: e.Status.ShadowedBy}
 		ch := egressChange{}
 		meta.SetStatusCondition(&st.Conditions, withGen(allocCond[i], e.Generation))
 		if ips[i].IsValid() {
@@ -446,6 +496,19 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			out.Cloud.Allocations[e.Name] = ips[i]
 		}
 		switch {
+		case conflict[i] != nil:
+			msg := nodeConflictMessage(ips[i], *conflict[i], e.Spec.EgressIP != "")
+			prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned)
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: v1.ReasonNodeAddressConflict, Message: msg, ObservedGeneration: e.Generation})
+			out.Unplaced[v1.ReasonNodeAddressConflict]++
+			if cur != "" || prev == nil || prev.Reason != v1.ReasonNodeAddressConflict || prev.Message != msg {
+				note := msg
+				if cur != "" {
+					note = fmt.Sprintf("%s removed from Node %s: %s; %s", st.EgressIP, cur, msg, failureEffect(e.Spec.FailurePolicy))
+					ch.MoveReason = v1.ReasonNodeAddressConflict
+				}
+				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonNodeAddressConflict, note
+			}
 		case target != "":
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: ReasonScheduled,
 				Message: fmt.Sprintf("%s is assigned to Node %s", st.EgressIP, target), ObservedGeneration: e.Generation})
@@ -479,8 +542,17 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			}
 		}
 		rc := readyCondition(e, st, in.Agents)
+		rc.Message += noPodsNote(e)
+		applyRefusal(e, refused[e.Name], &rc, &ch)
 		if rc.Reason == ReasonBinding {
 			out.Awaited = append(out.Awaited, st.EgressNode)
+		}
+		if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady); rc.Reason == v1.ReasonBindRefused && ch.EventReason == "" &&
+			(prev == nil || prev.Reason != v1.ReasonBindRefused || prev.Message != rc.Message) {
+			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonBindRefused, rc.Message
+		}
+		if rejected[i] != "" && ch.EventReason == "" {
+			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonStatusIPRejected, rejected[i]
 		}
 		if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady); rc.Reason == ReasonNoEgressNode && ch.EventReason == "" &&
 			(prev == nil || prev.Reason != ReasonNoEgressNode || prev.Message != rc.Message) {
@@ -498,8 +570,10 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			meta.RemoveStatusCondition(&st.Conditions, v1.ConditionSelectorValid)
 		}
 		ch.Status = st
+		ch.IPChangedNote = ipChangedNote(e, st)
 		out.Egresses[e.Name] = ch
 	}
+	setSharedWith(out.Egresses)
 
 	if out.Cloud != nil {
 		for ifc, ipl := range attach {
@@ -543,7 +617,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInUse,
 				Message: fmt.Sprintf("deletion waits: Egresses %s still use this pool; delete them or point them at another pool", strings.Join(held, ", ")), ObservedGeneration: p.Generation})
 			if ps.err == nil && ps.alloc != nil && ps.cloud == nil {
-				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), Used: saturate(ps.alloc.Used())}
+				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), TotalText: ps.alloc.TotalText(), Used: saturate(ps.alloc.Used())}
 			}
 			if ps.cloud != nil {
 				cs := out.Cloud.Pools[p.Name].Status
@@ -559,15 +633,18 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 				co := out.Cloud.Pools[p.Name]
 				cs := co.Status
 				st.Cloud = &cs
-				st.Usage = v1.IPPoolUsage{Total: int64(cs.Attached), Used: int64(cs.Allocated)}
+				st.Usage = v1.IPPoolUsage{Total: int64(cs.Attached), TotalText: strconv.Itoa(int(cs.Attached)), Used: int64(cs.Allocated)}
 				if ps.alloc != nil {
-					st.Usage.Total = saturate(ps.alloc.Total())
+					st.Usage.Total, st.Usage.TotalText = saturate(ps.alloc.Total()), ps.alloc.TotalText()
 				}
 			} else {
-				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), Used: saturate(ps.alloc.Used())}
+				st.Usage = v1.IPPoolUsage{Total: saturate(ps.alloc.Total()), TotalText: ps.alloc.TotalText(), Used: saturate(ps.alloc.Used())}
+			}
+			if ps.pool != nil && ps.cloud == nil {
+				st.Excluded = excludedStatus(ps.pool, nodeIdx, ps.nodeIPs)
 			}
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonValid,
-				Message: fmt.Sprintf("%d of %d IPs used", st.Usage.Used, st.Usage.Total), ObservedGeneration: p.Generation})
+				Message: fmt.Sprintf("%d of %s IPs used", st.Usage.Used, st.Usage.TotalText) + excludedSummary(st.Excluded), ObservedGeneration: p.Generation})
 		}
 		out.Pools[p.Name] = st
 	}
@@ -590,6 +667,65 @@ func selectorError(e *v1.Egress) error {
 		}
 	}
 	return nil
+}
+
+// statusKeepers says, for each address that the statuses of two or more
+// Egresses without spec.egressIP hold, which of them keeps it (its index
+// in egs): the one whose traffic already uses it. That is, in order: the
+// one Ready on it, the one assigned to a Node, the one whose IPAllocated
+// condition became true first, then the older (olderFirst). The others
+// get a new address, so the source address of an Egress in use never
+// changes because another claims it (issue 23). Addresses held once are
+// not in the map.
+func statusKeepers(egs []v1.Egress) map[netip.Addr]int {
+	byIP := map[netip.Addr][]int{}
+	for i := range egs {
+		if egs[i].Spec.EgressIP != "" {
+			continue
+		}
+		if ip, err := netip.ParseAddr(egs[i].Status.EgressIP); err == nil {
+			byIP[ip] = append(byIP[ip], i)
+		}
+	}
+	keeper := map[netip.Addr]int{}
+	for ip, claim := range byIP {
+		if len(claim) < 2 {
+			continue
+		}
+		keeper[ip] = slices.MinFunc(claim, func(a, b int) int { return inUseFirst(&egs[a], &egs[b]) })
+	}
+	return keeper
+}
+
+// inUseFirst orders two Egresses claiming one address: Ready before not,
+// assigned before not, allocated earlier before later, then olderFirst.
+func inUseFirst(a, b *v1.Egress) int {
+	for _, t := range []string{v1.ConditionReady, v1.ConditionAssigned} {
+		ta, tb := meta.IsStatusConditionTrue(a.Status.Conditions, t), meta.IsStatusConditionTrue(b.Status.Conditions, t)
+		if ta != tb {
+			if ta {
+				return -1
+			}
+			return 1
+		}
+	}
+	since := func(e *v1.Egress) metav1.Time {
+		if c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated); c != nil && c.Status == metav1.ConditionTrue {
+			return c.LastTransitionTime
+		}
+		return metav1.Time{}
+	}
+	sa, sb := since(a), since(b)
+	switch {
+	case !sa.IsZero() && !sb.IsZero() && !sa.Equal(&sb):
+		return sa.Compare(sb.Time)
+	case sa.IsZero() != sb.IsZero():
+		if !sa.IsZero() {
+			return -1
+		}
+		return 1
+	}
+	return olderFirst(&a.ObjectMeta, &b.ObjectMeta)
 }
 
 // olderFirst orders objects by creationTimestamp, then name: the priority
@@ -650,6 +786,12 @@ func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentS
 	ip, _ := netip.ParseAddr(st.EgressIP)
 	if b, ok := a.Report.Lookup(ip); ok && a.Known && !a.Dead && b.Announced {
 		c.Status, c.Reason, c.Message = metav1.ConditionTrue, ReasonAnnounced, fmt.Sprintf("%s is bound on %s of Node %s and announced", st.EgressIP, b.Interface, st.EgressNode)
+		return c
+	}
+	if r, ok := a.Report.LookupRefused(ip); ok && a.Known && !a.Dead && st.EgressIP == e.Status.EgressIP && st.EgressNode == e.Status.EgressNode {
+		// Only for the assignment the agent has seen: a new one gets its
+		// own answer.
+		c.Reason, c.Message = v1.ReasonBindRefused, fmt.Sprintf("the agent on Node %s does not bind %s: %s", st.EgressNode, st.EgressIP, r.Message)
 		return c
 	}
 	c.Reason, c.Message = ReasonBinding, fmt.Sprintf("waiting for the agent on Node %s to bind and announce %s", st.EgressNode, st.EgressIP)

@@ -2,9 +2,9 @@ package controller
 
 // The controller's permissions (config/rbac/role.yaml is generated from
 // these markers): it reads Egresses, pools and Nodes, writes the status of
-// Egresses and pools and the pools' deletion finalizer, patches one Node
-// condition (EgressDatapathSupported, relayed from the agents, which have
-// no write verbs), records Events, and publishes EgressMemberSlices from
+// Egresses and pools and the pools' deletion finalizer, patches two Node
+// conditions (EgressDatapathSupported and EgressIPOwnershipKnown, relayed
+// from the agents, which have no write verbs), records Events, and publishes EgressMemberSlices from
 // the Pods and Namespaces it watches.
 
 // +kubebuilder:rbac:groups=egressip.io,resources=egresses,verbs=get;list;watch

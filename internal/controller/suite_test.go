@@ -46,8 +46,42 @@ type fakeAgent struct {
 	mu       sync.Mutex
 	bound    map[netip.Addr]bool
 	stopped  bool
-	datapath *report.DatapathStatus // served as the report's finding
-	kernel   *report.KernelStatus   // served as the report's kernel finding
+	datapath *report.DatapathStatus  // served as the report's finding
+	owner    *report.OwnershipStatus // served as the report's ownership status
+	refused  []report.RefusedEgress  // served as the report's refused Egresses
+	// refuse lists IPs the agent reports refused (with the message)
+	// instead of bound, as the real agent does for an address it will not
+	// bind.
+	refuse map[netip.Addr]string
+	kernel *report.KernelStatus // served as the report's kernel finding
+}
+
+// setRefused makes the agent refuse ip with msg ("" stops refusing).
+func (a *fakeAgent) setRefused(ip netip.Addr, msg string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.refuse == nil {
+		a.refuse = map[netip.Addr]string{}
+	}
+	if msg == "" {
+		delete(a.refuse, ip)
+		return
+	}
+	a.refuse[ip] = msg
+}
+
+// setOwnership sets the ownership status the agent serves (nil: none).
+func (a *fakeAgent) setOwnership(st *report.OwnershipStatus) {
+	a.mu.Lock()
+	a.owner = st
+	a.mu.Unlock()
+}
+
+// setRefusedEgresses sets the refused Egresses the agent serves (nil: none).
+func (a *fakeAgent) setRefusedEgresses(rs []report.RefusedEgress) {
+	a.mu.Lock()
+	a.refused = rs
+	a.mu.Unlock()
 }
 
 // setKernel sets the kernel finding the agent serves (nil: none).
@@ -67,10 +101,15 @@ func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Kernel: a.kernel}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel}
 	for ip := range a.bound {
+		if msg, ok := a.refuse[ip]; ok {
+			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})
+			continue
+		}
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
 	}
+	r.Sort()
 	return r
 }
 
@@ -101,6 +140,7 @@ func (a *fakeAgent) Bound(ip string) bool {
 type cluster struct {
 	t      *testing.T
 	ctx    context.Context
+	env    *testenv.Env
 	c      client.Client
 	port   int
 	agents map[string]*fakeAgent
@@ -117,10 +157,18 @@ var nextLoopback = 10
 // on 127.0.0.x with a fake agent each) and starts a controller manager.
 func newCluster(t *testing.T, prefix string, nodes int, capacity int) *cluster {
 	t.Helper()
+	cl := newNodes(t, env, prefix, nodes, capacity)
+	cl.startController()
+	return cl
+}
+
+// newNodes is newCluster on control plane e, without a controller.
+func newNodes(t *testing.T, e *testenv.Env, prefix string, nodes int, capacity int) *cluster {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	port := freePort(t)
-	cl := &cluster{t: t, ctx: ctx, c: env.Client, port: port, agents: map[string]*fakeAgent{}}
+	cl := &cluster{t: t, ctx: ctx, env: e, c: e.Client, port: port, agents: map[string]*fakeAgent{}}
 	for i := 1; i <= nodes; i++ {
 		cl.addNode(fmt.Sprintf("%s-n%d", prefix, i))
 	}
@@ -133,7 +181,7 @@ func newCluster(t *testing.T, prefix string, nodes int, capacity int) *cluster {
 			}
 			for _, a := range cl.agents {
 				if !a.isStopped() {
-					a.sync(ctx, env.Client)
+					a.sync(ctx, e.Client)
 				}
 			}
 		}
@@ -142,7 +190,6 @@ func newCluster(t *testing.T, prefix string, nodes int, capacity int) *cluster {
 		Pass:     PassConfig{DefaultCapacity: capacity},
 		Liveness: LivenessConfig{Interval: 200 * time.Millisecond, Timeout: 200 * time.Millisecond, DeadAfter: 600 * time.Millisecond, FailureThreshold: 3, Port: port},
 	}
-	cl.startController()
 	return cl
 }
 
@@ -171,7 +218,7 @@ func (cl *cluster) addNode(name string) {
 	if err := cl.c.Create(cl.ctx, n); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), n) })
+	t.Cleanup(func() { _ = cl.c.Delete(context.Background(), n) })
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
 	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr.String()}}
 	if err := cl.c.Status().Update(cl.ctx, n); err != nil {
@@ -200,8 +247,8 @@ func (cl *cluster) crash(node string) {
 func (cl *cluster) startController() {
 	t := cl.t
 	t.Helper()
-	mgr, err := ctrl.NewManager(env.Config, ctrl.Options{
-		Scheme:                 env.Scheme,
+	mgr, err := ctrl.NewManager(cl.env.Config, ctrl.Options{
+		Scheme:                 cl.env.Scheme,
 		Cache:                  CacheOptions(),
 		Metrics:                metricsserver.Options{BindAddress: cmpOr(cl.metricsAddr, "0")},
 		HealthProbeBindAddress: "0",
@@ -245,7 +292,7 @@ func (cl *cluster) pool(name string, mutate func(*v1.ExternalIPPool)) {
 	if err := cl.c.Create(cl.ctx, p); err != nil {
 		cl.t.Fatal(err)
 	}
-	cl.t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p) })
+	cl.t.Cleanup(func() { _ = cl.c.Delete(context.Background(), p) })
 }
 
 func (cl *cluster) egress(name, pool, ip string) *v1.Egress {
@@ -257,7 +304,7 @@ func (cl *cluster) egress(name, pool, ip string) *v1.Egress {
 	if err := cl.c.Create(cl.ctx, e); err != nil {
 		cl.t.Fatal(err)
 	}
-	cl.t.Cleanup(func() { _ = env.Client.Delete(context.Background(), e) })
+	cl.t.Cleanup(func() { _ = cl.c.Delete(context.Background(), e) })
 	return e
 }
 

@@ -25,7 +25,17 @@
 //   - the gateway, subnetInfo.gateway, wherever it lies;
 //   - when subnetInfo.prefixLength is set, the same network/broadcast
 //     (IPv4) or Subnet-Router anycast (IPv6) addresses of that subnet, since
-//     a host cannot use them on the link whatever the range says.
+//     a host cannot use them on the link whatever the range says;
+//   - the special-purpose blocks of SpecialBlocks (loopback, link-local,
+//     multicast, "this network", limited broadcast, unspecified,
+//     IPv4-mapped) wherever a range spans them: the API refuses such ranges
+//     (SpecialOverlaps), but a pool admitted before keeps working without
+//     handing them out;
+//   - the addresses the caller excludes (Pool.WithExclusions): the
+//     controller passes every Node's InternalIP and ExternalIP, so that a
+//     Node's own address is never an egress IP.
+//
+// Pool.Excluded counts the addresses left out for each of these causes.
 //
 // A start/end range gives every address from start to end inclusive, apart
 // from the gateway and the subnet's own reserved addresses.

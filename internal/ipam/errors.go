@@ -23,6 +23,11 @@ var (
 	// the Subnet-Router anycast address of an IPv6 CIDR or subnet (see the
 	// package documentation).
 	ErrReservedAddress = errors.New("ipam: reserved address, never allocated")
+
+	// ErrExcludedAddress is wrapped by the *AddrError returned when an
+	// address lies in one of the pool's ipRanges but the caller excluded it
+	// (Pool.WithExclusions), e.g. because it is a Node's own address.
+	ErrExcludedAddress = errors.New("ipam: excluded address, never allocated")
 )
 
 // AddrError explains why an address cannot be allocated from a pool. Err is
@@ -30,7 +35,7 @@ var (
 type AddrError struct {
 	Addr   netip.Addr // the address as given
 	Reason string     // completes "IP <addr> ...", e.g. "is the gateway (subnetInfo.gateway)"
-	Err    error      // ErrOutsidePool or ErrReservedAddress
+	Err    error      // ErrOutsidePool, ErrReservedAddress or ErrExcludedAddress
 }
 
 // Error reads "IP <addr> <reason>", plus ", which is never allocated" for a
@@ -39,7 +44,7 @@ func (e *AddrError) Error() string {
 	if !e.Addr.IsValid() {
 		return "no valid IP address given"
 	}
-	if errors.Is(e.Err, ErrReservedAddress) {
+	if errors.Is(e.Err, ErrReservedAddress) || errors.Is(e.Err, ErrExcludedAddress) {
 		return fmt.Sprintf("IP %s %s, which is never allocated", e.Addr, e.Reason)
 	}
 	return fmt.Sprintf("IP %s %s", e.Addr, e.Reason)

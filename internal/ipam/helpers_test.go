@@ -79,11 +79,21 @@ func bruteAllocatable(rs []IPRange, gateway netip.Addr, subnet netip.Prefix) []n
 	var out []netip.Addr
 	for _, r := range rs {
 		for a := r.First; a.IsValid() && a.Compare(r.Last) <= 0; a = a.Next() {
-			if !reserved[a] {
+			if !reserved[a] && !inSpecialBlock(a) {
 				out = append(out, a)
 			}
 		}
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return out
+}
+
+// inSpecialBlock reports whether a lies in one of SpecialBlocks.
+func inSpecialBlock(a netip.Addr) bool {
+	for _, b := range SpecialBlocks {
+		if b.Prefix.Contains(a) {
+			return true
+		}
+	}
+	return false
 }

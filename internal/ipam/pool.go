@@ -25,6 +25,8 @@ type SubnetInfo struct {
 type reservedAddr struct {
 	at     u128
 	reason string
+	// excluded: given to WithExclusions (else reserved by the spec).
+	excluded bool
 }
 
 // Pool is a validated ExternalIPPool specification: its ranges, the subnet
@@ -38,8 +40,10 @@ type Pool struct {
 	vlan     int
 	raw      []span         // the ranges as written, sorted, disjoint
 	segs     []span         // allocatable addresses: sorted, disjoint, non-adjacent
-	reserved []reservedAddr // sorted by address, unique, each inside raw
+	reserved []reservedAddr // sorted by address, unique, each inside raw and outside special
+	special  []specialSpan  // the SpecialBlocks that share addresses with raw, sorted
 	total    uint64
+	excluded Excluded
 }
 
 // NewPool validates an ExternalIPPool spec (ipRanges and the optional
@@ -69,7 +73,7 @@ func NewPool(ranges []Range, subnet *SubnetInfo) (*Pool, error) {
 	if errs != nil {
 		return nil, errs
 	}
-	p.build()
+	p.build(nil)
 	return p, nil
 }
 
@@ -115,62 +119,120 @@ func (p *Pool) setSubnet(s *SubnetInfo) FieldErrors {
 	return errs
 }
 
-// build computes raw, reserved, segs and total from the validated fields.
-func (p *Pool) build() {
+// build computes raw (unless set), special, reserved, segs, total and
+// excluded from the validated fields and the exclusions ex.
+func (p *Pool) build(ex []Exclusion) {
+	if p.raw == nil {
+		for _, r := range p.ranges {
+			p.raw = append(p.raw, r.span())
+		}
+		slices.SortFunc(p.raw, func(a, b span) int { return a.first.cmp(b.first) })
+	}
+	for _, ss := range specialSpans(p.is6) {
+		in := false
+		for _, s := range p.raw {
+			if x, ok := s.intersect(ss.span); ok {
+				in = true
+				p.excluded.SpecialPurpose = satAdd(p.excluded.SpecialPurpose, x.size())
+			}
+		}
+		if in {
+			p.special = append(p.special, ss)
+		}
+	}
+
 	var res []reservedAddr
 	if p.gateway.IsValid() {
-		res = append(res, reservedAddr{fromAddr(p.gateway), "is the gateway (subnetInfo.gateway)"})
+		res = append(res, reservedAddr{at: fromAddr(p.gateway), reason: "is the gateway (subnetInfo.gateway)"})
 	}
 	res = append(res, networkReserved(p.subnet, "of the subnet "+p.subnet.String()+" (subnetInfo)")...)
 	for i, r := range p.ranges {
-		p.raw = append(p.raw, r.span())
 		res = append(res, networkReserved(r.Prefix, fmt.Sprintf("of ipRanges[%d] (%s)", i, r.Prefix))...)
 	}
-	slices.SortFunc(p.raw, func(a, b span) int { return a.first.cmp(b.first) })
+	for _, e := range ex {
+		if e.Addr.IsValid() && e.Addr.Zone() == "" && e.Addr.Is6() == p.is6 {
+			res = append(res, reservedAddr{at: fromAddr(e.Addr), reason: e.Reason, excluded: true})
+		}
+	}
 
-	// Keep the reserved addresses that lie in a range; on duplicates keep the
-	// first reason given (the gateway's, then the subnet's).
+	// Keep the reserved addresses that lie in a range and in no special
+	// block; on duplicates keep the first reason given (the gateway's, then
+	// the subnet's, then the ranges', then the exclusions').
 	slices.SortStableFunc(res, func(a, b reservedAddr) int { return a.at.cmp(b.at) })
 	res = slices.CompactFunc(res, func(a, b reservedAddr) bool { return a.at == b.at })
 	for _, r := range res {
-		if p.rawIndex(r.at) >= 0 {
+		if p.rawIndex(r.at) >= 0 && p.specialAt(r.at) < 0 {
 			p.reserved = append(p.reserved, r)
+			if r.excluded {
+				p.excluded.Exclusions++
+			} else {
+				p.excluded.Reserved++
+			}
 		}
 	}
 
-	// segs = raw minus reserved, with touching pieces merged.
-	k := 0
+	// segs = raw minus the special blocks and the reserved addresses.
+	holes := make([]span, 0, len(p.special)+len(p.reserved))
+	for _, ss := range p.special {
+		holes = append(holes, ss.span)
+	}
+	for _, r := range p.reserved {
+		holes = append(holes, span{r.at, r.at})
+	}
+	slices.SortFunc(holes, func(a, b span) int { return a.first.cmp(b.first) })
+	p.segs = subtract(p.raw, holes)
+	for _, s := range p.segs {
+		p.total = satAdd(p.total, s.size())
+	}
+}
+
+// subtract returns the addresses of raw (sorted, disjoint) that lie in no
+// span of holes (sorted by first; may overlap), as sorted, disjoint,
+// non-adjacent spans.
+func subtract(raw, holes []span) []span {
+	var out []span
 	add := func(s span) {
-		if n := len(p.segs); n > 0 && p.segs[n-1].touches(s) {
-			p.segs[n-1].last = s.last
+		if n := len(out); n > 0 && out[n-1].touches(s) {
+			out[n-1].last = s.last
 			return
 		}
-		p.segs = append(p.segs, s)
+		out = append(out, s)
 	}
-	for _, s := range p.raw {
-		for k < len(p.reserved) && p.reserved[k].at.less(s.first) {
+	k := 0
+	for _, s := range raw {
+		for k < len(holes) && holes[k].last.less(s.first) {
 			k++
 		}
-		cur := s.first
-		open := true
-		for ; k < len(p.reserved) && !s.last.less(p.reserved[k].at); k++ {
-			at := p.reserved[k].at
-			if cur.less(at) {
-				add(span{cur, at.sub1()})
+		cur, open := s.first, true
+		for j := k; j < len(holes) && !s.last.less(holes[j].first); j++ {
+			h := holes[j]
+			if h.last.less(cur) {
+				continue
 			}
-			if at == s.last {
+			if cur.less(h.first) {
+				add(span{cur, h.first.sub1()})
+			}
+			if !h.last.less(s.last) {
 				open = false
 				break
 			}
-			cur = at.add1()
+			cur = h.last.add1()
 		}
 		if open {
 			add(span{cur, s.last})
 		}
 	}
-	for _, s := range p.segs {
-		p.total = satAdd(p.total, s.size())
+	return out
+}
+
+// specialAt returns the index in p.special of the block holding u, or -1.
+func (p *Pool) specialAt(u u128) int {
+	for i, ss := range p.special {
+		if ss.contains(u) {
+			return i
+		}
 	}
+	return -1
 }
 
 // networkReserved returns the addresses of prefix that are never allocated:
@@ -187,11 +249,11 @@ func networkReserved(prefix netip.Prefix, of string) []reservedAddr {
 	switch {
 	case prefix.Addr().Is4() && prefix.Bits() < 31:
 		return []reservedAddr{
-			{first, "is the network address " + of},
-			{last, "is the broadcast address " + of},
+			{at: first, reason: "is the network address " + of},
+			{at: last, reason: "is the broadcast address " + of},
 		}
 	case prefix.Addr().Is6() && prefix.Bits() < 127:
-		return []reservedAddr{{first, "is the Subnet-Router anycast address (RFC 4291 2.6.1) " + of}}
+		return []reservedAddr{{at: first, reason: "is the Subnet-Router anycast address (RFC 4291 2.6.1) " + of}}
 	}
 	return nil
 }
@@ -235,8 +297,9 @@ func (p *Pool) Contains(ip netip.Addr) bool { return p.Check(ip) == nil }
 
 // Check returns nil if ip is one of the pool's allocatable addresses, else
 // an *AddrError wrapping ErrOutsidePool (invalid, zoned, other family, or
-// in no range) or ErrReservedAddress (gateway, network, broadcast or
-// Subnet-Router anycast address).
+// in no range), ErrReservedAddress (gateway, network, broadcast or
+// Subnet-Router anycast address, or in one of SpecialBlocks) or
+// ErrExcludedAddress (given to WithExclusions).
 func (p *Pool) Check(ip netip.Addr) error {
 	switch {
 	case !ip.IsValid():
@@ -252,7 +315,14 @@ func (p *Pool) Check(ip netip.Addr) error {
 	if spanIndex(p.segs, u) >= 0 {
 		return nil
 	}
+	if i := p.specialAt(u); i >= 0 {
+		b := p.special[i].block
+		return &AddrError{Addr: ip, Reason: fmt.Sprintf("is a %s address (%s, %s)", b.What, b.Prefix, b.Source), Err: ErrReservedAddress}
+	}
 	if i, ok := slices.BinarySearchFunc(p.reserved, u, func(r reservedAddr, u u128) int { return r.at.cmp(u) }); ok {
+		if p.reserved[i].excluded {
+			return &AddrError{Addr: ip, Reason: p.reserved[i].reason, Err: ErrExcludedAddress}
+		}
 		return &AddrError{Addr: ip, Reason: p.reserved[i].reason, Err: ErrReservedAddress}
 	}
 	return &AddrError{Addr: ip, Reason: "is in none of the pool's ipRanges", Err: ErrOutsidePool}

@@ -194,9 +194,16 @@ func TestAllocatableAddresses(t *testing.T) {
 			want: []string{"192.0.2.1", "192.0.2.2", "192.0.2.9", "192.0.2.10"}, total: 4},
 		{name: "adjacent ranges merge", rs: []Range{between("192.0.2.3", "192.0.2.4"), between("192.0.2.1", "192.0.2.2")},
 			want: []string{"192.0.2.1", "192.0.2.2", "192.0.2.3", "192.0.2.4"}, total: 4},
-		{name: "ipv4 /0", rs: []Range{cidr("0.0.0.0/0")}, first: "0.0.0.1", last: "255.255.255.254", total: 1<<32 - 2},
+		// 0/8, 127/8, 169.254/16, 224/4 and 255.255.255.255 are special.
+		{name: "ipv4 /0", rs: []Range{cidr("0.0.0.0/0")}, first: "1.0.0.0", last: "255.255.255.254", total: 1<<32 - 2<<24 - 1<<16 - 1<<28 - 1},
 		{name: "top of ipv4 space", rs: []Range{between("255.255.255.254", "255.255.255.255")},
-			want: []string{"255.255.255.254", "255.255.255.255"}, total: 2},
+			want: []string{"255.255.255.254"}, total: 1},
+		{name: "start-end across loopback skips 127/8", rs: []Range{between("126.255.255.254", "128.0.0.1")},
+			want: []string{"126.255.255.254", "126.255.255.255", "128.0.0.0", "128.0.0.1"}, total: 4},
+		{name: "start-end across link-local skips 169.254/16", rs: []Range{between("169.253.255.255", "169.255.0.0")},
+			want: []string{"169.253.255.255", "169.255.0.0"}, total: 2},
+		{name: "ipv6 start-end across fe80::/10", rs: []Range{between("fe7f:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "fec0::")},
+			want: []string{"fe7f:ffff:ffff:ffff:ffff:ffff:ffff:ffff", "fec0::"}, total: 2},
 		{name: "ipv6 /126 skips Subnet-Router anycast", rs: []Range{cidr("2001:db8::/126")},
 			want: []string{"2001:db8::1", "2001:db8::2", "2001:db8::3"}, total: 3},
 		{name: "ipv6 /127 gives both (RFC 6164)", rs: []Range{cidr("2001:db8::/127")},
@@ -212,7 +219,7 @@ func TestAllocatableAddresses(t *testing.T) {
 			first: "2001:db8::2", last: "2001:db8::ffff:ffff:ffff:ffff", total: math.MaxUint64 - 1},
 		{name: "ipv6 two /64 saturate", rs: []Range{cidr("2001:db8::/64"), cidr("2001:db8:0:1::/64")},
 			first: "2001:db8::1", last: "2001:db8:0:1:ffff:ffff:ffff:ffff", total: math.MaxUint64},
-		{name: "ipv6 /0 saturates", rs: []Range{cidr("::/0")}, first: "::1", last: "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", total: math.MaxUint64},
+		{name: "ipv6 /0 saturates", rs: []Range{cidr("::/0")}, first: "::2", last: "feff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", total: math.MaxUint64},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

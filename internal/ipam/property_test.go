@@ -92,6 +92,19 @@ func drawPool(t *rapid.T) *genPool {
 	}
 	g.pool = p
 	g.allowed = bruteAllocatable(p.Ranges(), gw, p.Subnet())
+	// Sometimes exclude a few addresses of the block (as the controller
+	// excludes Node addresses); the model drops them too.
+	if n := rapid.IntRange(0, 4).Draw(t, "exclusions"); n > 0 {
+		var ex []Exclusion
+		drop := map[netip.Addr]bool{}
+		for range n {
+			a := g.block[rapid.IntRange(0, 1023).Draw(t, "excludedOffset")]
+			ex = append(ex, Exclusion{Addr: a, Reason: "is excluded by the test"})
+			drop[a] = true
+		}
+		g.pool = p.WithExclusions(ex)
+		g.allowed = slices.DeleteFunc(g.allowed, func(a netip.Addr) bool { return drop[a] })
+	}
 	return g
 }
 
@@ -102,6 +115,15 @@ func TestPropertyPoolMatchesBruteForce(t *testing.T) {
 		g := drawPool(t)
 		if g.pool.Total() != uint64(len(g.allowed)) {
 			t.Fatalf("Total() = %d, brute force %d", g.pool.Total(), len(g.allowed))
+		}
+		// Every address of the ranges is either allocatable or counted
+		// once in Excluded.
+		var size uint64
+		for _, r := range g.pool.Ranges() {
+			size += r.Size()
+		}
+		if ex := g.pool.Excluded(); g.pool.Total()+ex.SpecialPurpose+ex.Reserved+ex.Exclusions != size {
+			t.Fatalf("Total %d + Excluded %+v != %d addresses in the ranges", g.pool.Total(), ex, size)
 		}
 		for _, a := range g.block {
 			_, want := slices.BinarySearchFunc(g.allowed, a, netip.Addr.Compare)

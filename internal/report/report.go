@@ -55,10 +55,96 @@ type Report struct {
 	// check turned off, or has not checked yet. The controller mirrors it
 	// in the Node condition EgressDatapathSupported.
 	Datapath *DatapathStatus `json:"datapath,omitempty"`
+	// Refused lists the egress IPs assigned to the Node that the agent does
+	// not hold, each with why, sorted by IP: the controller shows the
+	// reason in the Ready condition of the Egresses asking for the IP
+	// instead of waiting for a binding that will not come.
+	Refused []RefusedIP `json:"refused,omitempty"`
+	// Ownership is how the agent knows which addresses are its own and
+	// whether its ownership record is healthy; nil from agents that do
+	// not report it. The controller mirrors it in the Node condition
+	// EgressIPOwnershipKnown.
+	Ownership *OwnershipStatus `json:"ownership,omitempty"`
+	// Refused lists the Egresses whose part of the datapath the Node's
+	// kernel refuses (the agent programs every other Egress), sorted by
+	// name, at most MaxRefusedEgresses. The controller turns each one not
+	// Ready, naming the Node.
+	RefusedEgresses []RefusedEgress `json:"refusedEgresses,omitempty"`
 	// Kernel is what the agent's start-up probe of kernel features found
 	// (internal/agent/kernel); nil when it did not probe. The controller
 	// mirrors it in the Node condition EgressKernelFeatures.
 	Kernel *KernelStatus `json:"kernel,omitempty"`
+}
+
+// MaxRefusedMessage bounds RefusedIP.Message, in bytes.
+const MaxRefusedMessage = 512
+
+// RefusedIP is an egress IP assigned to the agent's Node that the agent does
+// not bind, or could not bind.
+type RefusedIP struct {
+	// IP is the address in canonical form.
+	IP netip.Addr `json:"ip"`
+	// Egresses names the Egresses whose status asks for IP, sorted; empty
+	// when the IP failed to bind for all of them alike.
+	Egresses []string `json:"egresses,omitempty"`
+	// Message says why, in words for the Egress's Ready condition, at most
+	// MaxRefusedMessage bytes.
+	Message string `json:"message"`
+}
+
+// LookupRefused returns the refusal for ip and whether the report lists
+// one.
+func (r *Report) LookupRefused(ip netip.Addr) (RefusedIP, bool) {
+	i, ok := slices.BinarySearchFunc(r.Refused, ip, func(b RefusedIP, ip netip.Addr) int { return b.IP.Compare(ip) })
+	if !ok {
+		return RefusedIP{}, false
+	}
+	return r.Refused[i], true
+}
+
+// Reasons of OwnershipStatus, also the reasons of the Node condition.
+const (
+	// ReasonOwnershipMark: addresses are marked with IFA_PROTO (and
+	// recorded, where a record is configured).
+	ReasonOwnershipMark = "AddressProtocol"
+	// ReasonOwnershipRecord: the ownership record alone (kernel before
+	// 5.18, or forced with --address-ownership=record).
+	ReasonOwnershipRecord = "OwnershipRecord"
+	// ReasonRecordUnreadable: the record cannot be read or parsed; the
+	// agent binds and unbinds nothing until it is fixed.
+	ReasonRecordUnreadable = "OwnershipRecordUnreadable"
+	// ReasonRecordUnwritable: the record cannot be written; addresses
+	// that would need a record entry are not added.
+	ReasonRecordUnwritable = "OwnershipRecordUnwritable"
+	// ReasonRecordMissing: the record disappeared while it listed
+	// addresses; they are left alone.
+	ReasonRecordMissing = "OwnershipRecordMissing"
+)
+
+// OwnershipStatus is how an agent keeps address ownership, and any problem.
+type OwnershipStatus struct {
+	// Mode is the configured mode (auto, proto or record).
+	Mode string `json:"mode"`
+	// Healthy is false while the record is unreadable, unwritable or
+	// missing (Reason and Message say which and what to do).
+	Healthy bool `json:"healthy"`
+	// Reason is one of the ReasonOwnership* / ReasonRecord* constants.
+	Reason string `json:"reason"`
+	// Message is human-readable, at most MaxDatapathMessage bytes.
+	Message string `json:"message,omitempty"`
+}
+
+// MaxRefusedEgresses bounds Report.RefusedEgresses, in entries (each
+// RefusedEgress.Message is bounded by MaxRefusedMessage).
+const MaxRefusedEgresses = 256
+
+// RefusedEgress is one Egress whose datapath the agent cannot program.
+type RefusedEgress struct {
+	// Egress is the Egress's name.
+	Egress string `json:"egress"`
+	// Message is the kernel's error for the Egress's part, at most
+	// MaxRefusedMessage bytes.
+	Message string `json:"message"`
 }
 
 // Reasons of KernelStatus, also the reasons of the Node condition
@@ -129,9 +215,11 @@ func (r *Report) Lookup(ip netip.Addr) (BoundIP, bool) {
 	return r.Bound[i], true
 }
 
-// Sort orders Bound by IP, as Lookup requires.
+// Sort orders Bound and Refused by IP, as Lookup and LookupRefused
+// require.
 func (r *Report) Sort() {
 	slices.SortFunc(r.Bound, func(a, b BoundIP) int { return a.IP.Compare(b.IP) })
+	slices.SortFunc(r.Refused, func(a, b RefusedIP) int { return a.IP.Compare(b.IP) })
 }
 
 // Handler serves the report returned by current on GET Path.

@@ -867,7 +867,11 @@ func (s *state) poolMessage(name string, code uint8) string {
 	case rNoEligibleNode:
 		pl.msg = fmt.Sprintf("no Node of pool %q is eligible with a capacity above 0", name)
 	default:
-		pl.msg = fmt.Sprintf("all %d eligible Nodes of pool %q are at capacity", pl.end-pl.off, name)
+		if n := pl.end - pl.off; n == 1 {
+			pl.msg = fmt.Sprintf("the only eligible Node of pool %q is at capacity", name)
+		} else {
+			pl.msg = fmt.Sprintf("all %d eligible Nodes of pool %q are at capacity", n, name)
+		}
 	}
 	return pl.msg
 }

@@ -301,7 +301,25 @@ func TestNoEligibleNodeAndCapacityExhausted(t *testing.T) {
 	if p := placementOf(t, out, "b"); p.Node != "n1" {
 		t.Errorf("b: %+v", p)
 	}
-	if p := placementOf(t, out, "c"); p.Reason != ReasonCapacityExhausted || !strings.Contains(p.Message, "all 1 eligible Nodes") {
+	if p := placementOf(t, out, "c"); p.Reason != ReasonCapacityExhausted || p.Message != `the only eligible Node of pool "full" is at capacity` {
+		t.Errorf("c: %+v", p)
+	}
+}
+
+// The capacity message counts the pool's eligible Nodes in words that fit
+// the number: one Node is "the only eligible Node", more are "all N".
+func TestCapacityExhaustedMessageCountsNodes(t *testing.T) {
+	in := Input{
+		Pools: []Pool{pool4("pair", "n1", "n2")},
+		Nodes: nodesCap(1, "n1", "n2"),
+		Egresses: []Egress{
+			eg("a", 0, "pair", "192.0.2.1", ""),
+			eg("b", 1, "pair", "192.0.2.2", ""),
+			eg("c", 2, "pair", "192.0.2.3", ""),
+		},
+	}
+	out := run(t, in)
+	if p := placementOf(t, out, "c"); p.Reason != ReasonCapacityExhausted || p.Message != `all 2 eligible Nodes of pool "pair" are at capacity` {
 		t.Errorf("c: %+v", p)
 	}
 }

@@ -20,6 +20,7 @@ package selection
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -103,7 +104,14 @@ type Result struct {
 	// Invalid maps the names of Egresses whose selectors cannot be parsed
 	// to the error; they select nothing.
 	Invalid map[string]error
+	// ShadowedBy maps the name of an Egress that has no members although
+	// its selectors match Pods to the older Egresses that won those Pods,
+	// sorted (at most MaxShadowedBy names).
+	ShadowedBy map[string][]string
 }
+
+// MaxShadowedBy bounds the names in one Result.ShadowedBy entry.
+const MaxShadowedBy = 3
 
 // Older orders Egresses by priority: the lowest creationTimestamp first,
 // then the lowest name.
@@ -147,7 +155,8 @@ func selector(s *metav1.LabelSelector) (labels.Selector, error) {
 // With family Any every Pod IP is a member. The result does not depend on
 // the order of the inputs.
 func Select(in Input) Result {
-	res := Result{Members: map[string][]Member{}, Invalid: map[string]error{}}
+	res := Result{Members: map[string][]Member{}, Invalid: map[string]error{}, ShadowedBy: map[string][]string{}}
+	winners := make([][2]string, len(in.Pods)) // per Pod, the Egress of each family
 	fam := in.Family
 	if fam == nil {
 		fam = func(e *v1.Egress) Family { return EgressFamily(e, nil) }
@@ -215,9 +224,38 @@ func Select(in Input) Result {
 				}
 				if !won[k] {
 					won[k] = true
+					winners[i][k] = c.eg.Name
 					res.Members[c.eg.Name] = append(res.Members[c.eg.Name], m)
 				}
 			}
+		}
+	}
+	// Egresses left without members: which older Egresses won the Pods
+	// they match (a second scan for those only; they are few).
+	for ci := range egs {
+		c := &egs[ci]
+		if len(res.Members[c.eg.Name]) > 0 {
+			continue
+		}
+		by := map[string]bool{}
+		for i := range in.Pods {
+			p := &in.Pods[i]
+			if winners[i] == [2]string{} || !slices.Contains(forNS(p.Namespace), c) || (c.pod != nil && !c.pod.Matches(labels.Set(p.Labels))) {
+				continue
+			}
+			for _, m := range members(p, c.family) {
+				k := 0
+				if m.PodIP.Is6() {
+					k = 1
+				}
+				if w := winners[i][k]; w != "" && w != c.eg.Name {
+					by[w] = true
+				}
+			}
+		}
+		if len(by) > 0 {
+			l := slices.Sorted(maps.Keys(by))
+			res.ShadowedBy[c.eg.Name] = l[:min(len(l), MaxShadowedBy)]
 		}
 	}
 	for name, ms := range res.Members {

@@ -10,6 +10,7 @@ package testenv
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -63,6 +64,24 @@ type Option func(*envtest.Environment, string)
 func WithWebhooks() Option {
 	return func(e *envtest.Environment, root string) {
 		e.WebhookInstallOptions = envtest.WebhookInstallOptions{Paths: []string{filepath.Join(root, "config", "webhook")}}
+	}
+}
+
+// WithControlPlaneOutput sends the standard output and error of
+// kube-apiserver to apiserver and those of etcd to etcd (envtest discards
+// them otherwise); a nil writer keeps envtest's default.
+func WithControlPlaneOutput(apiserver, etcd io.Writer) Option {
+	return func(e *envtest.Environment, _ string) {
+		if apiserver != nil {
+			s := e.ControlPlane.GetAPIServer()
+			s.Out, s.Err = apiserver, apiserver
+		}
+		if etcd != nil {
+			if e.ControlPlane.Etcd == nil {
+				e.ControlPlane.Etcd = &envtest.Etcd{}
+			}
+			e.ControlPlane.Etcd.Out, e.ControlPlane.Etcd.Err = etcd, etcd
+		}
 	}
 }
 

@@ -7,6 +7,13 @@
 //   - an Egress's spec.egressIP must lie in the pool it names and be of that
 //     pool's family (when the pool exists; a missing pool is reported by the
 //     controller as a condition, since pools may be created after Egresses);
+//   - a pool's ranges must not contain special-purpose addresses
+//     (loopback, link-local, multicast, ...: ipam.SpecialBlocks); CEL
+//     refuses such a cidr, this check finds them in start/end ranges. A
+//     pool whose ranges hold Node addresses is admitted with a warning;
+//   - an Egress's named spec.egressIP must not be a Node's own address
+//     (an InternalIP or ExternalIP in status.addresses), checked when it is
+//     new or changed;
 //   - an Egress's appliedTo selectors must parse as Kubernetes label
 //     selectors (label values and matchExpressions keys and values; CEL in
 //     the schema checks the operators and matchLabels keys, but checking
@@ -20,6 +27,7 @@ package webhook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -66,12 +74,18 @@ type PoolValidator struct {
 
 // ValidateCreate rejects a pool that overlaps another pool.
 func (v *PoolValidator) ValidateCreate(ctx context.Context, p *v1.ExternalIPPool) (admission.Warnings, error) {
-	return nil, v.validate(ctx, nil, p)
+	if err := v.validate(ctx, nil, p); err != nil {
+		return nil, err
+	}
+	return v.poolWarnings(ctx, nil, p), nil
 }
 
 // ValidateUpdate rejects overlaps and updates that drop allocated IPs.
 func (v *PoolValidator) ValidateUpdate(ctx context.Context, old, p *v1.ExternalIPPool) (admission.Warnings, error) {
-	return nil, v.validate(ctx, old, p)
+	if err := v.validate(ctx, old, p); err != nil {
+		return nil, err
+	}
+	return v.poolWarnings(ctx, old, p), nil
 }
 
 // ValidateDelete allows deletion; a pool in use waits on its finalizer.
@@ -98,7 +112,7 @@ func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool)
 	}
 	pool, err := poolspec.Parse(p)
 	if err != nil {
-		return apierrors.NewInvalid(poolGK, p.Name, field.ErrorList{field.Invalid(rangesPath, "", err.Error())})
+		return apierrors.NewInvalid(poolGK, p.Name, specErrors(err))
 	}
 	if old != nil && equality.Semantic.DeepEqual(old.Spec.IPRanges, p.Spec.IPRanges) {
 		// Ranges unchanged (labels, finalizers, the node selector...): a
@@ -107,7 +121,7 @@ func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool)
 		// newer of two overlapping pools not Ready.
 		return nil
 	}
-	var errs field.ErrorList
+	errs := specialRangeErrors(pool, rangesPath)
 	var pools v1.ExternalIPPoolList
 	if err := v.Reader.List(ctx, &pools); err != nil {
 		return apierrors.NewInternalError(fmt.Errorf("list ExternalIPPools: %w", err))
@@ -154,6 +168,28 @@ func (v *PoolValidator) validate(ctx context.Context, old, p *v1.ExternalIPPool)
 	return nil
 }
 
+// specErrors turns ipam's FieldErrors (fields relative to spec, such as
+// "ipRanges[1]") into API field errors under spec, each with the value it
+// is about, so that a within-pool overlap reads
+// `spec.ipRanges[1]: Invalid value: "192.0.2.8/29": overlaps ipRanges[0] (192.0.2.0/28)`.
+// Any other error is reported against spec.ipRanges.
+func specErrors(err error) field.ErrorList {
+	var fes ipam.FieldErrors
+	if !errors.As(err, &fes) {
+		return field.ErrorList{field.Invalid(field.NewPath("spec", "ipRanges"), "", err.Error())}
+	}
+	out := make(field.ErrorList, 0, len(fes))
+	for _, fe := range fes {
+		path := "spec." + fe.Field
+		var bad any = fe.Value
+		if fe.Value == "" {
+			bad = field.OmitValueType{} // "Invalid value: <reason>", not `Invalid value: ""`
+		}
+		out = append(out, &field.Error{Type: field.ErrorTypeInvalid, Field: path, BadValue: bad, Detail: fe.Reason})
+	}
+	return out
+}
+
 // EgressValidator checks an Egress's selectors, and its named IP against
 // its pool.
 type EgressValidator struct {
@@ -171,12 +207,30 @@ func (v *EgressValidator) ValidateCreate(ctx context.Context, e *v1.Egress) (adm
 		return nil, apierrors.NewInvalid(egressGK, e.Name, field.ErrorList{field.Invalid(field.NewPath("spec", "externalIPPool"), e.Spec.ExternalIPPool,
 			fmt.Sprintf("ExternalIPPool %q is being deleted", e.Spec.ExternalIPPool))})
 	}
-	return v.validate(ctx, e)
+	ws, err := v.validate(ctx, e)
+	if err == nil {
+		err = v.checkNodeAddress(ctx, e)
+	}
+	if err != nil {
+		return ws, err
+	}
+	return append(ws, v.egressWarnings(ctx, nil, e)...), nil
 }
 
-// ValidateUpdate rejects an egressIP outside the named pool.
-func (v *EgressValidator) ValidateUpdate(ctx context.Context, _, e *v1.Egress) (admission.Warnings, error) {
-	return v.validate(ctx, e)
+// ValidateUpdate rejects an egressIP outside the named pool, or a newly
+// named egressIP that is a Node's address, and warns of an edit that
+// changes the Egress's source address.
+func (v *EgressValidator) ValidateUpdate(ctx context.Context, old, e *v1.Egress) (admission.Warnings, error) {
+	ws, err := v.validate(ctx, e)
+	if err == nil && old.Spec.EgressIP != e.Spec.EgressIP {
+		// Only a newly named IP: an Egress whose Node took its address
+		// later must stay editable (the controller reports the conflict).
+		err = v.checkNodeAddress(ctx, e)
+	}
+	if err != nil {
+		return ws, err
+	}
+	return append(ws, v.egressWarnings(ctx, old, e)...), nil
 }
 
 // ValidateDelete allows deletion.

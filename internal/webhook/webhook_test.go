@@ -106,6 +106,16 @@ func TestPoolOverlapRejected(t *testing.T) {
 	create(t, pool("ov-c", v1.IPRange{CIDR: "198.51.100.16/28"}), "")
 }
 
+// Two ranges of one pool that share addresses: the message names the
+// entry, its value and the entry it overlaps (it once read `Invalid
+// value: ""`).
+func TestPoolWithinOverlapNamesRanges(t *testing.T) {
+	create(t, pool("ov-self", v1.IPRange{CIDR: "203.0.113.0/28"}, v1.IPRange{CIDR: "203.0.113.8/29"}),
+		`spec.ipRanges[1]: Invalid value: "203.0.113.8/29": overlaps ipRanges[0] (203.0.113.0/28)`)
+	create(t, pool("ov-self2", v1.IPRange{Start: "203.0.113.100", End: "203.0.113.120"}, v1.IPRange{Start: "203.0.113.120", End: "203.0.113.130"}),
+		`spec.ipRanges[1]: Invalid value: "203.0.113.120-203.0.113.130": overlaps ipRanges[0] (203.0.113.100-203.0.113.120)`)
+}
+
 func TestEgressIPMustLieInItsPool(t *testing.T) {
 	create(t, pool("eip-in", v1.IPRange{CIDR: "203.0.113.0/28"}), "")
 	create(t, egress("eip-outside", "eip-in", "203.0.113.100"), `not usable from ExternalIPPool "eip-in"`)

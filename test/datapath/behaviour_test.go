@@ -824,3 +824,59 @@ func TestFailurePolicyCutsEarlierFlows(t *testing.T) {
 		})
 	}
 }
+
+// TestNewEgressKeepsOpenFlows (issue 23 fault 3): a Pod has an external
+// connection open from its Node IP; a new Egress under failurePolicy Fail
+// selects it. While the Egress waits for its first assignment (no IP, no
+// Node: datapath.Egress.Assigning) new external connections are rejected,
+// but the open one is not cut; once the Egress is assigned it still works
+// (it keeps the Node IP until it ends) and new connections leave with the
+// egress IP. Subtest "then unassignable": if the controller reports it
+// cannot assign the Egress, it is failed for good and the flow is cut
+// then, with a reset.
+func TestNewEgressKeepsOpenFlows(t *testing.T) {
+	for _, fm := range families {
+		for _, then := range []string{"assigned", "unassignable"} {
+			t.Run(fm.name+"/then "+then, func(t *testing.T) {
+				f := newFixture(t)
+				gw, pod := f.c.Nodes[0], f.c.Nodes[2].Pods[0]
+				f.apply(nil)
+				ctx := ctxT(t, 30*time.Second)
+				ext, extR := echoSession(ctx, t, pod, fm.ext)
+				t.Cleanup(func() { _ = ext.Close() })
+				if err := echo(ext, extR, "before"); err != nil {
+					t.Fatalf("echo before the Egress: %v", err)
+				}
+
+				f.apply([]spec{{name: "new", v6: fm.v6, policy: datapath.FailurePolicyFail, members: []*dp.Pod{pod}, assigning: true}})
+				if err := echo(ext, extR, "assigning"); err != nil {
+					t.Errorf("the open connection broke while the new Egress was being assigned: %v", err)
+				}
+				if src, err := dp.TCPWho(ctx, &pod.NS, fm.ext); err == nil {
+					t.Errorf("a new connection left with %s while the Egress had no Node (failurePolicy Fail)", src)
+				} else if !errors.Is(err, unix.EHOSTUNREACH) {
+					t.Errorf("new connection while assigning: %v, want EHOSTUNREACH", err)
+				}
+
+				if then == "unassignable" {
+					f.apply([]spec{{name: "new", v6: fm.v6, policy: datapath.FailurePolicyFail, members: []*dp.Pod{pod}}})
+					if err := echo(ext, extR, "failed"); !errors.Is(err, unix.ECONNRESET) {
+						t.Errorf("open connection once the Egress is failed for good: %v, want ECONNRESET", err)
+					}
+					return
+				}
+				f.apply([]spec{{name: "new", ip: fm.eip, node: gw, policy: datapath.FailurePolicyFail, members: []*dp.Pod{pod}}})
+				if err := echo(ext, extR, "assigned"); err != nil {
+					t.Errorf("the open connection broke once the Egress was assigned: %v", err)
+				}
+				src, err := dp.TCPWho(ctx, &pod.NS, fm.ext)
+				if err != nil || src != fm.eip {
+					t.Errorf("new connection after assignment left with %s (%v), want %s", src, err, fm.eip)
+				}
+				if err := echo(ext, extR, "still"); err != nil {
+					t.Errorf("the open connection broke after a new one: %v", err)
+				}
+			})
+		}
+	}
+}

@@ -17,6 +17,11 @@ type spec struct {
 	node    *dp.Node   // nil: no egress Node
 	policy  datapath.FailurePolicy
 	members []*dp.Pod
+	// assigning: no Node yet because the controller has not assigned
+	// the Egress for the first time (datapath.Egress.Assigning).
+	assigning bool
+	// v6 gives the family when ip is invalid (the pool's family).
+	v6 bool
 }
 
 // fixture is a harness cluster with a Datapath on every Node.
@@ -71,7 +76,7 @@ func (f *fixture) open(n *dp.Node) {
 func (f *fixture) stateFor(n *dp.Node, specs []spec) datapath.State {
 	st := datapath.State{NodeIPs: f.c.NodeIPs(), ClusterCIDRs: f.c.ClusterCIDRs()}
 	for _, s := range specs {
-		v6 := s.ip.IsValid() && s.ip.Is6()
+		v6 := s.v6 || (s.ip.IsValid() && s.ip.Is6())
 		e := datapath.Egress{Name: s.name, IP: s.ip, FailurePolicy: s.policy}
 		if e.FailurePolicy == "" {
 			e.FailurePolicy = datapath.FailurePolicyFail
@@ -90,6 +95,7 @@ func (f *fixture) stateFor(n *dp.Node, specs []spec) datapath.State {
 			e.Role = datapath.RoleNone
 		case s.node == nil || !s.ip.IsValid():
 			e.Role = datapath.RoleFailed
+			e.Assigning = s.assigning
 		default:
 			e.Role = datapath.RoleSource
 		}

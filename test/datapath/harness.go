@@ -482,11 +482,13 @@ func (c *Cluster) NodeIPs() []netip.Addr {
 	return out
 }
 
-// BindEIP puts an egress IP on a Node's uplink (/32 or /128, no DAD).
+// BindEIP puts an egress IP on a Node's uplink the way the agent's bind
+// package does: /32 of scope host, or /128 without DAD and deprecated
+// (preferred lifetime 0), no prefix route.
 func (c *Cluster) BindEIP(n *Node, ip netip.Addr) error {
-	args := []string{"addr", "add", ip.String() + "/32", "dev", n.Uplink}
+	args := []string{"addr", "add", ip.String() + "/32", "dev", n.Uplink, "scope", "host", "noprefixroute"}
 	if ip.Is6() {
-		args = []string{"addr", "add", ip.String() + "/128", "dev", n.Uplink, "nodad"}
+		args = []string{"addr", "add", ip.String() + "/128", "dev", n.Uplink, "nodad", "noprefixroute", "preferred_lft", "0"}
 	}
 	_, err := n.IP(args...)
 	return err

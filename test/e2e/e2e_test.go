@@ -78,9 +78,19 @@ func run(m *testing.M) int {
 	cfg := harness.Config{Prefix: prefix, Nodes: 3, BinDir: bin, Datapath: true, Pods: []harness.PodTemplate{
 		{Namespace: "e2e-pay", NamespaceLabels: map[string]string{"team": "e2e-pay"}, Name: "pay", Labels: map[string]string{"app": "pay"}},
 		{Namespace: "e2e-other", NamespaceLabels: map[string]string{"team": "e2e-other"}, Name: "other", Labels: map[string]string{"app": "other"}},
-	}}
+	}, RecordNodes: []int{1}} // n1 in forced-fallback mode (TestFallbackNode)
 	if log != nil {
 		cfg.Log = log
+	}
+	// Every process's log in a file of its own, as the demo keeps them
+	// (TestLogFiles); E2E_LOG_DIR keeps them after the run.
+	cfg.LogDir = os.Getenv("E2E_LOG_DIR")
+	if cfg.LogDir == "" {
+		if cfg.LogDir, err = os.MkdirTemp("", "egressip-e2e-logs-"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer func() { _ = os.RemoveAll(cfg.LogDir) }()
 	}
 	c, err = harness.Start(context.Background(), cfg)
 	if err != nil {
@@ -304,7 +314,13 @@ func TestAgentSurgeUpdate(t *testing.T) {
 func agentReplacedInPlace(t *testing.T, name, what string, replace func(n *harness.Node)) {
 	t.Helper()
 	newEgress(t, name, "office-egress", "")
-	e := waitReady(t, name)[name]
+	replacedInPlace(t, waitReady(t, name)[name], what, replace)
+}
+
+// replacedInPlace is agentReplacedInPlace for an Egress e that is Ready.
+func replacedInPlace(t *testing.T, e *v1.Egress, what string, replace func(n *harness.Node)) {
+	t.Helper()
+	name := e.Name
 	ip := netip.MustParseAddr(e.Status.EgressIP)
 	n := c.Node(e.Status.EgressNode)
 	w, err := c.WatchARP(ip, 20*time.Millisecond)
@@ -412,4 +428,39 @@ func TestMetricsDocumented(t *testing.T) {
 		}
 	}
 	t.Logf("%d documented metrics, all served (%d endpoints scraped)", len(documented), len(endpoints))
+}
+
+// TestLogFiles checks the files the demo names in --keep mode: one per
+// process (controller, kube-apiserver, etcd, each agent), each holding that
+// process's own output.
+func TestLogFiles(t *testing.T) {
+	files := c.LogFiles()
+	want := map[string]string{ // a line each process writes at start
+		harness.LogController: "Starting manager",
+		harness.LogAPIServer:  "",
+		harness.LogEtcd:       `"msg":`,
+	}
+	for _, n := range c.Nodes {
+		want[n.Name] = "datapath on"
+	}
+	if len(files) != len(want) {
+		t.Errorf("LogFiles names %d files, want %d: %v", len(files), len(want), files)
+	}
+	for name, sub := range want {
+		p := files[name]
+		if p == "" {
+			t.Errorf("no log file for %s", name)
+			continue
+		}
+		ok := harness.WaitFor(context.Background(), 10*time.Second, func() bool {
+			b, err := os.ReadFile(p)
+			return err == nil && len(b) > 0 && strings.Contains(string(b), sub)
+		})
+		b, _ := os.ReadFile(p)
+		if !ok {
+			t.Errorf("%s: log %s holds %d bytes, want a line containing %q", name, p, len(b), sub)
+			continue
+		}
+		t.Logf("%-16s %s: %d bytes", name, p, len(b))
+	}
 }

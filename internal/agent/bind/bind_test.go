@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if path := os.Getenv(crashHelperEnvNS); path != "" {
 		crashHelper(path, os.Getenv(crashHelperEnvIPs))
 	}
+	if spec := os.Getenv(fallbackHelperEnv); spec != "" {
+		fallbackHelper(spec)
+	}
 	os.Exit(m.Run())
 }
 

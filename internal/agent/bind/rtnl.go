@@ -15,8 +15,9 @@ import (
 // Netlink attribute and devconf numbers that golang.org/x/sys/unix does not
 // (yet) name. Both are stable kernel UAPI.
 const (
-	// ifaProto is IFA_PROTO from include/uapi/linux/if_addr.h (Linux 6.3+):
-	// a u8 recording which protocol/daemon installed an address.
+	// ifaProto is IFA_PROTO from include/uapi/linux/if_addr.h (Linux 5.18+,
+	// commit 47f0bd503210): a u8 recording which protocol/daemon installed
+	// an address. Older kernels ignore it (beyond their IFA_MAX).
 	ifaProto = 11
 	// ipv4DevconfPromoteSecondaries is IPV4_DEVCONF_PROMOTE_SECONDARIES from
 	// include/uapi/linux/ip.h, the index used inside IFLA_INET_CONF.
@@ -87,7 +88,17 @@ func addrMsg(req *nl.NetlinkRequest, a kernelAddr) {
 // addAddr creates the address exclusively (NLM_F_EXCL): an existing identical
 // address makes it fail with EEXIST instead of being silently "adopted".
 func (r *rtnl) addAddr(a kernelAddr) error {
-	req := r.request(unix.RTM_NEWADDR, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+	return r.newAddr(a, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+}
+
+// replaceAddr updates an existing address in place (NLM_F_REPLACE, no
+// NLM_F_CREATE: it fails with ENOENT/EADDRNOTAVAIL rather than create one).
+func (r *rtnl) replaceAddr(a kernelAddr) error {
+	return r.newAddr(a, unix.NLM_F_REPLACE|unix.NLM_F_ACK)
+}
+
+func (r *rtnl) newAddr(a kernelAddr, flags int) error {
+	req := r.request(unix.RTM_NEWADDR, flags)
 	addrMsg(req, a)
 	req.AddData(nl.NewRtAttr(unix.IFA_FLAGS, nl.Uint32Attr(a.Flags)))
 	if a.Proto != 0 {

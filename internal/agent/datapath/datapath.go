@@ -44,12 +44,21 @@ type Datapath struct {
 	eips  map[string]netip.Addr
 	// members is the programmed member classification (Plan.Members).
 	members map[netip.Addr]uint32
+	// assigning holds the Egresses last applied with Assigning set (in
+	// memory only: after a restart none is taken for assigning).
+	assigning map[string]bool
 	// applied is the last Plan applied; nil until the first Apply, which
 	// then reconciles against the kernel rather than memory.
 	applied *Plan
 	// rejected holds the rejected-packet counts harvested from tables that
 	// a later Apply replaced, by Egress name.
 	rejected map[string]uint64
+	// refused are the Egresses whose part of the table the kernel refused
+	// in the last Apply, by name (see isolate).
+	refused map[string]refusal
+	// rulesetHook, when set (tests only), edits every Ruleset before it is
+	// sent to the kernel: the way to make the kernel refuse one Egress.
+	rulesetHook func(*Ruleset)
 }
 
 // New opens the datapath of the namespace ns (netns.None(): the current
@@ -146,8 +155,8 @@ func (d *Datapath) Close() error {
 	return nil
 }
 
-func (d *Datapath) nft() (*nftables.Conn, error) {
-	var opts []nftables.ConnOption
+func (d *Datapath) nft(extra ...nftables.ConnOption) (*nftables.Conn, error) {
+	opts := extra
 	if d.ns.IsOpen() {
 		opts = append(opts, nftables.WithNetNSFd(int(d.ns)))
 	}
@@ -250,15 +259,50 @@ func (d *Datapath) IDs() IDs {
 // changed and every egress IP released here. Applying the same State
 // again changes nothing. When IDs run out it programs the Egresses that
 // have one and returns an error wrapping ErrTooManyEgresses.
+//
+// When the kernel refuses the table, Apply finds the Egresses whose part
+// is refused on its own (isolate), programs every other Egress, and
+// returns a *RefusedError (wrapping ErrEgressRefused) naming them: one
+// Egress never stops the others. A refused Egress with FailurePolicyFail
+// keeps the rejection of its local Pods' traffic where the kernel takes
+// that much. A refused Egress is tried again once it changes.
 func (d *Datapath) Apply(ctx context.Context, st State) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	logger := logr.FromContextOrDiscard(ctx).WithName("datapath")
-	plan, buildErr := Build(d.cfg, st, d.ids)
+	d.resolveKeys(st)
+	// Egresses the kernel refused before and that have not changed since
+	// are left out (or reduced to their rejection) up front; a changed
+	// one is tried again.
+	kept, refused := d.withoutRefused(st)
+	plan, buildErr := d.build(kept)
 	if buildErr != nil && !errors.Is(buildErr, ErrTooManyEgresses) {
 		return buildErr
 	}
-	if err := d.program(ctx, plan); err != nil {
+	err := d.program(ctx, plan)
+	if _, isTable := errors.AsType[*tableError](err); isTable {
+		// One Egress's part may be what the kernel refuses: find the
+		// Egresses whose part fails on its own, program the others.
+		bad, ierr := d.isolate(kept)
+		if ierr != nil || len(bad) == 0 {
+			d.applied = nil
+			return errors.Join(err, ierr)
+		}
+		for n, e := range bad {
+			if i := slices.IndexFunc(st.Egresses, func(x Egress) bool { return x.Name == n }); i >= 0 {
+				e.egress = st.Egresses[i]
+			}
+			refused[n] = e
+			logger.Error(e.err, "the kernel refuses this Egress's part of the datapath; the other Egresses are programmed without it", "egress", n)
+		}
+		kept = d.fallback(st, refused)
+		plan, buildErr = d.build(kept)
+		if buildErr != nil && !errors.Is(buildErr, ErrTooManyEgresses) {
+			return buildErr
+		}
+		err = d.program(ctx, plan)
+	}
+	if err != nil {
 		// Part of the plan may be in place: reconcile against the kernel
 		// next time rather than against memory.
 		d.applied = nil
@@ -273,7 +317,9 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 		logger.Info("conntrack entries deleted after role changes", "entries", n)
 	}
 	d.ids, d.roles, d.eips, d.members, d.applied = plan.IDs, plan.Roles, plan.EIPs, plan.Members, &plan
-	return buildErr
+	d.assigning = assigningOf(st)
+	d.refused = refused
+	return errors.Join(buildErr, refusedError(refused))
 }
 
 // program writes the device, the table (when changed), routes and rules.
@@ -352,7 +398,7 @@ func (d *Datapath) writeTable(plan Plan) error {
 	if err := d.harvest(); err != nil {
 		return err
 	}
-	c, err := d.nft()
+	c, err := d.nft(sendBuffer(plan.NFT))
 	if err != nil {
 		return err
 	}
@@ -360,31 +406,40 @@ func (d *Datapath) writeTable(plan Plan) error {
 	c.AddTable(t)
 	c.DelTable(t)
 	c.AddTable(t)
-	for _, sc := range plan.NFT.Sets {
+	if err := fillTable(c, t, plan.NFT); err != nil {
+		return err
+	}
+	if err := c.Flush(); err != nil {
+		return &tableError{fmt.Errorf("replace nftables table inet %s: %w", t.Name, err)}
+	}
+	return nil
+}
+
+// fillTable adds the content of nft to the batch of c, in table t. It
+// fails (with a *tableError) when a set or its elements cannot be encoded.
+func fillTable(c *nftables.Conn, t *nftables.Table, nft Ruleset) error {
+	for _, sc := range nft.Sets {
 		s := sc.Set
 		s.Table = t
 		if err := c.AddSet(&s, nil); err != nil {
-			return fmt.Errorf("nftables set %s: %w", s.Name, err)
+			return &tableError{fmt.Errorf("nftables set %s: %w", s.Name, err)}
 		}
 		for i := 0; i < len(sc.Elements); i += setChunk {
 			if err := c.SetAddElements(&s, sc.Elements[i:min(i+setChunk, len(sc.Elements))]); err != nil {
-				return fmt.Errorf("nftables set %s: %w", s.Name, err)
+				return &tableError{fmt.Errorf("nftables set %s: %w", s.Name, err)}
 			}
 		}
 	}
-	for _, n := range plan.NFT.Counters {
+	for _, n := range nft.Counters {
 		c.AddObj(&nftables.NamedObj{Table: t, Name: n, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
 	}
-	for _, cc := range plan.NFT.Chains {
+	for _, cc := range nft.Chains {
 		ch := cc.Chain
 		ch.Table = t
 		c.AddChain(&ch)
 		for _, r := range cc.Rules {
 			c.AddRule(&nftables.Rule{Table: t, Chain: &ch, Exprs: r})
 		}
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("replace nftables table inet %s: %w", d.cfg.TableName, err)
 	}
 	return nil
 }
@@ -672,10 +727,13 @@ func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 func (d *Datapath) cleanConntrack(plan Plan, st State) (uint, error) {
 	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}, left: map[netip.Addr]uint32{}, joinedFailed: map[netip.Addr]bool{}}
 	// failed: marks of Egresses rejected here, true when that began now.
+	// An Egress waiting for its first assignment does not count: flows
+	// that predate it are not cut (they are once it is failed for good).
 	failed := map[uint32]bool{}
+	assigning := assigningOf(st)
 	for name, role := range plan.Roles {
-		if role == RoleFailed {
-			failed[d.cfg.Mark(plan.IDs[name])] = d.roles[name] != RoleFailed || d.ids[name] != plan.IDs[name]
+		if role == RoleFailed && !assigning[name] {
+			failed[d.cfg.Mark(plan.IDs[name])] = d.roles[name] != RoleFailed || d.ids[name] != plan.IDs[name] || d.assigning[name]
 		}
 	}
 	for ip, mark := range plan.Members {
@@ -718,6 +776,18 @@ func (d *Datapath) cleanConntrack(plan Plan, st State) (uint, error) {
 		}
 	}
 	return total, nil
+}
+
+// assigningOf returns the Egresses of st under RoleFailed that wait for
+// their first assignment (Egress.Assigning).
+func assigningOf(st State) map[string]bool {
+	m := map[string]bool{}
+	for _, e := range st.Egresses {
+		if e.Role == RoleFailed && e.Assigning {
+			m[e.Name] = true
+		}
+	}
+	return m
 }
 
 // Teardown removes everything the datapath owns: the nftables table, the
@@ -765,6 +835,6 @@ func (d *Datapath) Teardown(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("delete %s: %w", d.cfg.TunnelDevice, err))
 		}
 	}
-	d.applied, d.ids, d.roles, d.eips, d.members = nil, IDs{}, map[string]Role{}, map[string]netip.Addr{}, map[netip.Addr]uint32{}
+	d.applied, d.ids, d.roles, d.eips, d.members, d.refused = nil, IDs{}, map[string]Role{}, map[string]netip.Addr{}, map[netip.Addr]uint32{}, nil
 	return errors.Join(errs...)
 }

@@ -29,7 +29,8 @@ const (
 	mapRemote  = "remote"  // remote member IP -> ct mark (ID|FromTunnel)
 	mapSNAT    = "snat"    // ct mark (ID) -> egress IP held here
 	setFailed  = "failed"  // ct marks (ID) of Egresses whose traffic is rejected
-	// setIDs holds every assigned ID's mark with the comment "<role>/<name>":
+	// setIDs holds every assigned ID's mark with the comment "<role>/<key>"
+	// (idComment: the name, or a digest of a name too long for a comment):
 	// how a restarted agent reads its IDs back.
 	setIDs = "ids"
 
@@ -222,7 +223,7 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 	seenLocal, seenRemote := map[netip.Addr]bool{}, map[netip.Addr]bool{}
 	for _, e := range plans {
 		mark := cfg.Mark(e.id)
-		b.sets[setIDs].Elements = append(b.sets[setIDs].Elements, nftables.SetElement{Key: native(mark), Comment: roleWord[e.role] + "/" + e.Name})
+		b.sets[setIDs].Elements = append(b.sets[setIDs].Elements, nftables.SetElement{Key: native(mark), Comment: idComment(e.role, e.Name)})
 		f := families[0]
 		if e.v6 {
 			f = families[1]
@@ -274,7 +275,10 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 	}
 	for _, s := range b.sets {
 		if !s.Set.Interval {
+			// Egresses may share an egress IP: one element per key, as
+			// the kernel keeps it.
 			slices.SortFunc(s.Elements, func(x, y nftables.SetElement) int { return slices.Compare(x.Key, y.Key) })
+			s.Elements = slices.CompactFunc(s.Elements, func(x, y nftables.SetElement) bool { return slices.Equal(x.Key, y.Key) })
 		}
 	}
 }

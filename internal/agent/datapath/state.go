@@ -53,6 +53,14 @@ type Egress struct {
 	Role Role
 	// FailurePolicy applies when Role is RoleFailed.
 	FailurePolicy FailurePolicy
+	// Assigning is set with RoleFailed while the Egress waits for its
+	// first assignment (the controller has not decided on an IP and a Node
+	// yet, for about a pass). New flows of its members follow
+	// FailurePolicy, but the flows they opened before it existed are not
+	// cut: they keep the Node IP until they end, as for a working Egress.
+	// Once the controller reports it cannot assign it, it is failed like
+	// any other and those flows are cut then.
+	Assigning bool
 	// Local are members running on this Node.
 	Local []netip.Addr
 	// Remote are members on other Nodes; set only when Role is RoleEgress.

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/report"
 
 	"github.com/egressip/egressip/test/e2e/harness"
 )
@@ -38,6 +40,7 @@ func main() {
 	nodes := fs.Int("nodes", 3, "number of Nodes (network namespaces), 2..9")
 	keep := fs.Bool("keep", false, "keep the cluster running after the demo until Ctrl-C (prints the kubectl command to reach it)")
 	verbose := fs.Bool("verbose", false, "show the logs of the controller and the agents")
+	logDir := fs.String("log-dir", "", "write each process's log (controller, agents, kube-apiserver, etcd) to a file in this directory; with --keep and no --log-dir, a new directory under $TMPDIR")
 	binDir := fs.String("bin-dir", "bin", "directory with egressip-controller and egressip-agent")
 	samples := fs.String("samples", "config/samples", "directory with the sample pools and Egresses")
 	kubectl := fs.String("kubectl", "", "kubectl binary that shows the objects (default: bin/k8s/*/kubectl, else kubectl on PATH)")
@@ -58,7 +61,18 @@ func main() {
 	if *verbose {
 		logw = os.Stderr
 	}
-	err := d.run(harness.Config{Prefix: "egdemo", Nodes: *nodes, BinDir: abs(*binDir), Log: logw, Datapath: true, Pods: demoPods}, abs(*samples), *keep)
+	dir := *logDir
+	if dir == "" && *keep {
+		var err error
+		if dir, err = os.MkdirTemp("", "egressip-demo-logs-"); err != nil {
+			fmt.Fprintln(os.Stderr, "demo:", err)
+			os.Exit(1)
+		}
+	}
+	if dir != "" {
+		dir = abs(dir)
+	}
+	err := d.run(harness.Config{Prefix: "egdemo", Nodes: *nodes, BinDir: abs(*binDir), Log: logw, LogDir: dir, Datapath: true, Pods: demoPods}, abs(*samples), *keep)
 	switch {
 	case err != nil && ctx.Err() != nil:
 		fmt.Fprintln(os.Stderr, "demo: interrupted; everything it started is removed")
@@ -100,6 +114,9 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 		fmt.Printf("   Pod %-32s %-14s %-18s behind Node %s\n", p.Namespace+"/"+p.Name, p.IPv4, p.IPv6, p.Node.Name)
 	}
 	fmt.Printf("   up in %v\n", time.Since(start).Round(time.Millisecond))
+	if cfg.LogDir != "" {
+		fmt.Printf("   logs of every process in %s (controller.log, kube-apiserver.log, etcd.log, one per agent: %s.log, ...)\n", cfg.LogDir, c.Nodes[0].Name)
+	}
 
 	d.say("Applying the sample pools and Egresses from %s", samples)
 	var created time.Time
@@ -160,10 +177,53 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 		d.say("The cluster stays up until Ctrl-C. Try:")
 		fmt.Printf("   ip netns exec egdemo %s --kubeconfig %s get egress -o wide\n", d.kubectlPath(), c.Kubeconfig)
 		fmt.Printf("   (the API server listens on %s inside namespace egdemo)\n", harness.BridgeV4)
+		d.endpoints(crashed)
 		<-d.ctx.Done()
+		if cfg.LogDir != "" {
+			fmt.Printf("\n   the logs stay in %s\n", cfg.LogDir)
+		}
 	}
 	d.say("Cleaning up (processes, namespaces, bridge)")
 	return nil
+}
+
+// endpoints prints where the processes' metrics, reports and logs are.
+// Everything is plain HTTP, reachable from namespace egdemo (the bridge):
+// the controller's metrics on its loopback, each agent's metrics
+// (AgentMetricsPort) and report (report.DefaultPort, what the controller
+// polls) on its Node's address. docs/metrics.md describes them.
+func (d *demo) endpoints(down *harness.Node) {
+	fmt.Println("\n   Metrics and reports (plain HTTP; run from namespace egdemo, e.g. ip netns exec egdemo curl -s URL):")
+	fmt.Printf("   %-16s metrics http://%s/metrics\n", "controller", harness.ControllerMetricsAddr)
+	for _, n := range d.c.Nodes {
+		note := ""
+		if n == down {
+			note = "  (crashed above: link down, no agent)"
+		}
+		fmt.Printf("   %-16s metrics http://%s/metrics   report http://%s/report%s\n", "agent "+n.Name,
+			netip.AddrPortFrom(n.IPv4, harness.AgentMetricsPort), netip.AddrPortFrom(n.IPv4, report.DefaultPort), note)
+	}
+	fmt.Println("   for example: ip netns exec egdemo curl -s http://" + harness.ControllerMetricsAddr + "/metrics | grep ^egressip_controller_egresses")
+	files := d.c.LogFiles()
+	if files == nil {
+		return
+	}
+	fmt.Println("\n   Logs (standard output and error of each process; tail -f to follow):")
+	for _, name := range append([]string{harness.LogController, harness.LogAPIServer, harness.LogEtcd}, nodeNames(d.c)...) {
+		label := name
+		if !slices.Contains([]string{harness.LogController, harness.LogAPIServer, harness.LogEtcd}, name) {
+			label = "agent " + name
+		}
+		fmt.Printf("   %-16s %s\n", label, files[name])
+	}
+}
+
+func nodeNames(c *harness.Cluster) []string {
+	names := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		names[i] = n.Name
+	}
+	return names
 }
 
 // failurePolicy creates a pool whose nodeSelector matches no Node and an

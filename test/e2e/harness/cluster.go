@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -56,6 +57,11 @@ type Config struct {
 	BinDir string
 	// Log receives the processes' output; nil discards it.
 	Log io.Writer
+	// LogDir, when set, also receives each process's standard output and
+	// error in a file of its own (see LogFiles): the controller, every
+	// agent, kube-apiserver and etcd. The files are appended to across
+	// restarts and outlive the cluster.
+	LogDir string
 	// ControllerArgs are extra flags for egressip-controller.
 	ControllerArgs []string
 	// Datapath runs the agents with --datapath=true (Pod CIDRs from the
@@ -64,6 +70,11 @@ type Config struct {
 	// Pods are run on every Node, behind a stand-in CNI, with an external
 	// server (ExtV4, ExtV6) that reports the source address it sees.
 	Pods []PodTemplate
+	// RecordNodes are the numbers (1..Nodes) of the Nodes whose agent runs
+	// in forced-fallback mode (--address-ownership=record: as on a kernel
+	// without IFA_PROTO); the others run in the default mode, auto. Every
+	// agent has an ownership record of its own (Node.Record).
+	RecordNodes []int
 }
 
 // Node is one Node: a network namespace with an agent.
@@ -72,6 +83,11 @@ type Node struct {
 	IPv4 netip.Addr
 	IPv6 netip.Addr
 	MAC  net.HardwareAddr
+	// Record is the path of the agent's ownership record.
+	Record string
+	// ForcedFallback: the agent runs with --address-ownership=record
+	// (Config.RecordNodes).
+	ForcedFallback bool
 
 	mu        sync.Mutex
 	agent     *exec.Cmd
@@ -95,6 +111,8 @@ type Cluster struct {
 
 	dir            string
 	agentConfig    string
+	logMu          sync.Mutex
+	logFiles       map[string]*os.File
 	mu             sync.Mutex
 	controller     *exec.Cmd
 	controllerDone chan struct{}
@@ -122,7 +140,13 @@ func Start(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := c.network(); err != nil {
 		return nil, err
 	}
-	c.Env, err = testenv.Start(testenv.WithWebhooks(), testenv.WithAPIServerAddress(BridgeV4.String()))
+	if cfg.LogDir != "" {
+		if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+			return nil, fmt.Errorf("log directory: %w", err)
+		}
+	}
+	c.Env, err = testenv.Start(testenv.WithWebhooks(), testenv.WithAPIServerAddress(BridgeV4.String()),
+		testenv.WithControlPlaneOutput(c.output(LogAPIServer), c.output(LogEtcd)))
 	if err != nil {
 		return nil, err
 	}
@@ -199,6 +223,8 @@ func (c *Cluster) network() error {
 			return err
 		}
 		n.MAC = mac
+		n.Record = filepath.Join(c.dir, n.Name+"-ownership.json")
+		n.ForcedFallback = slices.Contains(c.Config.RecordNodes, i)
 		c.Nodes = append(c.Nodes, n)
 	}
 	_, err := c.host(c.ClientNS, "vethc", ClientV4, ClientV6)
@@ -303,7 +329,8 @@ func (c *Cluster) StartController() error {
 		"--webhook-cert-path", wo.CertDir, "--webhook-port", strconv.Itoa(wo.Port),
 	}, c.Config.ControllerArgs...)
 	cmd := exec.Command(filepath.Join(c.Config.BinDir, "egressip-controller"), args...)
-	cmd.Stdout, cmd.Stderr = prefixed(c.Config.Log, "controller"), prefixed(c.Config.Log, "controller")
+	cmd.Stdout = c.output(LogController)
+	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start egressip-controller: %w", err)
 	}
@@ -331,10 +358,15 @@ func (c *Cluster) StartAgent(n *Node) error {
 	cmd := exec.Command("ip", "netns", "exec", n.Name, filepath.Join(c.Config.BinDir, "egressip-agent"),
 		"--kubeconfig", c.agentConfig, "--node-name", n.Name, "--health-probe-bind-address", "0",
 		"--metrics-bind-address", fmt.Sprintf(":%d", AgentMetricsPort))
+	cmd.Args = append(cmd.Args, "--ownership-record="+n.Record)
+	if n.ForcedFallback {
+		cmd.Args = append(cmd.Args, "--address-ownership=record")
+	}
 	if c.Config.Datapath {
 		cmd.Args = append(cmd.Args, "--datapath=true", "--service-cidrs="+ServiceRangeV4.String()+","+ServiceRangeV6.String())
 	}
-	cmd.Stdout, cmd.Stderr = prefixed(c.Config.Log, n.Name), prefixed(c.Config.Log, n.Name)
+	cmd.Stdout = c.output(n.Name)
+	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start agent of %s: %w", n.Name, err)
 	}
@@ -449,6 +481,76 @@ func (c *Cluster) Stop() {
 	if c.dir != "" {
 		_ = os.RemoveAll(c.dir)
 	}
+	c.logMu.Lock()
+	for _, f := range c.logFiles {
+		_ = f.Close()
+	}
+	c.logFiles = nil
+	c.logMu.Unlock()
+}
+
+// Names of the log files in Config.LogDir besides one per agent, named
+// after its Node (<Node>.log).
+const (
+	LogController = "controller"
+	LogAPIServer  = "kube-apiserver"
+	LogEtcd       = "etcd"
+)
+
+// LogFiles returns the log file of each process by name (LogController,
+// LogAPIServer, LogEtcd and each Node's name for its agent), or nil
+// without Config.LogDir.
+func (c *Cluster) LogFiles() map[string]string {
+	if c.Config.LogDir == "" {
+		return nil
+	}
+	m := map[string]string{}
+	for _, name := range append([]string{LogController, LogAPIServer, LogEtcd}, c.nodeNames()...) {
+		m[name] = c.logPath(name)
+	}
+	return m
+}
+
+func (c *Cluster) nodeNames() []string {
+	names := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		names[i] = n.Name
+	}
+	return names
+}
+
+func (c *Cluster) logPath(name string) string {
+	return filepath.Join(c.Config.LogDir, name+".log")
+}
+
+// output is where process name writes: Config.Log with a "[name] " prefix
+// on each line, and its file in Config.LogDir when set (opened once, for
+// appending, so a restarted agent continues its file). A file that cannot
+// be opened is reported on Config.Log and skipped.
+func (c *Cluster) output(name string) io.Writer {
+	w := prefixed(c.Config.Log, name)
+	if c.Config.LogDir == "" {
+		return w
+	}
+	c.logMu.Lock()
+	defer c.logMu.Unlock()
+	f, ok := c.logFiles[name]
+	if !ok {
+		var err error
+		f, err = os.OpenFile(c.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			_, _ = fmt.Fprintf(c.Config.Log, "[%s] log file: %v\n", name, err)
+			return w
+		}
+		if c.logFiles == nil {
+			c.logFiles = map[string]*os.File{}
+		}
+		c.logFiles[name] = f
+	}
+	if w == io.Discard {
+		return f
+	}
+	return io.MultiWriter(w, f)
 }
 
 // prefixed writes each line to w with "[name] " in front.
