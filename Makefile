@@ -68,8 +68,9 @@ vet: ## Run go vet against code.
 	go vet ./...
 
 .PHONY: test
-test: verify-generated vet lint envtest-assets system-tools helm kustomize ## Check generated files, vet, golangci-lint, then run every test with -race (envtest suites on a real kube-apiserver; agent suites in network namespaces, as root).
+test: verify-generated vet lint envtest-assets envtest-assets-oldest system-tools helm kustomize ## Check generated files, vet, golangci-lint, then run every test with -race (envtest suites on a real kube-apiserver; agent suites in network namespaces, as root), then the CRD, webhook and controller suites again on the oldest supported kube-apiserver.
 	KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS_DIR)" go test -race -count=1 $(GO_TEST_FLAGS) ./...
+	$(MAKE) --no-print-directory test-oldest
 
 .PHONY: system-tools
 system-tools: ## Install iproute2 when ip is missing (the agent tests, the e2e suite and the demo use it).
@@ -307,6 +308,42 @@ $(ENVTEST_ASSETS_DIR)/etcd:
 	@mkdir -p "$(@D)"
 	cd "$(ENVTEST_MOD_DIR)" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$@.tmp" go.etcd.io/etcd/server/v3
 	mv "$@.tmp" "$@"
+
+## The oldest supported Kubernetes release (docs/install.md: why this one).
+## `make test` runs the CRD validation, webhook and controller envtest suites
+## against it a second time. Pinned in hack/envtest-oldest/go.mod; etcd is the
+## one built above (the etcd v3 API kube-apiserver uses is stable across them).
+ENVTEST_OLDEST_MOD_DIR := $(shell pwd)/hack/envtest-oldest
+ENVTEST_OLDEST_K8S_VERSION := $(shell awk '$$1 == "require" && $$2 == "k8s.io/kubernetes" { print $$3; exit }' hack/envtest-oldest/go.mod)
+ENVTEST_OLDEST_K8S_MINOR := $(word 2,$(subst ., ,$(ENVTEST_OLDEST_K8S_VERSION)))
+ENVTEST_OLDEST_ASSETS_DIR := $(LOCALBIN)/k8s/$(ENVTEST_OLDEST_K8S_VERSION:v%=%)-etcd$(ENVTEST_ETCD_VERSION:v%=%)
+## The packages whose envtest suites concern the CRDs, the webhook and the
+## controller; the agent suites (netlink) are not repeated.
+ENVTEST_OLDEST_PKGS ?= ./api/... ./internal/controller/... ./internal/webhook/...
+ENVTEST_OLDEST_APISERVER_LDFLAGS := -s -w \
+	-X k8s.io/component-base/version.gitVersion=$(ENVTEST_OLDEST_K8S_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=1 \
+	-X k8s.io/component-base/version.gitMinor=$(ENVTEST_OLDEST_K8S_MINOR) \
+	-X k8s.io/component-base/version.gitTreeState=clean \
+	-X k8s.io/client-go/pkg/version.gitVersion=$(ENVTEST_OLDEST_K8S_VERSION)
+
+.PHONY: envtest-assets-oldest
+envtest-assets-oldest: $(ENVTEST_OLDEST_ASSETS_DIR)/kube-apiserver $(ENVTEST_OLDEST_ASSETS_DIR)/etcd ## Build the oldest supported kube-apiserver for envtest into bin/k8s/ (about 15 minutes the first time, then reused).
+
+$(ENVTEST_OLDEST_ASSETS_DIR)/kube-apiserver:
+	@echo "Building kube-apiserver $(ENVTEST_OLDEST_K8S_VERSION) from source into $(@D) (first time: about 15 minutes)..."
+	@mkdir -p "$(@D)"
+	cd "$(ENVTEST_OLDEST_MOD_DIR)" && CGO_ENABLED=0 go build -trimpath -ldflags "$(ENVTEST_OLDEST_APISERVER_LDFLAGS)" -o "$@.tmp" k8s.io/kubernetes/cmd/kube-apiserver
+	mv "$@.tmp" "$@"
+
+$(ENVTEST_OLDEST_ASSETS_DIR)/etcd: $(ENVTEST_ASSETS_DIR)/etcd
+	@mkdir -p "$(@D)"
+	cp "$<" "$@.tmp"
+	mv "$@.tmp" "$@"
+
+.PHONY: test-oldest
+test-oldest: envtest-assets-oldest ## Run the CRD, webhook and controller envtest suites against the oldest supported kube-apiserver.
+	KUBEBUILDER_ASSETS="$(ENVTEST_OLDEST_ASSETS_DIR)" go test -race -count=1 $(GO_TEST_FLAGS) $(ENVTEST_OLDEST_PKGS)
 
 .PHONY: golangci-lint
 golangci-lint: $(GOLANGCI_LINT) ## Download golangci-lint locally if necessary.

@@ -17,12 +17,14 @@ import (
 	// Client auth plugins (OIDC, exec, ...) for out-of-cluster kubeconfigs.
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 
+	"github.com/vishvananda/netns"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/agent/kernel"
 	"github.com/egressip/egressip/internal/healthprobe"
 	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/podstart/cniapi"
@@ -175,6 +177,17 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	o.REST = cfg
+	// Kernel features, probed before anything is programmed (package
+	// kernel; docs/agent.md has the table). A missing datapath feature
+	// keeps the datapath off; the bindings still run.
+	kc, err := probeKernel(o.NetNSPath, withDatapath)
+	if err != nil {
+		log.Error(err, "cannot probe the kernel")
+		return 1
+	}
+	if withDatapath && kc.Decision().Refused(kernel.PartDatapath) {
+		withDatapath = false
+	}
 	if withDatapath {
 		dc := datapath.DefaultConfig()
 		dc.Uplink = cmp.Or(dpUplink, o.Interface)
@@ -191,6 +204,9 @@ func run(args []string, stderr io.Writer) int {
 		}
 		defer func() { _ = eng.Close() }()
 		o.Datapath = eng
+		if dc.RejectQueue >= 0 {
+			kc.SetRejectQueueForm(eng.RejectQueueForm())
+		}
 		if hostStackCheck {
 			hc, err := agent.NewHostCheck(o.NetNSPath)
 			if err != nil {
@@ -215,11 +231,28 @@ func run(args []string, stderr io.Writer) int {
 			"serviceCIDRs", cmp.Or(svcCIDRs.String(), "ServiceCIDR objects"), "excludeCIDRs", excls.String(),
 			"cniSocket", cniSocket, "cniConfDir", cniConfDir)
 	}
+	o.Kernel = agent.RecordKernel(ctrl.Log.WithName("kernel"), kc.Decision())
 	if err := agent.Run(ctrl.SetupSignalHandler(), o); err != nil {
 		log.Error(err, "agent failed")
 		return 1
 	}
 	return 0
+}
+
+// probeKernel probes the kernel features of the agent's parts in the
+// namespace at nsPath (empty: the agent's own). It fails only when the
+// namespace cannot be opened.
+func probeKernel(nsPath string, withDatapath bool) (*agent.KernelCheck, error) {
+	ns := netns.None()
+	if nsPath != "" {
+		h, err := netns.GetFromPath(nsPath)
+		if err != nil {
+			return nil, fmt.Errorf("open network namespace %s: %w", nsPath, err)
+		}
+		defer func() { _ = h.Close() }()
+		ns = h
+	}
+	return agent.ProbeKernel(kernel.NewProber(ns, kernel.Options{}), kernel.Release(), withDatapath), nil
 }
 
 // cidrList is a flag holding comma-separated CIDRs; a nil list means the

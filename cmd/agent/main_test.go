@@ -27,6 +27,7 @@ import (
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/agent/kernel"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/testenv"
 )
@@ -506,5 +507,50 @@ func stopLeavesBound(t *testing.T, p *agentProc, check *bind.Binder, ip netip.Ad
 	}
 	if !owns(t, check, ip) {
 		t.Fatalf("%s is no longer bound after SIGTERM", ip)
+	}
+}
+
+// TestKernelProbeAgentProcess: the real agent process, with --datapath in
+// a Node namespace, probes the kernel at start: it logs that every feature
+// was found, serves the finding in its report (the kernel release of
+// uname, reason KernelFeaturesPresent) and exports
+// egressip_agent_kernel_feature = 1 for each feature of the table.
+func TestKernelProbeAgentProcess(t *testing.T) {
+	netnstest.RequireRoot(t)
+	env, err := testenv.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Stop() })
+	pair, _ := nodePair(t)
+	rep, health, metrics := freePort(t), freePort(t), freePort(t)
+	p := startAgentProc(t, []string{"NODE_NAME=kprobe-node"},
+		"--kubeconfig", writeKubeconfig(t, env.Config),
+		"--netns", pair.Node.Path, "--datapath", "--datapath-uplink", pair.NodeIf,
+		"--cluster-cidrs", "10.244.0.0/16", "--service-cidrs", "10.96.0.0/12",
+		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
+		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(health),
+		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics))
+	eventually(t, 30*time.Second, "report carries the kernel finding", func() error {
+		r, err := getReport(rep)
+		if err != nil {
+			return err
+		}
+		if r.Kernel == nil || r.Kernel.Release != kernel.Release() || r.Kernel.Reason != report.ReasonKernelFeaturesPresent || len(r.Kernel.Missing) != 0 {
+			return fmt.Errorf("kernel finding %+v", r.Kernel)
+		}
+		return nil
+	})
+	_, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range kernel.Specs {
+		if want := fmt.Sprintf("egressip_agent_kernel_feature{feature=%q} 1", s.Feature); !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if log := p.stderr.String(); !strings.Contains(log, "kernel has every feature probed") {
+		t.Errorf("no kernel log line:\n%s", log)
 	}
 }

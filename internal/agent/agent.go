@@ -105,12 +105,18 @@ type Agent struct {
 	ownStatus atomic.Pointer[report.OwnershipStatus]
 	// refusedEgresses is the datapath's refused Egresses the report serves.
 	refusedEgresses atomic.Pointer[[]report.RefusedEgress]
+	// kernel is the kernel feature finding served in the report (nil: none).
+	kernel atomic.Pointer[report.KernelStatus]
 }
 
 // SetRefusedEgresses sets the Egresses whose datapath this Node's kernel
 // refuses, as the report serves them (Report.RefusedEgresses); nil or empty
 // clears them.
 func (a *Agent) SetRefusedEgresses(rs []report.RefusedEgress) { a.refusedEgresses.Store(&rs) }
+
+// SetKernelStatus sets the kernel feature finding the report serves; nil
+// removes it.
+func (a *Agent) SetKernelStatus(s *report.KernelStatus) { a.kernel.Store(s) }
 
 // SetDatapathStatus sets the datapath finding the report serves; nil
 // removes it.
@@ -226,6 +232,11 @@ func (a *Agent) Report() report.Report {
 	}
 	if rs := a.refusedEgresses.Load(); rs != nil && len(*rs) > 0 {
 		r.RefusedEgresses = slices.Clone(*rs)
+	}
+	if st := a.kernel.Load(); st != nil {
+		c := *st
+		c.Missing = slices.Clone(st.Missing)
+		r.Kernel = &c
 	}
 	r.Sort()
 	return r

@@ -314,6 +314,9 @@ type RunOptions struct {
 	// (and installs it when PodStart.ConfDir is set) so that a new Pod is
 	// classified before it can send; its Gate is the DatapathReconciler.
 	PodStart *podstart.Options
+	// Kernel, when set, is the start-up kernel feature finding
+	// (RecordKernel) served in the report.
+	Kernel *report.KernelStatus
 }
 
 // Run runs the agent until ctx is done: it creates the Agent (New), starts
@@ -374,6 +377,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	if err != nil {
 		return err
 	}
+	a.SetKernelStatus(o.Kernel)
 	defer func() {
 		if cerr := a.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("agent: close: %w", cerr))
@@ -509,7 +513,7 @@ var rejectQueueRetry = wait.Backoff{Duration: time.Second, Factor: 2, Cap: 8 * t
 // only on the retransmitted SYN.
 func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 	log := ctrl.Log.WithName("datapath")
-	if rq.RejectQueueForm() == "none" {
+	if rq.RejectQueueForm() == rejectQueueNone {
 		log.Info("no reject queue (turned off, or the kernel has neither nft_queue nor nft_compat with xt_NFQUEUE): failurePolicy Fail rejects without it")
 		return
 	}

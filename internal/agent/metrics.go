@@ -53,6 +53,10 @@ var (
 		Name: "egressip_agent_refused_ips",
 		Help: "Egress IPs assigned to this Node that the last reconcile did not bind, by cause: status (status.egressIP is not an address the Egress's pool and spec allow) or bind (binding failed, e.g. the address is already on the Node and not egressip's). The report and the Egress's Ready condition say why.",
 	}, []string{"cause"})
+	kernelFeature = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressip_agent_kernel_feature",
+		Help: "Kernel features probed at start: 1 present, 0 missing (docs/agent.md lists them and what happens without each). The feature label is one of package kernel's Feature names.",
+	}, []string{"feature"})
 
 	reconcileDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "egressip_agent_reconcile_duration_seconds",
@@ -63,7 +67,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, refusedIPs, reconcileDuration)
+	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, refusedIPs, kernelFeature, reconcileDuration)
 	for _, c := range []string{refusedStatus, refusedBind} {
 		refusedIPs.WithLabelValues(c)
 	}

@@ -92,8 +92,9 @@ type Liveness struct {
 }
 
 // onDatapathChange makes fn be called, outside the lock, with the name of
-// every Node whose agent's datapath finding (report.Report.Datapath) or
-// ownership status (report.Report.Ownership) changes, and at once for every
+// every Node whose agent's datapath finding (report.Report.Datapath),
+// ownership status (report.Report.Ownership) or kernel finding
+// (report.Report.Kernel) changes, and at once for every
 // Node already known.
 func (l *Liveness) onDatapathChange(fn func(node string)) {
 	l.mu.Lock()
@@ -254,7 +255,8 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 	changed, dpChanged := false, false
 	if hasAddr && err == nil && rep.Node == node {
 		changed = !s.Known || s.Dead || !sameBound(s.Report, rep)
-		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath) || !sameOwnership(s.Report.Ownership, rep.Ownership)
+		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath) || !sameOwnership(s.Report.Ownership, rep.Ownership) ||
+			!s.Report.Kernel.Equal(rep.Kernel)
 		s.Known, s.Dead, s.failures, s.LastSeen, s.Report = true, false, 0, now, rep
 	} else {
 		s.failures++

@@ -36,6 +36,14 @@ const NodeConditionDatapath corev1.NodeConditionType = "EgressDatapathSupported"
 // unreadable, unwritable or missing, with what to do in the message.
 const NodeConditionOwnership corev1.NodeConditionType = "EgressIPOwnershipKnown"
 
+// NodeConditionKernel is the Node condition the controller keeps from each
+// agent's kernel feature probe (report.Report.Kernel): True when every
+// feature probed was found, False with reason
+// report.ReasonKernelFeatureMissing and a message naming the kernel
+// release, the missing features and the parts of the agent degraded or not
+// started (docs/agent.md has the table).
+const NodeConditionKernel corev1.NodeConditionType = "EgressKernelFeatures"
+
 // Event reasons of the Node conditions' transitions.
 const (
 	// EventHostStackBypass (Warning): the condition turned False.
@@ -48,6 +56,9 @@ const (
 	// EventOwnershipKnown (Normal): EgressIPOwnershipKnown turned True
 	// again.
 	EventOwnershipKnown = "OwnershipKnown"
+	// EventKernelFeatureMissing (Warning): EgressKernelFeatures turned
+	// False.
+	EventKernelFeatureMissing = report.ReasonKernelFeatureMissing
 )
 
 // NodeDatapathReconciler mirrors the findings of each agent's report
@@ -92,6 +103,22 @@ func ownershipCondition(st *report.OwnershipStatus) corev1.NodeCondition {
 	return c
 }
 
+// desiredKernelCondition is the condition for a kernel finding (times left
+// zero): False exactly when a feature is missing.
+func desiredKernelCondition(st *report.KernelStatus) corev1.NodeCondition {
+	c := corev1.NodeCondition{Type: NodeConditionKernel, Status: corev1.ConditionTrue, Reason: st.Reason, Message: st.Message}
+	if len(st.Missing) > 0 {
+		c.Status = corev1.ConditionFalse
+	}
+	if c.Reason == "" {
+		c.Reason = report.ReasonKernelFeaturesPresent
+		if len(st.Missing) > 0 {
+			c.Reason = report.ReasonKernelFeatureMissing
+		}
+	}
+	return c
+}
+
 // conditionEvent is the Event for a condition's status change.
 type conditionEvent struct {
 	typ, reason, action, note string
@@ -113,6 +140,9 @@ func transitionEvent(prev *corev1.NodeCondition, want corev1.NodeCondition) (con
 	case want.Type == NodeConditionOwnership && want.Status == corev1.ConditionFalse:
 		return conditionEvent{corev1.EventTypeWarning, EventOwnershipRecordProblem, "CheckOwnership",
 			"the egressip agent cannot tell which addresses on this Node are its own and changes none until this is fixed or cleared: " + want.Message}, true
+	case want.Type == NodeConditionKernel && want.Status == corev1.ConditionFalse:
+		return conditionEvent{corev1.EventTypeWarning, EventKernelFeatureMissing, "ProbeKernel",
+			"The kernel of this Node lacks features egressip uses: " + want.Message}, true
 	case want.Type == NodeConditionOwnership && prev != nil:
 		return conditionEvent{corev1.EventTypeNormal, EventOwnershipKnown, "CheckOwnership",
 			"the egressip agent knows its addresses on this Node again: " + want.Message}, true
@@ -135,6 +165,9 @@ func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	}
 	if st.Report.Ownership != nil {
 		wants = append(wants, ownershipCondition(st.Report.Ownership))
+	}
+	if st.Report.Kernel != nil {
+		wants = append(wants, desiredKernelCondition(st.Report.Kernel))
 	}
 	if len(wants) == 0 {
 		return reconcile.Result{}, nil
@@ -211,8 +244,8 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // mirrored is the Node's conditions this reconciler keeps, without their
 // times, for change detection.
-func mirrored(n *corev1.Node) [2]corev1.NodeCondition {
-	var out [2]corev1.NodeCondition
+func mirrored(n *corev1.Node) [3]corev1.NodeCondition {
+	var out [3]corev1.NodeCondition
 	for _, c := range n.Status.Conditions {
 		c := corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
 		switch c.Type {
@@ -220,6 +253,8 @@ func mirrored(n *corev1.Node) [2]corev1.NodeCondition {
 			out[0] = c
 		case NodeConditionOwnership:
 			out[1] = c
+		case NodeConditionKernel:
+			out[2] = c
 		}
 	}
 	return out

@@ -210,3 +210,55 @@ func TestInvalidSelectorIsReported(t *testing.T) {
 		return meta.FindStatusCondition(e.Status.Conditions, v1.ConditionSelectorValid) == nil, describe(e)
 	})
 }
+
+// TestKernelProbeNodeCondition: an agent's kernel finding becomes the Node
+// condition EgressKernelFeatures: False with the message naming the
+// feature and the kernel release, and a Warning Event; True again when the
+// feature is found (after a kernel upgrade). The datapath condition of the
+// same Node is kept beside it.
+func TestKernelProbeNodeCondition(t *testing.T) {
+	cl := newCluster(t, "kpc", 1, 4)
+	node := "kpc-n1"
+	cond := func(typ corev1.NodeConditionType) (corev1.NodeCondition, bool) {
+		var n corev1.Node
+		if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: node}, &n); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == typ {
+				return c, true
+			}
+		}
+		return corev1.NodeCondition{}, false
+	}
+	msg := "kernel 4.18.0-553.el8_10.x86_64: datapath not started, missing nft-inet-nat (nftables rejected it: operation not supported)"
+	cl.agents[node].setDatapath(&report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: "no eBPF bypass"})
+	cl.agents[node].setKernel(&report.KernelStatus{Release: "4.18.0-553.el8_10.x86_64", Missing: []string{"nft-inet-nat"},
+		Reason: report.ReasonKernelFeatureMissing, Message: msg})
+	cl.eventually("kernel condition False naming the feature and release", func() (bool, string) {
+		c, ok := cond(NodeConditionKernel)
+		return ok && c.Status == corev1.ConditionFalse && c.Reason == report.ReasonKernelFeatureMissing && c.Message == msg, fmt.Sprintf("%+v", c)
+	})
+	cl.eventually("Warning Event", func() (bool, string) {
+		var evs eventsv1.EventList
+		if err := cl.c.List(cl.ctx, &evs); err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range evs.Items {
+			if ev.Regarding.Name == node && ev.Reason == EventKernelFeatureMissing && ev.Type == corev1.EventTypeWarning {
+				return strings.Contains(ev.Note, "nft-inet-nat") && strings.Contains(ev.Note, "4.18.0"), ev.Note
+			}
+		}
+		return false, "no event"
+	})
+	if c, ok := cond(NodeConditionDatapath); !ok || c.Status != corev1.ConditionTrue {
+		t.Errorf("datapath condition beside the kernel one: %+v (present %v)", c, ok)
+	}
+
+	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: report.ReasonKernelFeaturesPresent,
+		Message: "kernel 6.18.44 has every feature probed (11)"})
+	cl.eventually("kernel condition True after the upgrade", func() (bool, string) {
+		c, ok := cond(NodeConditionKernel)
+		return ok && c.Status == corev1.ConditionTrue && c.Reason == report.ReasonKernelFeaturesPresent && strings.Contains(c.Message, "6.18.44"), fmt.Sprintf("%+v", c)
+	})
+}

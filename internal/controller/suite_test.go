@@ -53,6 +53,7 @@ type fakeAgent struct {
 	// instead of bound, as the real agent does for an address it will not
 	// bind.
 	refuse map[netip.Addr]string
+	kernel *report.KernelStatus // served as the report's kernel finding
 }
 
 // setRefused makes the agent refuse ip with msg ("" stops refusing).
@@ -83,6 +84,13 @@ func (a *fakeAgent) setRefusedEgresses(rs []report.RefusedEgress) {
 	a.mu.Unlock()
 }
 
+// setKernel sets the kernel finding the agent serves (nil: none).
+func (a *fakeAgent) setKernel(st *report.KernelStatus) {
+	a.mu.Lock()
+	a.kernel = st
+	a.mu.Unlock()
+}
+
 // setDatapath sets the datapath finding the agent serves (nil: none).
 func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 	a.mu.Lock()
@@ -93,7 +101,7 @@ func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel}
 	for ip := range a.bound {
 		if msg, ok := a.refuse[ip]; ok {
 			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})

@@ -70,6 +70,10 @@ type Report struct {
 	// name, at most MaxRefusedEgresses. The controller turns each one not
 	// Ready, naming the Node.
 	RefusedEgresses []RefusedEgress `json:"refusedEgresses,omitempty"`
+	// Kernel is what the agent's start-up probe of kernel features found
+	// (internal/agent/kernel); nil when it did not probe. The controller
+	// mirrors it in the Node condition EgressKernelFeatures.
+	Kernel *KernelStatus `json:"kernel,omitempty"`
 }
 
 // MaxRefusedMessage bounds RefusedIP.Message, in bytes.
@@ -141,6 +145,38 @@ type RefusedEgress struct {
 	// Message is the kernel's error for the Egress's part, at most
 	// MaxRefusedMessage bytes.
 	Message string `json:"message"`
+}
+
+// Reasons of KernelStatus, also the reasons of the Node condition
+// EgressKernelFeatures.
+const (
+	// ReasonKernelFeaturesPresent: every feature probed was found.
+	ReasonKernelFeaturesPresent = "KernelFeaturesPresent"
+	// ReasonKernelFeatureMissing: a feature is missing; a part of the
+	// agent is degraded or did not start, as the message says.
+	ReasonKernelFeatureMissing = "KernelFeatureMissing"
+)
+
+// KernelStatus is the outcome of the agent's kernel feature probe.
+type KernelStatus struct {
+	// Release is the kernel release (uname -r).
+	Release string `json:"release"`
+	// Missing names the features found missing (the "feature" label of
+	// egressip_agent_kernel_feature); empty when all were found.
+	Missing []string `json:"missing,omitempty"`
+	// Reason is ReasonKernelFeaturesPresent or ReasonKernelFeatureMissing.
+	Reason string `json:"reason"`
+	// Message names the kernel release, each part degraded or not started
+	// and its missing features, at most MaxDatapathMessage bytes.
+	Message string `json:"message"`
+}
+
+// Equal reports whether two kernel findings are equal (nil: none).
+func (k *KernelStatus) Equal(o *KernelStatus) bool {
+	if k == nil || o == nil {
+		return k == o
+	}
+	return k.Release == o.Release && k.Reason == o.Reason && k.Message == o.Message && slices.Equal(k.Missing, o.Missing)
 }
 
 // Reasons of DatapathStatus, also the reasons of the Node condition.
