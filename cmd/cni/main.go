@@ -171,6 +171,13 @@ func copyTo(dir string) error {
 	return nil
 }
 
+// supportedVersions are the CNI spec versions the plugin accepts. 0.3.x
+// stays in because the stock configuration lists of widely used main
+// plugins (flannel, Calico) still declare cniVersion 0.3.1, and a chained
+// plugin must accept its list's version or every Pod start on the Node
+// fails; CHECK needs 0.4.0 or later (the library refuses it below).
+var supportedVersions = []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"}
+
 func main() {
 	if len(os.Args) == 3 && os.Args[1] == "copy-to" && os.Getenv("CNI_COMMAND") == "" {
 		if err := copyTo(os.Args[2]); err != nil {
@@ -181,6 +188,6 @@ func main() {
 		return
 	}
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck},
-		version.PluginSupports("0.4.0", "1.0.0", "1.1.0"),
+		version.PluginSupports(supportedVersions...),
 		"egressip-cni: classifies a new Pod for egressip before it can send")
 }

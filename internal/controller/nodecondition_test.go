@@ -262,3 +262,27 @@ func TestKernelProbeNodeCondition(t *testing.T) {
 		return ok && c.Status == corev1.ConditionTrue && c.Reason == report.ReasonKernelFeaturesPresent && strings.Contains(c.Message, "6.18.44"), fmt.Sprintf("%+v", c)
 	})
 }
+
+// TestNodeOwnershipProblemNamedInReady: an Egress placed on a Node whose
+// agent reports an unreadable ownership record (so it binds nothing new)
+// says so in its Ready message instead of only waiting; once the record
+// is fixed the Egress becomes Ready.
+func TestNodeOwnershipProblemNamedInReady(t *testing.T) {
+	cl := newCluster(t, "ownrdy", 1, 4)
+	a := cl.agents["ownrdy-n1"]
+	msg := "ownership record unreadable: /run/egressip/ownership.json is corrupt: unexpected EOF; fix or delete the file"
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: false, Reason: report.ReasonRecordUnreadable, Message: msg})
+	cl.pool("ownrdy", nil)
+	cl.egress("ownrdy-e", "ownrdy", "")
+	cl.eventually("Ready=False naming the ownership problem", func() (bool, string) {
+		e := cl.get("ownrdy-e")
+		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady)
+		if c == nil {
+			return false, "no Ready condition"
+		}
+		return c.Status == metav1.ConditionFalse && c.Reason == ReasonBinding &&
+			strings.Contains(c.Message, "EgressIPOwnershipKnown") && strings.Contains(c.Message, "fix or delete the file"), c.Message
+	})
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: report.ReasonOwnershipRecord, Message: "ownership record /run/egressip/ownership.json"})
+	cl.waitReady("ownrdy-e")
+}

@@ -795,6 +795,11 @@ func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentS
 		return c
 	}
 	c.Reason, c.Message = ReasonBinding, fmt.Sprintf("waiting for the agent on Node %s to bind and announce %s", st.EgressNode, st.EgressIP)
+	if o := a.Report.Ownership; a.Known && !a.Dead && o != nil && !o.Healthy {
+		// The agent binds nothing new while it cannot keep ownership
+		// (internal/agent/bind): say why, as the Node condition does.
+		c.Message += fmt.Sprintf("; its agent reports an ownership problem that keeps it from adding addresses (Node condition EgressIPOwnershipKnown, %s): %s", o.Reason, o.Message)
+	}
 	return c
 }
 

@@ -126,6 +126,18 @@ func (a *fakeAgent) sync(ctx context.Context, c client.Client) {
 		}
 	}
 	a.mu.Lock()
+	if a.owner != nil && !a.owner.Healthy {
+		// As the real agent: nothing new is bound while ownership is
+		// unknown, and nothing bound is removed.
+		for ip := range want {
+			if !a.bound[ip] {
+				delete(want, ip)
+			}
+		}
+		for ip := range a.bound {
+			want[ip] = true
+		}
+	}
 	a.bound = want
 	a.mu.Unlock()
 }

@@ -23,9 +23,15 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(requests, waits, conflistChanges)
-	for _, op := range []string{"add", "del"} {
-		for _, r := range []string{"ok", "error"} {
+	// Every label value exists from the start (at 0), so the series are
+	// served, and documented, whether or not the plugin is enabled.
+	for _, r := range []string{"ok", "error"} {
+		for _, op := range []string{"add", "del"} {
 			requests.WithLabelValues(op, r)
 		}
+		waits.WithLabelValues(r)
+	}
+	for _, a := range []string{"install", "uninstall"} {
+		conflistChanges.WithLabelValues(a)
 	}
 }

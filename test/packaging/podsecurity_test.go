@@ -177,6 +177,23 @@ func TestChartSchemaRejectsUnknownKeys(t *testing.T) {
 	}
 }
 
+// TestChartCNIPluginNeedsDatapath: the egressip-cni plugin without the
+// datapath would be rendered as nothing; the chart refuses the combination
+// with a message instead of dropping the plugin silently.
+func TestChartCNIPluginNeedsDatapath(t *testing.T) {
+	helm := tool(t, "helm")
+	out, err := runErr(helm, "template", release, "charts/chart", "--namespace", namespace,
+		"--set", "agent.datapath.cni.enabled=true", "--set", "agent.datapath.enabled=false")
+	if want := "agent.datapath.cni.enabled needs agent.datapath.enabled=true"; err == nil || !strings.Contains(out, want) {
+		t.Fatalf("want failure containing %q, got %v\n%s", want, err, out)
+	}
+	out, err = runErr(helm, "template", release, "charts/chart", "--namespace", namespace,
+		"--set", "agent.datapath.cni.enabled=true")
+	if err != nil || !strings.Contains(out, "egressip-cni") {
+		t.Fatalf("plugin with the datapath on: %v\n%s", err, out)
+	}
+}
+
 // The chart's CRDs are those of dist/install.yaml (config/crd/bases).
 func TestChartCRDsMatchInstallYAML(t *testing.T) {
 	chart, dist := helmTemplate(t), installYAML(t)
