@@ -108,16 +108,7 @@ func TestNodeOwnershipCondition(t *testing.T) {
 	cl := newCluster(t, "own", 1, 4)
 	node := "own-n1"
 	cond := func(typ corev1.NodeConditionType) (corev1.NodeCondition, bool) {
-		var n corev1.Node
-		if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: node}, &n); err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == typ {
-				return c, true
-			}
-		}
-		return corev1.NodeCondition{}, false
+		return nodeCondition(t, cl, node, typ)
 	}
 	event := func(reason string) (bool, string) {
 		var evs eventsv1.EventList
@@ -220,16 +211,7 @@ func TestKernelProbeNodeCondition(t *testing.T) {
 	cl := newCluster(t, "kpc", 1, 4)
 	node := "kpc-n1"
 	cond := func(typ corev1.NodeConditionType) (corev1.NodeCondition, bool) {
-		var n corev1.Node
-		if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: node}, &n); err != nil {
-			t.Fatal(err)
-		}
-		for _, c := range n.Status.Conditions {
-			if c.Type == typ {
-				return c, true
-			}
-		}
-		return corev1.NodeCondition{}, false
+		return nodeCondition(t, cl, node, typ)
 	}
 	msg := "kernel 4.18.0-553.el8_10.x86_64: datapath not started, missing nft-inet-nat (nftables rejected it: operation not supported)"
 	cl.agents[node].setDatapath(&report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: "no eBPF bypass"})
@@ -285,4 +267,20 @@ func TestNodeOwnershipProblemNamedInReady(t *testing.T) {
 	})
 	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: report.ReasonOwnershipRecord, Message: "ownership record /run/egressip/ownership.json"})
 	cl.waitReady("ownrdy-e")
+}
+
+// nodeCondition returns the condition typ of Node node, and whether it has
+// one.
+func nodeCondition(t *testing.T, cl *cluster, node string, typ corev1.NodeConditionType) (corev1.NodeCondition, bool) {
+	t.Helper()
+	var n corev1.Node
+	if err := cl.c.Get(cl.ctx, client.ObjectKey{Name: node}, &n); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == typ {
+			return c, true
+		}
+	}
+	return corev1.NodeCondition{}, false
 }

@@ -52,12 +52,7 @@ func TestOneEgressFailsOthersKeepApplying(t *testing.T) {
 	netnstest.RequireRoot(t)
 	ns := kernelNS(t)
 	ctx := context.Background()
-	cfg := Config{Uplink: "node0"}
-	d, err := New(cfg, ns.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
+	cfg, d := newKernelDatapath(t, ns)
 	d.rulesetHook = poisonEgressRole(RoleEgress, "bad")
 	mark := d.Config().Mark
 

@@ -35,6 +35,19 @@ func sampleState() State {
 }
 
 // kernelNS is a namespace with an uplink veth (MTU 1500).
+// newKernelDatapath opens a Datapath on ns's uplink node0, closed when the
+// test ends, and returns it with its Config.
+func newKernelDatapath(t *testing.T, ns *netnstest.NS) (Config, *Datapath) {
+	t.Helper()
+	cfg := Config{Uplink: "node0"}
+	d, err := New(cfg, ns.Handle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return cfg, d
+}
+
 func kernelNS(t *testing.T) *netnstest.NS {
 	p := netnstest.NewPair(t)
 	p.Node.MustIP(t, "addr", "add", "192.0.2.11/24", "dev", p.NodeIf)

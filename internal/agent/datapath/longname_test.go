@@ -34,12 +34,7 @@ func TestLongNameAppliesAndKeepsOthers(t *testing.T) {
 	netnstest.RequireRoot(t)
 	ns := kernelNS(t)
 	ctx := context.Background()
-	cfg := Config{Uplink: "node0"}
-	d, err := New(cfg, ns.Handle)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
+	cfg, d := newKernelDatapath(t, ns)
 
 	st := sampleState()
 	for i, n := range []int{245, 247, 250, 253} {
