@@ -541,15 +541,20 @@ func TestKernelProbeAgentProcess(t *testing.T) {
 		}
 		return nil
 	})
-	_, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range kernel.Specs {
-		if want := fmt.Sprintf("egressip_agent_kernel_feature{feature=%q} 1", s.Feature); !strings.Contains(body, want) {
-			t.Errorf("metrics lack %s", want)
+	// The metrics listener starts on its own, possibly after the report's
+	// (a failure seen in CI: connection refused): wait for it.
+	eventually(t, 30*time.Second, "metrics carry every kernel feature", func() error {
+		_, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
+		if err != nil {
+			return err
 		}
-	}
+		for _, s := range kernel.Specs {
+			if want := fmt.Sprintf("egressip_agent_kernel_feature{feature=%q} 1", s.Feature); !strings.Contains(body, want) {
+				return fmt.Errorf("metrics lack %s", want)
+			}
+		}
+		return nil
+	})
 	if log := p.stderr.String(); !strings.Contains(log, "kernel has every feature probed") {
 		t.Errorf("no kernel log line:\n%s", log)
 	}
