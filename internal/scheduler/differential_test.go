@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 
@@ -16,7 +17,11 @@ import (
 // (reference_test.go) give the same Result for in, down to the last field
 // and nil slice, and their difference (-reference +Schedule) otherwise.
 func diffReference(in Input) string {
-	return cmp.Diff(referenceSchedule(in), Schedule(in))
+	want, got := referenceSchedule(in), Schedule(in)
+	if reflect.DeepEqual(want, got) { // the same test as cmp.Diff's, faster
+		return ""
+	}
+	return cmp.Diff(want, got)
 }
 
 // warmInput is the cluster after the controller wrote out's placements,

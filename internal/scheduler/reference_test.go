@@ -210,7 +210,10 @@ func (r *refPass) place() {
 		p := r.pools[u.pool]
 		room := false
 		for name := range p.members {
-			room = room || r.hasRoom(name)
+			if r.hasRoom(name) {
+				room = true
+				break
+			}
 		}
 		if !room {
 			u.reason = ReasonCapacityExhausted
