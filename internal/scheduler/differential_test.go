@@ -81,12 +81,17 @@ func TestDifferentialRandom(t *testing.T) {
 
 // TestDifferentialShrinking is TestDifferentialRandom under rapid.Check,
 // which shrinks a disagreement to a minimal input; -rapid.checks sets how
-// many inputs it draws.
+// many inputs it draws. Some inputs are shuffled (every slice permuted):
+// the reference does not depend on input order, so Schedule must not
+// either.
 func TestDifferentialShrinking(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		in := genInput(t, small)
 		if rapid.Bool().Draw(t, "warm") {
 			in = warmInput(in, Schedule(in))
+		}
+		if rapid.Bool().Draw(t, "shuffled") {
+			in = shuffle(t, in)
 		}
 		if d := diffReference(in); d != "" {
 			t.Fatalf("Schedule and the reference differ (-reference +Schedule):\n%s\ninput: %+v", d, in)
