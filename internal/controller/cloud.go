@@ -69,6 +69,11 @@ type CloudConfig struct {
 	// over a re-read that does not show them yet (the cloud's reads lag
 	// its writes). Default 2 min.
 	Overlay time.Duration
+	// ClusterName is the value of the egressip.io/cluster tag on the
+	// network interfaces the controller creates, so that controllers of
+	// several clusters in one account never touch each other's. Default
+	// "egressip".
+	ClusterName string
 }
 
 func (c *CloudConfig) defaults() {
@@ -86,6 +91,9 @@ func (c *CloudConfig) defaults() {
 	}
 	if c.Overlay <= 0 {
 		c.Overlay = 2 * time.Minute
+	}
+	if c.ClusterName == "" {
+		c.ClusterName = "egressip"
 	}
 }
 
@@ -129,6 +137,14 @@ type Cloud struct {
 	backoff       *flowcontrol.Backoff
 	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
 	refreshNow    chan struct{}
+	// Own interfaces (OwnInterfaces pools): every interface tagged with
+	// our cluster, the pools' subnets, the "node/pool" pairs with a
+	// create in flight, and each pool's last interface error.
+	tagged    []cloud.ENI
+	subnets   map[string]cloud.Subnet
+	subnetErr map[string]string
+	creating  map[string]bool
+	poolError map[string]string
 }
 
 // NewCloud returns a Cloud over cfg.Provider, which must not be nil.
@@ -151,6 +167,10 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
 		backoffUntil:  map[string]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
+		subnets:       map[string]cloud.Subnet{},
+		subnetErr:     map[string]string{},
+		creating:      map[string]bool{},
+		poolError:     map[string]string{},
 	}
 }
 
@@ -219,27 +239,21 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 		// IPs; the others go on.
 		log.FromContext(ctx).Info("Some Nodes have no cloud interface", "error", err.Error())
 	}
+	tagged, subnets, subnetErr, ok := c.readOwn(ctx)
 	now := time.Now()
 	c.mu.Lock()
-	byID := map[string]string{}
-	for node, ifc := range got {
-		byID[ifc.ID] = node
-	}
 	for ip, o := range c.overlay {
 		if now.After(o.deadline) {
 			delete(c.overlay, ip)
 			continue
 		}
-		for node, ifc := range got {
-			ifc.Secondary = slices.DeleteFunc(ifc.Secondary, func(a netip.Addr) bool { return a == ip })
-			got[node] = ifc
-		}
-		if node, ok := byID[o.iface]; ok && o.node != "" {
-			ifc := got[node]
-			ifc.Secondary = append(ifc.Secondary, ip)
-			slices.SortFunc(ifc.Secondary, func(a, b netip.Addr) int { return a.Compare(b) })
-			got[node] = ifc
-		}
+		placeIP(got, ip, o.iface, o.node != "")
+	}
+	if ok {
+		tagOthers(got, tagged)
+		c.tagged, c.subnets, c.subnetErr = tagged, subnets, subnetErr
+	} else {
+		tagOthers(got, c.tagged) // keep the last listing's tags
 	}
 	changed := !c.ready || !maps.EqualFunc(c.ifaces, got, sameInterface)
 	c.ifaces, c.ready = got, true
@@ -251,7 +265,11 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 }
 
 func sameInterface(a, b cloud.Interface) bool {
-	return a.ID == b.ID && a.MAC == b.MAC && a.SubnetID == b.SubnetID && a.Limit == b.Limit && slices.Equal(a.Secondary, b.Secondary)
+	return a.ID == b.ID && a.MAC == b.MAC && a.SubnetID == b.SubnetID && a.Limit == b.Limit && slices.Equal(a.Secondary, b.Secondary) &&
+		a.MaxInterfaces == b.MaxInterfaces && a.Zone == b.Zone && a.VPCID == b.VPCID &&
+		slices.EqualFunc(a.Others, b.Others, func(x, y cloud.ENI) bool {
+			return x.ID == y.ID && x.DeviceIndex == y.DeviceIndex && maps.Equal(x.Tags, y.Tags) && slices.Equal(x.Secondary, y.Secondary)
+		})
 }
 
 // input is the snapshot a pass reads.
@@ -272,7 +290,14 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		LastError:     maps.Clone(c.lastError),
 		WarmAttaching: maps.Clone(c.warmAttaching),
 		Recent:        maps.Clone(c.recent),
+		Cluster:       c.cfg.ClusterName,
+		Subnets:       maps.Clone(c.subnets),
+		SubnetErr:     maps.Clone(c.subnetErr),
+		Tagged:        slices.Clone(c.tagged),
+		Creating:      maps.Clone(c.creating),
+		PoolError:     maps.Clone(c.poolError),
 	}
+	_, ci.Manage = c.cfg.Provider.(cloud.InterfaceManager)
 	for k, v := range c.owned {
 		ci.Owned[k] = maps.Clone(v)
 	}
@@ -389,6 +414,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 		ctx = c.runCtx
 	}
 	c.mu.Unlock()
+	c.runENIJobs(ctx, out)
 	if len(jobs) == 0 {
 		return
 	}
@@ -460,13 +486,8 @@ func (c *Cloud) applied(pool, node, iface string, ips []netip.Addr, attach bool)
 	c.backoff.Reset("eni/" + iface)
 	delete(c.backoffUntil, "eni/"+iface)
 	delete(c.lastError, iface)
-	for n, ifc := range c.ifaces {
-		ifc.Secondary = slices.DeleteFunc(ifc.Secondary, func(a netip.Addr) bool { return slices.Contains(ips, a) })
-		if attach && n == node {
-			ifc.Secondary = append(ifc.Secondary, ips...)
-			slices.SortFunc(ifc.Secondary, func(a, b netip.Addr) int { return a.Compare(b) })
-		}
-		c.ifaces[n] = ifc
+	for _, ip := range ips {
+		placeIP(c.ifaces, ip, iface, attach)
 	}
 	for _, ip := range ips {
 		o := overlayEntry{iface: iface, deadline: now.Add(c.cfg.Overlay)}
