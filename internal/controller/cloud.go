@@ -251,11 +251,17 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 	}
 	if ok {
 		tagOthers(got, tagged)
-		c.tagged, c.subnets, c.subnetErr = tagged, subnets, subnetErr
+		c.tagged = tagged
 	} else {
 		tagOthers(got, c.tagged) // keep the last listing's tags
 	}
 	changed := !c.ready || !maps.EqualFunc(c.ifaces, got, sameInterface)
+	if ok && (!maps.Equal(c.subnets, subnets) || !maps.Equal(c.subnetErr, subnetErr)) {
+		changed = true
+	}
+	if ok {
+		c.subnets, c.subnetErr = subnets, subnetErr
+	}
 	c.ifaces, c.ready = got, true
 	c.mu.Unlock()
 	if changed {
@@ -414,6 +420,12 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 		ctx = c.runCtx
 	}
 	c.mu.Unlock()
+	if out.Reread {
+		select {
+		case c.refreshNow <- struct{}{}:
+		default:
+		}
+	}
 	c.runENIJobs(ctx, out)
 	if len(jobs) == 0 {
 		return
@@ -493,6 +505,10 @@ func (c *Cloud) applied(pool, node, iface string, ips []netip.Addr, attach bool)
 		o := overlayEntry{iface: iface, deadline: now.Add(c.cfg.Overlay)}
 		if attach {
 			o.node = node
+		} else if prev, ok := c.overlay[ip]; ok && prev.node != "" && prev.iface != iface {
+			// Attached elsewhere by a call that completed first: a detach
+			// from iface does not undo that.
+			continue
 		}
 		c.overlay[ip] = o
 	}

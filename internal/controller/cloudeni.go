@@ -347,6 +347,15 @@ func ownPlan(p *v1.ExternalIPPool, cp *cloudPool, o *cloudPoolOut, warmIPs []war
 		o.Busy = true
 	}
 
+	if cp.pending > 0 && len(o.Plan.Attach) == 0 && len(eligible) > 0 {
+		// Egresses wait and no eligible Node can take one more address:
+		// say which are at their interface limit.
+		for _, n := range eligible {
+			if v.room(n, cp) <= 0 && v.attachable(n, cp) == 0 && !slices.Contains(v.full[cp.name], n) {
+				v.full[cp.name] = append(v.full[cp.name], n)
+			}
+		}
+	}
 	c := metav1.Condition{Type: v1.ConditionCloudInterfaces, Status: metav1.ConditionTrue, Reason: v1.ReasonInterfacesReady,
 		Message: "egress IPs go on interfaces of the controller's own, tagged " + TagNoManage + "=true", ObservedGeneration: p.Generation}
 	switch {

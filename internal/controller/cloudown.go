@@ -24,10 +24,28 @@ const (
 	actionDeleteENI = "DeleteInterface"
 )
 
-// placeIP moves ip in the view: off every interface, then (attach) onto
-// the interface with ID iface, a primary one or another attached one.
+// placeIP changes ip in the view: an attach moves it off every interface
+// onto the one with ID iface (a primary one or another attached one); a
+// detach takes it off iface only (it may be attached elsewhere since).
 func placeIP(ifaces map[string]cloud.Interface, ip netip.Addr, iface string, attach bool) {
-	drop := func(l []netip.Addr) []netip.Addr { return slices.DeleteFunc(l, func(a netip.Addr) bool { return a == ip }) }
+	drop := func(l []netip.Addr) []netip.Addr {
+		return slices.DeleteFunc(l, func(a netip.Addr) bool { return a == ip })
+	}
+	if !attach {
+		for n, ifc := range ifaces {
+			if ifc.ID == iface {
+				ifc.Secondary = drop(slices.Clone(ifc.Secondary))
+			}
+			ifc.Others = slices.Clone(ifc.Others)
+			for i := range ifc.Others {
+				if ifc.Others[i].ID == iface {
+					ifc.Others[i].Secondary = drop(slices.Clone(ifc.Others[i].Secondary))
+				}
+			}
+			ifaces[n] = ifc
+		}
+		return
+	}
 	put := func(l []netip.Addr) []netip.Addr {
 		l = append(l, ip)
 		slices.SortFunc(l, netip.Addr.Compare)
@@ -155,7 +173,10 @@ func (c *Cloud) runENIJobs(ctx context.Context, out *cloudOutput) {
 	}
 	c.mu.Unlock()
 	for _, cr := range creates {
-		go c.createENI(ctx, im, cr, devices[cr.InstanceID])
+		used := devices[cr.InstanceID]
+		dev := nextDevice(used)
+		devices[cr.InstanceID] = append(used, dev) // two creates for one instance in one pass
+		go c.createENI(ctx, im, cr, dev)
 	}
 	for _, d := range deletes {
 		go c.deleteENI(ctx, im, d)
@@ -171,7 +192,7 @@ func nextDevice(used []int) int {
 	}
 }
 
-func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eniCreate, used []int) {
+func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eniCreate, device int) {
 	k := cr.Node + "/" + cr.Pool
 	defer func() {
 		c.mu.Lock()
@@ -202,7 +223,6 @@ func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eni
 		delete(c.busy, eni.ID)
 		c.mu.Unlock()
 	}()
-	device := nextDevice(used)
 	err = c.call(ctx, actionAttachENI, func() error {
 		_, err := im.AttachInterface(ctx, eni.ID, cr.InstanceID, device)
 		return err
@@ -216,6 +236,14 @@ func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eni
 	}
 	c.mu.Lock()
 	delete(c.poolError, cr.Pool)
+	// In the view at once, so that the next create on this instance picks
+	// another device index and the next pass can use it before a re-read.
+	eni.InstanceID, eni.DeviceIndex, eni.Tags = cr.InstanceID, device, spec.Tags
+	if ifc, ok := c.ifaces[cr.Node]; ok && !slices.ContainsFunc(ifc.Others, func(e cloud.ENI) bool { return e.ID == eni.ID }) {
+		ifc.Others = append(slices.Clone(ifc.Others), eni)
+		slices.SortFunc(ifc.Others, func(a, b cloud.ENI) int { return a.DeviceIndex - b.DeviceIndex })
+		c.ifaces[cr.Node] = ifc
+	}
 	c.mu.Unlock()
 	log.FromContext(ctx).Info("attached a network interface of our own", "pool", cr.Pool, "node", cr.Node, "interface", eni.ID, "deviceIndex", device)
 }

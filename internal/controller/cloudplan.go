@@ -128,6 +128,9 @@ type cloudOutput struct {
 	// or to detach and delete (OwnInterfaces pools and the collector).
 	CreateENIs []eniCreate
 	DeleteENIs []eniDelete
+	// Reread asks for a re-read of the cloud now (an OwnInterfaces pool's
+	// subnet is not described yet).
+	Reread bool
 	// Recheck, when positive, is when a new pass may decide differently.
 	Recheck time.Duration
 	// Allocations maps every cloud-pool Egress with an address to it.

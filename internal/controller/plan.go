@@ -607,6 +607,14 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			out.Cloud.DeleteENIs = append(out.Cloud.DeleteENIs, out.Cloud.Pools[p.Name].Deletes...)
 		}
 		out.Cloud.CreateENIs = view.eniCreates()
+		for _, p := range in.Pools {
+			if in.Cloud.Manage && ownInterfaces(p.Spec.Cloud) {
+				sn := p.Spec.Cloud.AWS.SubnetID
+				if _, ok := in.Cloud.Subnets[sn]; !ok && in.Cloud.SubnetErr[sn] == "" {
+					out.Cloud.Reread = true
+				}
+			}
+		}
 		poolNames, nodeNames := map[string]bool{}, map[string]bool{}
 		for _, p := range in.Pools {
 			if ownInterfaces(p.Spec.Cloud) && p.Spec.Cloud.AWS.SubnetID != "" {

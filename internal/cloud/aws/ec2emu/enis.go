@@ -223,3 +223,19 @@ func (s *Server) SetTags(interfaceID string, tags map[string]string) bool {
 	}
 	return ok
 }
+
+// Detach detaches an interface outside the API (another party's, or what
+// a crash between create and attach leaves), keeping its addresses; it
+// reports whether the interface existed and was attached.
+func (s *Server) Detach(interfaceID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.enis[interfaceID]
+	if !ok || !e.attached() || e.deviceIndex == 0 {
+		return false
+	}
+	inst := s.instances[e.instance]
+	inst.enis = slices.DeleteFunc(inst.enis, func(o *eniState) bool { return o == e })
+	e.instance, e.deviceIndex = "", -1
+	return true
+}
