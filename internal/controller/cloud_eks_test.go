@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
@@ -443,6 +444,15 @@ func TestCloudCleanupNodeIneligible(t *testing.T) {
 	})
 	cl.waitWarm("ecnode", 6) // all on n3 now
 	cl.nothingUnused(ec, -1)
+	// The last Node is deleted (its instance keeps running): the
+	// collector deletes its interfaces, warm addresses and all.
+	if err := cl.c.Delete(cl.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "ecnode-n3"}}); err != nil {
+		t.Fatal(err)
+	}
+	cl.eventually("n3's interfaces deleted", func() (bool, string) {
+		return len(ec.ourENIs()) == 0, fmt.Sprintf("%+v", ec.ourENIs())
+	})
+	cl.nothingUnused(ec, 0)
 	ec.foreignUntouched(t, foreign)
 }
 
@@ -532,4 +542,101 @@ func warmLists(pools []v1.ExternalIPPool) string {
 		}
 	}
 	return strings.Join(out, "; ")
+}
+
+// poolInterfacesCondition waits for the pool's CloudInterfaces condition
+// to have the reason and a message containing every part.
+func (cl *cluster) poolInterfacesCondition(pool, reason string, parts ...string) {
+	cl.t.Helper()
+	cl.eventually(pool+" condition "+reason, func() (bool, string) {
+		c := meta.FindStatusCondition(cl.poolStatus(pool).Conditions, v1.ConditionCloudInterfaces)
+		if c == nil || c.Reason != reason {
+			return false, fmt.Sprintf("%+v", c)
+		}
+		for _, p := range parts {
+			if !strings.Contains(c.Message, p) {
+				return false, fmt.Sprintf("message %q lacks %q", c.Message, p)
+			}
+		}
+		return true, ""
+	})
+}
+
+// TestCloudOwnInterfacesBadInput: each bad input gives a pool condition
+// that says what to do, and nothing already working is detached.
+func TestCloudOwnInterfacesBadInput(t *testing.T) {
+	t.Run("missing IAM permission", func(t *testing.T) {
+		ec := newEmuCloud(t, ec2emu.Config{}, "10.29.0.0/24")
+		cl := newEmuCluster(t, "ebiam", 1, 30, ec, "m5.large")
+		cl.ownPool("ebiam", ownPool(ec, 0, 0, nil))
+		first := names("ebiam", 10)
+		for _, e := range first[:9] {
+			cl.egress(e, "ebiam", "")
+		}
+		before := cl.waitReady(first[:9]...)
+		ec.emu.Deny("CreateNetworkInterface")
+		cl.egress(first[9], "ebiam", "") // needs a second interface
+		cl.poolInterfacesCondition("ebiam", v1.ReasonInterfaceFailed, "ec2:CreateNetworkInterface")
+		cl.eventually("the Egress says why it waits", func() (bool, string) {
+			c := meta.FindStatusCondition(cl.get(first[9]).Status.Conditions, v1.ConditionIPAllocated)
+			return c != nil && strings.Contains(c.Message, "ec2:CreateNetworkInterface"), describe(cl.get(first[9]))
+		})
+		for n, e := range before {
+			if now := cl.get(n); !ready(now) || now.Status.EgressIP != e.Status.EgressIP || ec.emu.Owner(ec.subnet, netip.MustParseAddr(e.Status.EgressIP)) == "" {
+				t.Fatalf("%s changed while the permission was missing: %s", n, describe(now))
+			}
+		}
+		ec.emu.Allow("CreateNetworkInterface")
+		cl.waitReady(first...)
+		cl.poolInterfacesCondition("ebiam", v1.ReasonInterfacesReady)
+	})
+	t.Run("security group that does not exist", func(t *testing.T) {
+		ec := newEmuCloud(t, ec2emu.Config{}, "10.30.0.0/24")
+		cl := newEmuCluster(t, "ebsg", 1, 30, ec, "m5.large")
+		cl.ownPool("ebsg", ownPool(ec, 1, 0, func(a *v1.AWSPool) { a.SecurityGroupIDs = []string{"sg-0123456789abcdef0"} }))
+		cl.poolInterfacesCondition("ebsg", v1.ReasonInterfaceFailed, "sg-0123456789abcdef0", "InvalidGroup.NotFound")
+		if n := len(ec.ourENIs()); n != 0 {
+			t.Fatalf("%d interfaces of ours left after the failed create", n)
+		}
+		ec.emu.AddSecurityGroup("sg-0123456789abcdef0")
+		cl.waitWarm("ebsg", 1)
+		if g := ec.ourENIs()[0].Groups; !slices.Equal(g, []string{"sg-0123456789abcdef0"}) {
+			t.Fatalf("groups %v, want the pool's", g)
+		}
+	})
+	t.Run("subnet in another availability zone", func(t *testing.T) {
+		ec := newEmuCloud(t, ec2emu.Config{}, "10.31.0.0/24")
+		cl := newEmuCluster(t, "ebaz", 1, 30, ec, "m5.large")
+		other, err := ec.emu.AddSubnet(ec2emu.Subnet{ID: fmt.Sprintf("subnet-%08x", hashName(t.Name())), CIDR: netip.MustParsePrefix("10.32.0.0/24"), AvailabilityZone: "us-east-1b"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cl.ownPool("ebaz", func(p *v1.ExternalIPPool) {
+			ownPool(ec, 1, 0, nil)(p)
+			p.Spec.Cloud.AWS.SubnetID = other
+		})
+		cl.poolInterfacesCondition("ebaz", v1.ReasonSubnetUnusable, other, "us-east-1b", "pick a subnet in the Nodes' zone")
+	})
+	t.Run("subnet that does not exist", func(t *testing.T) {
+		ec := newEmuCloud(t, ec2emu.Config{}, "10.33.0.0/24")
+		cl := newEmuCluster(t, "ebns", 1, 30, ec, "m5.large")
+		cl.ownPool("ebns", func(p *v1.ExternalIPPool) {
+			ownPool(ec, 1, 0, nil)(p)
+			p.Spec.Cloud.AWS.SubnetID = "subnet-0badc0de"
+		})
+		cl.poolInterfacesCondition("ebns", v1.ReasonSubnetUnusable, "subnet-0badc0de", "fix spec.cloud.aws.subnetID")
+	})
+	t.Run("instance at its interface limit", func(t *testing.T) {
+		ec := newEmuCloud(t, ec2emu.Config{}, "10.34.0.0/24")
+		cl := newEmuCluster(t, "eblim", 1, 30, ec, "t3.micro") // 2 interfaces
+		if _, err := ec.emu.AddInterface(ec.instances[0].ID, ec2emu.InterfaceOptions{}); err != nil {
+			t.Fatal(err) // the CNI's second ENI
+		}
+		cl.ownPool("eblim", ownPool(ec, 0, 0, nil))
+		cl.egress("eblim-a", "eblim", "")
+		cl.poolInterfacesCondition("eblim", v1.ReasonInterfaceLimit, "eblim-n1", "maxInterfacesPerNode")
+		if n := ec.emu.Calls("CreateNetworkInterface"); n != 0 {
+			t.Fatalf("%d CreateNetworkInterface calls for an instance at its limit", n)
+		}
+	})
 }

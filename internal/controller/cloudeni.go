@@ -460,3 +460,17 @@ func nodeCloudCapacity(ci *cloudInput, v *eniView, node string, pools []*cloudPo
 	}
 	return c, ok
 }
+
+// interfaceTrouble is what keeps an OwnInterfaces pool from getting
+// interfaces now (a failed interface call, an unusable subnet), or "".
+func (cp *cloudPool) interfaceTrouble(ci *cloudInput) string {
+	switch {
+	case !cp.own:
+		return ""
+	case !ci.Manage:
+		return "the cloud provider cannot create network interfaces"
+	case ci.SubnetErr[cp.subnet] != "":
+		return fmt.Sprintf("subnet %s: %s", cp.subnet, ci.SubnetErr[cp.subnet])
+	}
+	return ci.PoolError[cp.name]
+}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -147,9 +148,10 @@ func (c *Cloud) runENIJobs(ctx context.Context, out *cloudOutput) {
 	}
 	c.mu.Lock()
 	var creates []eniCreate
+	now := time.Now()
 	for _, cr := range out.CreateENIs {
 		k := cr.Node + "/" + cr.Pool
-		if c.creating[k] {
+		if c.creating[k] || now.Before(c.backoffUntil["create/"+cr.Pool]) {
 			continue
 		}
 		c.creating[k] = true
@@ -157,7 +159,7 @@ func (c *Cloud) runENIJobs(ctx context.Context, out *cloudOutput) {
 	}
 	var deletes []eniDelete
 	for _, d := range out.DeleteENIs {
-		if c.busy[d.InterfaceID] {
+		if c.busy[d.InterfaceID] || now.Before(c.backoffUntil["delete/"+d.InterfaceID]) {
 			continue
 		}
 		c.busy[d.InterfaceID] = true
@@ -212,7 +214,7 @@ func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eni
 		return err
 	})
 	if err != nil {
-		c.poolFailed(ctx, cr.Pool, fmt.Errorf("creating a network interface in %s for Node %s: %w", cr.SubnetID, cr.Node, err))
+		c.poolFailed(ctx, cr.Pool, "create/"+cr.Pool, fmt.Errorf("creating a network interface in %s for Node %s: %w", cr.SubnetID, cr.Node, err))
 		return
 	}
 	c.mu.Lock()
@@ -231,9 +233,10 @@ func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eni
 		// Do not leave it behind: delete it now (the collector would
 		// later anyway).
 		_ = c.call(ctx, actionDeleteENI, func() error { return im.DeleteInterface(ctx, eni.ID, "") })
-		c.poolFailed(ctx, cr.Pool, fmt.Errorf("attaching network interface %s to Node %s (instance %s) at device index %d: %w", eni.ID, cr.Node, cr.InstanceID, device, err))
+		c.poolFailed(ctx, cr.Pool, "create/"+cr.Pool, fmt.Errorf("attaching network interface %s to Node %s (instance %s) at device index %d: %w", eni.ID, cr.Node, cr.InstanceID, device, err))
 		return
 	}
+	c.succeeded("create/" + cr.Pool)
 	c.mu.Lock()
 	delete(c.poolError, cr.Pool)
 	// In the view at once, so that the next create on this instance picks
@@ -257,23 +260,38 @@ func (c *Cloud) deleteENI(ctx context.Context, im cloud.InterfaceManager, d eniD
 	}()
 	err := c.call(ctx, actionDeleteENI, func() error { return im.DeleteInterface(ctx, d.InterfaceID, d.AttachmentID) })
 	if err != nil && !errors.Is(err, cloud.ErrNotFound) {
-		c.poolFailed(ctx, d.Pool, fmt.Errorf("deleting network interface %s (%s): %w", d.InterfaceID, d.Why, err))
+		c.poolFailed(ctx, d.Pool, "delete/"+d.InterfaceID, fmt.Errorf("deleting network interface %s (%s): %w", d.InterfaceID, d.Why, err))
 		return
 	}
+	c.succeeded("delete/" + d.InterfaceID)
 	log.FromContext(ctx).Info("deleted a network interface of our own", "pool", d.Pool, "node", d.Node, "interface", d.InterfaceID, "why", d.Why)
 }
 
-// poolFailed records a pool's interface error for its condition and asks
-// for a re-read.
-func (c *Cloud) poolFailed(ctx context.Context, pool string, err error) {
+// poolFailed records a pool's interface error for its condition and backs
+// off the key ("create/<pool>" or "delete/<interface>") exponentially
+// (CloudConfig.BackoffInitial doubling to BackoffMax), so that a missing
+// permission or a bad security group is not retried on every pass.
+func (c *Cloud) poolFailed(ctx context.Context, pool, key string, err error) {
 	msg := err.Error()
 	if len(msg) > 400 {
 		msg = msg[:400] + "..."
 	}
+	now := time.Now()
 	c.mu.Lock()
 	c.poolError[pool] = msg
+	c.backoff.Next(key, now)
+	until := now.Add(c.backoff.Get(key))
+	c.backoffUntil[key] = until
 	c.mu.Unlock()
-	log.FromContext(ctx).Info("network interface call failed", "pool", pool, "err", err)
+	log.FromContext(ctx).Info("network interface call failed; backing off", "pool", pool, "until", until, "err", err)
+}
+
+// succeeded clears a backoff key after a successful interface call.
+func (c *Cloud) succeeded(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backoff.Reset(key)
+	delete(c.backoffUntil, key)
 }
 
 // reread asks the refresher for a re-read now (which notifies a pass).

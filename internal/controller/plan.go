@@ -321,7 +321,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			ip, node, ok := cp.takeWarm()
 			if !ok {
 				cp.pending++
-				allocCond[i] = allocatedCond(false, ReasonWaitingForWarmIP, fmt.Sprintf("ExternalIPPool %q has no warm IP available; the controller is attaching one through the cloud API", e.Spec.ExternalIPPool))
+				msg := fmt.Sprintf("ExternalIPPool %q has no warm IP available; the controller is attaching one through the cloud API", e.Spec.ExternalIPPool)
+				if why := cp.interfaceTrouble(in.Cloud); why != "" {
+					msg += "; but the pool cannot get network interfaces of its own: " + why
+				}
+				allocCond[i] = allocatedCond(false, ReasonWaitingForWarmIP, msg)
 				continue
 			}
 			ips[i], preferred[i] = ip, node

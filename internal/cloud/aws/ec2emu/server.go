@@ -321,6 +321,8 @@ func (e *apiError) status() int {
 		return http.StatusInternalServerError
 	case "AuthFailure", "SignatureDoesNotMatch":
 		return http.StatusUnauthorized
+	case "UnauthorizedOperation":
+		return http.StatusForbidden
 	}
 	return http.StatusBadRequest
 }
