@@ -34,7 +34,7 @@ const (
 var (
 	cloudCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_controller_cloud_calls_total",
-		Help: "Cloud API calls the controller made, by action (Interfaces, Assign, AssignCount, Unassign) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, error).",
+		Help: "Cloud API calls the controller made, by action (Interfaces, Assign, AssignCount, Unassign, TaggedInterfaces, SubnetZones, CreateInterface, AttachInterface, DeleteInterface) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, Unauthorized, InterfaceLimit, error).",
 	}, []string{"action", labelResult})
 	cloudCallDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "egressip_controller_cloud_call_duration_seconds",
@@ -567,6 +567,10 @@ func (c *Cloud) call(ctx context.Context, action string, f func() error) error {
 		res = "Throttled"
 	case errors.Is(err, cloud.ErrNotFound):
 		res = "NotFound"
+	case errors.Is(err, cloud.ErrUnauthorized):
+		res = "Unauthorized"
+	case errors.Is(err, cloud.ErrInterfaceLimit):
+		res = "InterfaceLimit"
 	default:
 		res = resultError
 	}
