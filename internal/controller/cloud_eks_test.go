@@ -22,14 +22,14 @@ import (
 
 // ownPool is a cloud pool in interface mode OwnInterfaces (the default:
 // the mode field is left out) on the emulator's subnet.
-func ownPool(ec *emuCloud, warmTarget, minimum int32, mutate func(*v1.AWSPool)) func(*v1.ExternalIPPool) {
+func ownPool(ec *emuCloud, warmTarget int32, mutate func(*v1.AWSPool)) func(*v1.ExternalIPPool) {
 	return func(p *v1.ExternalIPPool) {
 		p.Spec.IPRanges = nil
 		a := &v1.AWSPool{SubnetID: ec.subnet}
 		if mutate != nil {
 			mutate(a)
 		}
-		p.Spec.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: a, WarmIPTarget: warmTarget, MinimumIPTarget: minimum}
+		p.Spec.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: a, WarmIPTarget: warmTarget}
 	}
 }
 
@@ -186,7 +186,7 @@ func ipamdScenario(t *testing.T, prefix, cidr string, mode v1.AWSInterfaceMode) 
 		t.Fatal("the actor has no address for a Pod")
 	}
 	actor.Step()
-	cl.ownPool(prefix, ownPool(ec, 0, 0, func(a *v1.AWSPool) { a.InterfaceMode = mode }))
+	cl.ownPool(prefix, ownPool(ec, 0, func(a *v1.AWSPool) { a.InterfaceMode = mode }))
 	cl.egress(prefix+"-a", prefix, "")
 	e := cl.waitReady(prefix + "-a")[prefix+"-a"]
 	ip := netip.MustParseAddr(e.Status.EgressIP)
@@ -259,7 +259,7 @@ func TestIpamdActorFiftyEgressesTenPeriods(t *testing.T) {
 		go a.Run(ctx)
 	}
 	foreign := ec.snapshotForeign()
-	cl.ownPool("ip50", ownPool(ec, 4, 0, nil))
+	cl.ownPool("ip50", ownPool(ec, 4, nil))
 	egs := names("ip50", 50)
 	for _, e := range egs {
 		cl.egress(e, "ip50", "")
@@ -314,7 +314,7 @@ func TestIpamdActorFiftyEgressesTenPeriods(t *testing.T) {
 func TestCloudCapacityOwnInterfaces(t *testing.T) {
 	ec := newEmuCloud(t, ec2emu.Config{}, "10.24.0.0/24")
 	cl := newEmuCluster(t, "ecap", 1, 100, ec, "m5.large")
-	cl.ownPool("ecap", ownPool(ec, 0, 0, nil))
+	cl.ownPool("ecap", ownPool(ec, 0, nil))
 	egs := names("ecap", 18)
 	for _, e := range egs[:12] {
 		cl.egress(e, "ecap", "")
@@ -396,7 +396,7 @@ func TestCloudCleanupPoolDeletion(t *testing.T) {
 		t.Fatal(err)
 	}
 	foreign := ec.snapshotForeign()
-	cl.ownPool("ecdel", ownPool(ec, 3, 0, nil))
+	cl.ownPool("ecdel", ownPool(ec, 3, nil))
 	egs := names("ecdel", 4)
 	for _, e := range egs {
 		cl.egress(e, "ecdel", "")
@@ -421,7 +421,7 @@ func TestCloudCleanupNodeIneligible(t *testing.T) {
 	ec := newEmuCloud(t, ec2emu.Config{}, "10.26.0.0/24")
 	cl := newEmuCluster(t, "ecnode", 3, 20, ec, "m5.large")
 	foreign := ec.snapshotForeign()
-	cl.ownPool("ecnode", ownPool(ec, 6, 0, nil))
+	cl.ownPool("ecnode", ownPool(ec, 6, nil))
 	cl.waitWarm("ecnode", 6)
 	onNode := func(node string) int {
 		n := 0
@@ -461,7 +461,7 @@ func TestCloudCleanupNodeIneligible(t *testing.T) {
 func TestCloudCleanupWarmTargetLowered(t *testing.T) {
 	ec := newEmuCloud(t, ec2emu.Config{}, "10.27.0.0/24")
 	cl := newEmuCluster(t, "ecwarm", 2, 20, ec, "m5.large")
-	cl.ownPool("ecwarm", ownPool(ec, 8, 0, nil))
+	cl.ownPool("ecwarm", ownPool(ec, 8, nil))
 	cl.waitWarm("ecwarm", 8)
 	ec.emu.ResetCounts()
 	cl.patchPool("ecwarm", func(p *v1.ExternalIPPool) { p.Spec.Cloud.WarmIPTarget = 2 })
@@ -480,7 +480,7 @@ func TestCloudCleanupWarmTargetLowered(t *testing.T) {
 func TestCloudCleanupAfterDowntime(t *testing.T) {
 	ec := newEmuCloud(t, ec2emu.Config{}, "10.28.0.0/24")
 	cl := newEmuCluster(t, "ecdown", 2, 20, ec, "m5.large")
-	cl.ownPool("ecdown", ownPool(ec, 2, 0, nil))
+	cl.ownPool("ecdown", ownPool(ec, 2, nil))
 	egs := names("ecdown", 3)
 	for _, e := range egs {
 		cl.egress(e, "ecdown", "")
@@ -568,7 +568,7 @@ func TestCloudOwnInterfacesBadInput(t *testing.T) {
 	t.Run("missing IAM permission", func(t *testing.T) {
 		ec := newEmuCloud(t, ec2emu.Config{}, "10.29.0.0/24")
 		cl := newEmuCluster(t, "ebiam", 1, 30, ec, "m5.large")
-		cl.ownPool("ebiam", ownPool(ec, 0, 0, nil))
+		cl.ownPool("ebiam", ownPool(ec, 0, nil))
 		first := names("ebiam", 10)
 		for _, e := range first[:9] {
 			cl.egress(e, "ebiam", "")
@@ -593,7 +593,7 @@ func TestCloudOwnInterfacesBadInput(t *testing.T) {
 	t.Run("security group that does not exist", func(t *testing.T) {
 		ec := newEmuCloud(t, ec2emu.Config{}, "10.30.0.0/24")
 		cl := newEmuCluster(t, "ebsg", 1, 30, ec, "m5.large")
-		cl.ownPool("ebsg", ownPool(ec, 1, 0, func(a *v1.AWSPool) { a.SecurityGroupIDs = []string{"sg-0123456789abcdef0"} }))
+		cl.ownPool("ebsg", ownPool(ec, 1, func(a *v1.AWSPool) { a.SecurityGroupIDs = []string{"sg-0123456789abcdef0"} }))
 		cl.poolInterfacesCondition("ebsg", v1.ReasonInterfaceFailed, "sg-0123456789abcdef0", "InvalidGroup.NotFound")
 		if n := len(ec.ourENIs()); n != 0 {
 			t.Fatalf("%d interfaces of ours left after the failed create", n)
@@ -612,7 +612,7 @@ func TestCloudOwnInterfacesBadInput(t *testing.T) {
 			t.Fatal(err)
 		}
 		cl.ownPool("ebaz", func(p *v1.ExternalIPPool) {
-			ownPool(ec, 1, 0, nil)(p)
+			ownPool(ec, 1, nil)(p)
 			p.Spec.Cloud.AWS.SubnetID = other
 		})
 		cl.poolInterfacesCondition("ebaz", v1.ReasonSubnetUnusable, other, "us-east-1b", "pick a subnet in the Nodes' zone")
@@ -621,7 +621,7 @@ func TestCloudOwnInterfacesBadInput(t *testing.T) {
 		ec := newEmuCloud(t, ec2emu.Config{}, "10.33.0.0/24")
 		cl := newEmuCluster(t, "ebns", 1, 30, ec, "m5.large")
 		cl.ownPool("ebns", func(p *v1.ExternalIPPool) {
-			ownPool(ec, 1, 0, nil)(p)
+			ownPool(ec, 1, nil)(p)
 			p.Spec.Cloud.AWS.SubnetID = "subnet-0badc0de"
 		})
 		cl.poolInterfacesCondition("ebns", v1.ReasonSubnetUnusable, "subnet-0badc0de", "fix spec.cloud.aws.subnetID")
@@ -632,7 +632,7 @@ func TestCloudOwnInterfacesBadInput(t *testing.T) {
 		if _, err := ec.emu.AddInterface(ec.instances[0].ID, ec2emu.InterfaceOptions{}); err != nil {
 			t.Fatal(err) // the CNI's second ENI
 		}
-		cl.ownPool("eblim", ownPool(ec, 0, 0, nil))
+		cl.ownPool("eblim", ownPool(ec, 0, nil))
 		cl.egress("eblim-a", "eblim", "")
 		cl.poolInterfacesCondition("eblim", v1.ReasonInterfaceLimit, "eblim-n1", "maxInterfacesPerNode")
 		if n := ec.emu.Calls("CreateNetworkInterface"); n != 0 {

@@ -326,61 +326,8 @@ func ownPlan(p *v1.ExternalIPPool, cp *cloudPool, o *cloudPoolOut, warmIPs []war
 	}
 	slices.SortFunc(o.Plan.Detach, func(a, b warm.Op) int { return cmp.Compare(a.Node, b.Node) })
 
-	// Interfaces of the pool that are empty and have no purpose left.
-	for node, ifc := range ci.Ifaces {
-		for _, e := range ifc.Others {
-			if !ci.ours(e) || e.Tags[TagPool] != p.Name {
-				continue
-			}
-			o.Busy = true
-			if len(e.Secondary) > 0 || ci.Blocked[e.ID] || (!deleting && isEligible[node] && e.Tags[TagNode] == node) {
-				continue
-			}
-			why := "its pool is being deleted"
-			if !deleting {
-				why = fmt.Sprintf("Node %s is no longer eligible for the pool", node)
-			}
-			o.Deletes = append(o.Deletes, eniDelete{Pool: p.Name, Node: node, InterfaceID: e.ID, AttachmentID: e.AttachmentID, Why: why})
-		}
-	}
-	if o.Status.Attached > 0 || ci.Creating != nil && creatingFor(ci.Creating, p.Name) {
-		o.Busy = true
-	}
-
-	if cp.pending > 0 && len(o.Plan.Attach) == 0 && len(eligible) > 0 {
-		// Egresses wait and no eligible Node can take one more address:
-		// say which are at their interface limit.
-		for _, n := range eligible {
-			if v.room(n, cp) <= 0 && v.attachable(n, cp) == 0 && !slices.Contains(v.full[cp.name], n) {
-				v.full[cp.name] = append(v.full[cp.name], n)
-			}
-		}
-	}
-	c := metav1.Condition{Type: v1.ConditionCloudInterfaces, Status: metav1.ConditionTrue, Reason: v1.ReasonInterfacesReady,
-		Message: "egress IPs go on interfaces of the controller's own, tagged " + TagNoManage + "=true", ObservedGeneration: p.Generation}
-	switch {
-	case !ci.Manage:
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1.ReasonInterfaceFailed, "the cloud provider cannot create network interfaces; use interfaceMode PrimaryInterface (only without the AWS VPC CNI) or a provider that can"
-	case ci.SubnetErr[cp.subnet] != "":
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1.ReasonSubnetUnusable, fmt.Sprintf("subnet %s: %s; fix spec.cloud.aws.subnetID", cp.subnet, ci.SubnetErr[cp.subnet])
-	case ci.PoolError[p.Name] != "":
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1.ReasonInterfaceFailed, ci.PoolError[p.Name]
-	case v.fullMessage(p.Name) != "":
-		c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1.ReasonInterfaceLimit, v.fullMessage(p.Name)
-	}
-	if sn, ok := ci.Subnets[cp.subnet]; ok && c.Status == metav1.ConditionTrue {
-		fit := 0
-		for node := range ci.Ifaces {
-			if cp.fits(ci, node) {
-				fit++
-			}
-		}
-		if fit == 0 && len(ci.Ifaces) > 0 {
-			c.Status, c.Reason = metav1.ConditionFalse, v1.ReasonSubnetUnusable
-			c.Message = fmt.Sprintf("subnet %s is in VPC %s, zone %s: no Node runs there, and an interface attaches only to an instance in its subnet's VPC and zone; pick a subnet in the Nodes' zone", cp.subnet, sn.VPCID, sn.Zone)
-		}
-	}
-	o.Interfaces = &c
+	emptyInterfaces(p, o, ci, isEligible)
+	o.Interfaces = interfacesCondition(p, cp, o, eligible, ci, v)
 }
 
 func creatingFor(creating map[string]bool, pool string) bool {
@@ -473,4 +420,69 @@ func (cp *cloudPool) interfaceTrouble(ci *cloudInput) string {
 		return fmt.Sprintf("subnet %s: %s", cp.subnet, ci.SubnetErr[cp.subnet])
 	}
 	return ci.PoolError[cp.name]
+}
+
+// emptyInterfaces asks to delete the pool's interfaces that are empty and
+// have lost their purpose (the pool is being deleted, or their Node is no
+// longer eligible), and marks the pool busy while it has any.
+func emptyInterfaces(p *v1.ExternalIPPool, o *cloudPoolOut, ci *cloudInput, isEligible map[string]bool) {
+	deleting := p.DeletionTimestamp != nil
+	// Interfaces of the pool that are empty and have no purpose left.
+	for node, ifc := range ci.Ifaces {
+		for _, e := range ifc.Others {
+			if !ci.ours(e) || e.Tags[TagPool] != p.Name {
+				continue
+			}
+			o.Busy = true
+			if len(e.Secondary) > 0 || ci.Blocked[e.ID] || (!deleting && isEligible[node] && e.Tags[TagNode] == node) {
+				continue
+			}
+			why := "its pool is being deleted"
+			if !deleting {
+				why = fmt.Sprintf("Node %s is no longer eligible for the pool", node)
+			}
+			o.Deletes = append(o.Deletes, eniDelete{Pool: p.Name, Node: node, InterfaceID: e.ID, AttachmentID: e.AttachmentID, Why: why})
+		}
+	}
+	if o.Status.Attached > 0 || ci.Creating != nil && creatingFor(ci.Creating, p.Name) {
+		o.Busy = true
+	}
+}
+
+// interfacesCondition is the pool's CloudInterfaces condition.
+func interfacesCondition(p *v1.ExternalIPPool, cp *cloudPool, o *cloudPoolOut, eligible []string, ci *cloudInput, v *eniView) *metav1.Condition {
+	if cp.pending > 0 && len(o.Plan.Attach) == 0 && len(eligible) > 0 {
+		// Egresses wait and no eligible Node can take one more address:
+		// say which are at their interface limit.
+		for _, n := range eligible {
+			if v.room(n, cp) <= 0 && v.attachable(n, cp) == 0 && !slices.Contains(v.full[cp.name], n) {
+				v.full[cp.name] = append(v.full[cp.name], n)
+			}
+		}
+	}
+	c := metav1.Condition{Type: v1.ConditionCloudInterfaces, Status: metav1.ConditionTrue, Reason: v1.ReasonInterfacesReady,
+		Message: "egress IPs go on interfaces of the controller's own, tagged " + TagNoManage + "=true", ObservedGeneration: p.Generation}
+	switch {
+	case !ci.Manage:
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1.ReasonInterfaceFailed, "the cloud provider cannot create network interfaces; use interfaceMode PrimaryInterface (only without the AWS VPC CNI) or a provider that can"
+	case ci.SubnetErr[cp.subnet] != "":
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1.ReasonSubnetUnusable, fmt.Sprintf("subnet %s: %s; fix spec.cloud.aws.subnetID", cp.subnet, ci.SubnetErr[cp.subnet])
+	case ci.PoolError[p.Name] != "":
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1.ReasonInterfaceFailed, ci.PoolError[p.Name]
+	case v.fullMessage(p.Name) != "":
+		c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1.ReasonInterfaceLimit, v.fullMessage(p.Name)
+	}
+	if sn, ok := ci.Subnets[cp.subnet]; ok && c.Status == metav1.ConditionTrue {
+		fit := 0
+		for node := range ci.Ifaces {
+			if cp.fits(ci, node) {
+				fit++
+			}
+		}
+		if fit == 0 && len(ci.Ifaces) > 0 {
+			c.Status, c.Reason = metav1.ConditionFalse, v1.ReasonSubnetUnusable
+			c.Message = fmt.Sprintf("subnet %s is in VPC %s, zone %s: no Node runs there, and an interface attaches only to an instance in its subnet's VPC and zone; pick a subnet in the Nodes' zone", cp.subnet, sn.VPCID, sn.Zone)
+		}
+	}
+	return &c
 }

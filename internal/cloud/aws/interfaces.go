@@ -178,7 +178,7 @@ func (p *Provider) DeleteInterface(ctx context.Context, interfaceID, attachmentI
 // TaggedInterfaces implements cloud.InterfaceManager with paginated
 // DescribeNetworkInterfaces calls filtered by tag:<key>=<value>.
 func (p *Provider) TaggedInterfaces(ctx context.Context, tags map[string]string) ([]cloud.ENI, error) {
-	var fs []types.Filter
+	fs := make([]types.Filter, 0, len(tags))
 	for _, k := range slices.Sorted(maps.Keys(tags)) {
 		fs = append(fs, types.Filter{Name: sdkaws.String("tag:" + k), Values: []string{tags[k]}})
 	}

@@ -270,6 +270,9 @@ func (s *Server) dispatch(action string, f formValues) (any, *apiError) {
 	return nil, errorf("InvalidAction", "The action %s is not valid for this web service.", action)
 }
 
+// statusAvailable is the status of an interface attached to no instance.
+const statusAvailable = "available"
+
 func (s *Server) xmlENI(e *eniState, now time.Time, withInstance bool) xmlENI {
 	sn := s.subnets[e.subnet]
 	x := xmlENI{
@@ -278,7 +281,7 @@ func (s *Server) xmlENI(e *eniState, now time.Time, withInstance bool) xmlENI {
 		VPCID:              sn.vpc,
 		MACAddress:         e.mac,
 		PrivateIPAddress:   e.primary.String(),
-		Status:             "available",
+		Status:             statusAvailable,
 		Description:        e.description,
 		PrivateIPs:         []xmlPrivateIP{{PrivateIPAddress: e.primary.String(), Primary: true}},
 	}
@@ -392,7 +395,7 @@ func (s *Server) describeNetworkInterfaces(f formValues, now time.Time) (any, *a
 	var hits []*eniState
 	for _, id := range s.eniOrder {
 		e := s.enis[id]
-		status := "available"
+		status := statusAvailable
 		if e.attached() {
 			status = "in-use"
 		}
