@@ -145,6 +145,8 @@ type Cloud struct {
 	subnetErr map[string]string
 	creating  map[string]bool
 	poolError map[string]string
+	// lateAsked are the late facts a re-read was asked for (askLate).
+	lateAsked map[string]bool
 }
 
 // NewCloud returns a Cloud over cfg.Provider, which must not be nil.
@@ -171,6 +173,7 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		subnetErr:     map[string]string{},
 		creating:      map[string]bool{},
 		poolError:     map[string]string{},
+		lateAsked:     map[string]bool{},
 	}
 }
 
@@ -426,6 +429,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 		default:
 		}
 	}
+	c.askLate(out.LateFacts)
 	c.runENIJobs(ctx, out)
 	if len(jobs) == 0 {
 		return

@@ -640,3 +640,51 @@ func TestCloudOwnInterfacesBadInput(t *testing.T) {
 		}
 	})
 }
+
+// TestCloudLateFacts: with the periodic re-read at one minute, a Node
+// whose spec.providerID is set after it registered and a Node whose
+// instance type changes are seen within the 20 s of cl.eventually: the
+// Node event triggers a pass, and the pass a re-read.
+func TestCloudLateFacts(t *testing.T) {
+	ec := newEmuCloud(t, ec2emu.Config{}, "10.35.0.0/24")
+	cl := newCluster(t, "elate", 2, 30)
+	cl.stopController()
+	for range 2 {
+		in, err := ec.emu.AddInstance(ec2emu.Instance{Type: "t3.micro", SubnetID: ec.subnet}) // 2 ENIs x 2: 1 egress IP
+		if err != nil {
+			t.Fatal(err)
+		}
+		ec.instances = append(ec.instances, in)
+	}
+	cl.setProviderID("elate-n1", ec.instances[0].ProviderID)
+	cl.updateNode("elate-n1", func(n *corev1.Node) { n.Labels[corev1.LabelInstanceTypeStable] = "t3.micro" }, false)
+	cl.opts.Cloud = CloudConfig{Provider: ec.p, RefreshInterval: time.Minute, BackoffInitial: 200 * time.Millisecond, BackoffMax: 2 * time.Second}
+	cl.startController()
+	cl.ownPool("elate", ownPool(ec, 0, nil))
+	cl.egress("elate-a", "elate", "")
+	cl.waitReady("elate-a")
+	cl.egress("elate-b", "elate", "")
+	cl.eventually("elate-b waits for room", func() (bool, string) {
+		e := cl.get("elate-b")
+		return e.Status.EgressNode == "" && !ready(e), describe(e)
+	})
+	// n2 gets its providerID late: b lands there.
+	cl.setProviderID("elate-n2", ec.instances[1].ProviderID)
+	e := cl.waitReady("elate-b")["elate-b"]
+	if e.Status.EgressNode != "elate-n2" {
+		t.Fatalf("elate-b on %s, want elate-n2", e.Status.EgressNode)
+	}
+	// n1 is resized to m5.large (3 ENIs x 10): room for c at once.
+	cl.egress("elate-c", "elate", "")
+	cl.eventually("elate-c waits for room", func() (bool, string) {
+		e := cl.get("elate-c")
+		return e.Status.EgressNode == "" && !ready(e), describe(e)
+	})
+	if err := ec.emu.SetInstanceType(ec.instances[0].ID, "m5.large"); err != nil {
+		t.Fatal(err)
+	}
+	cl.updateNode("elate-n1", func(n *corev1.Node) { n.Labels[corev1.LabelInstanceTypeStable] = "m5.large" }, false)
+	if e := cl.waitReady("elate-c")["elate-c"]; e.Status.EgressNode != "elate-n1" {
+		t.Fatalf("elate-c on %s, want the resized elate-n1", e.Status.EgressNode)
+	}
+}

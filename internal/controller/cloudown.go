@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
@@ -292,6 +293,51 @@ func (c *Cloud) succeeded(key string) {
 	defer c.mu.Unlock()
 	c.backoff.Reset(key)
 	delete(c.backoffUntil, key)
+}
+
+// lateFacts lists the Nodes whose cloud view lags their object: a
+// spec.providerID but no interface read for it yet, or a
+// node.kubernetes.io/instance-type label other than the instance type
+// last read (a stop, resize, start).
+func lateFacts(nodes []corev1.Node, ci *cloudInput) []string {
+	var out []string
+	for i := range nodes {
+		n := &nodes[i]
+		pid := n.Spec.ProviderID
+		if pid == "" {
+			continue
+		}
+		typ := n.Labels[corev1.LabelInstanceTypeStable]
+		ifc, ok := ci.Ifaces[n.Name]
+		if !ok || (typ != "" && ifc.InstanceType != "" && typ != ifc.InstanceType) {
+			out = append(out, n.Name+"|"+pid+"|"+typ)
+		}
+	}
+	return out
+}
+
+// askLate asks for a re-read for each late fact not asked for before
+// (each fact once, so that a Node the cloud does not know, e.g. a
+// Fargate one, costs one re-read, not one per pass).
+func (c *Cloud) askLate(keys []string) {
+	c.mu.Lock()
+	fresh := false
+	for _, k := range keys {
+		if !c.lateAsked[k] {
+			c.lateAsked[k] = true
+			fresh = true
+		}
+	}
+	if len(c.lateAsked) > 10000 {
+		c.lateAsked = map[string]bool{} // bound the memory; at worst one more re-read each
+	}
+	c.mu.Unlock()
+	if fresh {
+		select {
+		case c.refreshNow <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // reread asks the refresher for a re-read now (which notifies a pass).

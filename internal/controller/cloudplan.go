@@ -131,6 +131,11 @@ type cloudOutput struct {
 	// Reread asks for a re-read of the cloud now (an OwnInterfaces pool's
 	// subnet is not described yet).
 	Reread bool
+	// LateFacts are "node|providerID|instance type" keys of Nodes whose
+	// cloud view is behind the Node object (a providerID set after
+	// registration, an instance-type label that differs from the type
+	// last read): each new key asks for one re-read now.
+	LateFacts []string
 	// Recheck, when positive, is when a new pass may decide differently.
 	Recheck time.Duration
 	// Allocations maps every cloud-pool Egress with an address to it.

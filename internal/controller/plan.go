@@ -611,6 +611,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			out.Cloud.DeleteENIs = append(out.Cloud.DeleteENIs, out.Cloud.Pools[p.Name].Deletes...)
 		}
 		out.Cloud.CreateENIs = view.eniCreates()
+		out.Cloud.LateFacts = lateFacts(in.Nodes, in.Cloud)
 		for _, p := range in.Pools {
 			if in.Cloud.Manage && ownInterfaces(p.Spec.Cloud) {
 				sn := p.Spec.Cloud.AWS.SubnetID
