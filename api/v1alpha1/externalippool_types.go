@@ -206,16 +206,75 @@ type CloudPool struct {
 	MinimumIPTarget int32 `json:"minimumIPTarget,omitempty"`
 }
 
+// AWSInterfaceMode says which network interfaces hold a pool's addresses.
+// +kubebuilder:validation:Enum=OwnInterfaces;PrimaryInterface
+type AWSInterfaceMode string
+
+// The interface modes of an AWS pool.
+const (
+	// AWSOwnInterfaces: the controller creates network interfaces (ENIs)
+	// of its own in the pool's subnet, tagged
+	// node.k8s.amazonaws.com/no_manage=true so that the AWS VPC CNI leaves
+	// them alone, attaches them to the Nodes and puts the egress IPs only
+	// on them. The default; required on EKS and wherever the VPC CNI runs.
+	AWSOwnInterfaces AWSInterfaceMode = "OwnInterfaces"
+	// AWSPrimaryInterface: the egress IPs go on each Node's primary ENI
+	// (device index 0). Only for clusters without the AWS VPC CNI: the CNI
+	// always manages the primary ENI, takes unknown secondary addresses
+	// on it as Pod addresses and may release them.
+	AWSPrimaryInterface AWSInterfaceMode = "PrimaryInterface"
+)
+
 // AWSPool is the EC2 side of a cloud-backed pool.
+// +kubebuilder:validation:XValidation:rule="!has(self.interfaceMode) || self.interfaceMode != 'PrimaryInterface' || (!has(self.securityGroupIDs) && !has(self.maxInterfacesPerNode))",message="securityGroupIDs and maxInterfacesPerNode apply to the controller's own interfaces: not allowed with interfaceMode PrimaryInterface"
 type AWSPool struct {
 	// SubnetID is the VPC subnet the pool's addresses come from, such as
-	// subnet-0123456789abcdef0. Only Nodes whose primary network interface
-	// is in this subnet may hold the pool's addresses.
+	// subnet-0123456789abcdef0. With interfaceMode OwnInterfaces the
+	// controller's interfaces are created in it, and only Nodes in its
+	// VPC and availability zone may hold the pool's addresses; with
+	// PrimaryInterface only Nodes whose primary network interface is in
+	// this subnet may.
 	// +required
 	// +kubebuilder:validation:MinLength=15
 	// +kubebuilder:validation:MaxLength=24
 	// +kubebuilder:validation:Pattern=`^subnet-[0-9a-f]{8,17}$`
 	SubnetID string `json:"subnetID"`
+
+	// InterfaceMode is OwnInterfaces (the default: egress IPs only on
+	// interfaces the controller creates, tagged so that the AWS VPC CNI
+	// leaves them alone) or PrimaryInterface (on each Node's primary
+	// interface; only for clusters without the VPC CNI). See
+	// docs/cloud-aws.md.
+	// +optional
+	// +kubebuilder:default=OwnInterfaces
+	InterfaceMode AWSInterfaceMode `json:"interfaceMode,omitempty"`
+
+	// SecurityGroupIDs are the security groups of the interfaces the
+	// controller creates; empty copies those of each Node's primary
+	// interface.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:Pattern=`^sg-[0-9a-f]{8,17}$`
+	// +kubebuilder:validation:items:MaxLength=20
+	SecurityGroupIDs []string `json:"securityGroupIDs,omitempty"`
+
+	// MaxInterfacesPerNode caps how many interfaces the controller
+	// attaches to one Node for this pool, leaving the instance's other
+	// interface slots to the CNI. Absent: as many as the instance type
+	// allows beside the interfaces already attached.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=15
+	MaxInterfacesPerNode int32 `json:"maxInterfacesPerNode,omitempty"`
+}
+
+// Interfaces returns the pool's interface mode, OwnInterfaces when unset.
+func (a *AWSPool) Interfaces() AWSInterfaceMode {
+	if a == nil || a.InterfaceMode == "" {
+		return AWSOwnInterfaces
+	}
+	return a.InterfaceMode
 }
 
 // IPPoolUsage counts a pool's addresses.

@@ -40,3 +40,25 @@ const (
 	// subnet.
 	ExcludedReserved = "Reserved"
 )
+
+// The CloudInterfaces condition of a cloud-backed pool in interface mode
+// OwnInterfaces, and its reasons (docs/cloud-aws.md says what to do for
+// each). Nothing already attached is detached while it is False.
+const (
+	// ConditionCloudInterfaces is True while the controller can create and
+	// attach the pool's own network interfaces.
+	ConditionCloudInterfaces = "CloudInterfaces"
+	// ReasonInterfacesReady: it can.
+	ReasonInterfacesReady = "InterfacesReady"
+	// ReasonInterfaceFailed: creating, attaching or deleting an interface
+	// failed (a missing IAM permission, named in the message; a security
+	// group that does not exist; ...).
+	ReasonInterfaceFailed = "InterfaceFailed"
+	// ReasonSubnetUnusable: the pool's subnet does not exist or lies in a
+	// VPC or availability zone where no Node runs.
+	ReasonSubnetUnusable = "SubnetUnusable"
+	// ReasonInterfaceLimit: Nodes that need another interface for the
+	// pool are at their instance type's interface limit or at the pool's
+	// maxInterfacesPerNode.
+	ReasonInterfaceLimit = "InterfaceLimitReached"
+)

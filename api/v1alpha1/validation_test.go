@@ -163,7 +163,31 @@ func TestValidation(t *testing.T) {
 			subnet("10.0.1.1", 24, 0)(s)
 		}, cidr("10.0.1.0/28")), ""},
 
+		{"cloud pool with own interfaces, groups and cap", pool("ok-cloud-own", func(s *v1.ExternalIPPoolSpec) {
+			cloudAWS("subnet-01234567", 0, 0)(s)
+			s.Cloud.AWS.SecurityGroupIDs, s.Cloud.AWS.MaxInterfacesPerNode = []string{"sg-0123456789abcdef0"}, 2
+		}), ""},
+		{"cloud pool on the primary interface", pool("ok-cloud-primary", func(s *v1.ExternalIPPoolSpec) {
+			cloudAWS("subnet-01234567", 0, 0)(s)
+			s.Cloud.AWS.InterfaceMode = v1.AWSPrimaryInterface
+		}), ""},
 		// Rejected: cloud.
+		{"cloud primary mode with a cap", pool("bad-cloud-primary-cap", func(s *v1.ExternalIPPoolSpec) {
+			cloudAWS("subnet-01234567", 0, 0)(s)
+			s.Cloud.AWS.InterfaceMode, s.Cloud.AWS.MaxInterfacesPerNode = v1.AWSPrimaryInterface, 2
+		}), "securityGroupIDs and maxInterfacesPerNode apply to the controller's own interfaces"},
+		{"cloud maxInterfacesPerNode 16", pool("bad-cloud-cap", func(s *v1.ExternalIPPoolSpec) {
+			cloudAWS("subnet-01234567", 0, 0)(s)
+			s.Cloud.AWS.MaxInterfacesPerNode = 16
+		}), "spec.cloud.aws.maxInterfacesPerNode"},
+		{"cloud security group pattern", pool("bad-cloud-sg", func(s *v1.ExternalIPPoolSpec) {
+			cloudAWS("subnet-01234567", 0, 0)(s)
+			s.Cloud.AWS.SecurityGroupIDs = []string{"default"}
+		}), "spec.cloud.aws.securityGroupIDs[0]"},
+		{"cloud interface mode unknown", pool("bad-cloud-mode", func(s *v1.ExternalIPPoolSpec) {
+			cloudAWS("subnet-01234567", 0, 0)(s)
+			s.Cloud.AWS.InterfaceMode = "Secondary"
+		}), "spec.cloud.aws.interfaceMode: Unsupported value"},
 		{"cloud subnetID pattern", pool("bad-cloud-subnet", cloudAWS("subnet-XYZ12345", 0, 0)), "spec.cloud.aws.subnetID: Invalid value"},
 		{"cloud subnetID too short", pool("bad-cloud-subnet2", cloudAWS("subnet-0123", 0, 0)), "spec.cloud.aws.subnetID"},
 		{"cloud aws missing", pool("bad-cloud-noaws", func(s *v1.ExternalIPPoolSpec) {

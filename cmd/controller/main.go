@@ -129,6 +129,9 @@ func main() {
 			"AWS_REGION, ~/.aws/config, IRSA or the instance profile), or empty to disable them.")
 	flag.DurationVar(&ctrlOpts.Cloud.RefreshInterval, "cloud-refresh-interval", time.Minute,
 		"How often the Nodes' network interfaces are re-read from the cloud.")
+	flag.StringVar(&ctrlOpts.Cloud.ClusterName, "cloud-cluster-name", "egressip",
+		"Value of the egressip.io/cluster tag on the network interfaces the controller creates; "+
+			"give each cluster sharing a cloud account its own, so that no controller touches another's.")
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
 

@@ -35,6 +35,67 @@ type Interface struct {
 	// excluded), sorted; this includes addresses other software (e.g. a CNI's
 	// Pod IPs) attached.
 	Secondary []netip.Addr
+	// Zone and VPCID are where the instance runs (availability zone, VPC).
+	Zone, VPCID string
+	// Groups are the primary interface's security group IDs.
+	Groups []string
+	// MaxInterfaces is the number of interfaces the instance type can have
+	// attached (on AWS maximumNetworkInterfaces); 0 if unknown.
+	MaxInterfaces int
+	// Others are the instance's other attached interfaces (device index
+	// above 0, every owner's), sorted by device index.
+	Others []ENI
+}
+
+// ENI is one network interface other than a Node's primary one.
+type ENI struct {
+	// ID is the interface ID; MAC its hardware address, lower-case and
+	// colon-separated; SubnetID its subnet.
+	ID, MAC, SubnetID string
+	// InstanceID is the instance it is attached to ("" when detached).
+	InstanceID string
+	// DeviceIndex is its attachment's device index (-1 when detached).
+	DeviceIndex int
+	// AttachmentID identifies the attachment ("" when detached).
+	AttachmentID string
+	// Tags are the interface's tags.
+	Tags map[string]string
+	// Secondary are its secondary private IPs, sorted.
+	Secondary []netip.Addr
+}
+
+// InterfaceSpec is a network interface to create.
+type InterfaceSpec struct {
+	SubnetID    string
+	Groups      []string
+	Tags        map[string]string
+	Description string
+}
+
+// Subnet is a subnet's place in the network.
+type Subnet struct {
+	ID, VPCID, Zone string
+}
+
+// InterfaceManager is the part of a provider that creates, attaches,
+// detaches and deletes network interfaces of its own (on AWS, ENIs that
+// the VPC CNI leaves alone). Each method is one or a few cloud API calls.
+type InterfaceManager interface {
+	// CreateInterface creates an interface and returns it (detached).
+	CreateInterface(ctx context.Context, spec InterfaceSpec) (ENI, error)
+	// AttachInterface attaches the interface to the instance at the
+	// device index, to be deleted with the instance, and returns the
+	// attachment ID.
+	AttachInterface(ctx context.Context, interfaceID, instanceID string, deviceIndex int) (string, error)
+	// DeleteInterface detaches the interface if attachmentID is set and
+	// deletes it once detached.
+	DeleteInterface(ctx context.Context, interfaceID, attachmentID string) error
+	// TaggedInterfaces returns every interface, attached or not, that
+	// carries all the tags.
+	TaggedInterfaces(ctx context.Context, tags map[string]string) ([]ENI, error)
+	// SubnetZones describes the subnets, keyed by ID; an unknown one is an
+	// error wrapping ErrNotFound.
+	SubnetZones(ctx context.Context, ids []string) (map[string]Subnet, error)
 }
 
 // Provider attaches and detaches secondary IPs. Each method is one cloud API
@@ -68,6 +129,16 @@ var (
 	// ErrThrottled: the API kept refusing calls for rate after the SDK's
 	// retries (EC2 RequestLimitExceeded).
 	ErrThrottled = errors.New("cloud API throttled")
-	// ErrNotFound: the interface or instance does not exist.
+	// ErrNotFound: the interface, instance, subnet or security group does
+	// not exist.
 	ErrNotFound = errors.New("not found")
+	// ErrUnauthorized: the caller's policy lacks the permission (EC2
+	// UnauthorizedOperation); the error text names the action.
+	ErrUnauthorized = errors.New("not authorized")
+	// ErrInterfaceLimit: the instance cannot have more interfaces attached
+	// (EC2 AttachmentLimitExceeded).
+	ErrInterfaceLimit = errors.New("instance interface limit reached")
+	// ErrInvalid: the cloud refused the request's parameters (e.g. an
+	// interface and an instance in different zones).
+	ErrInvalid = errors.New("invalid request")
 )

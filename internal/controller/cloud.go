@@ -34,7 +34,7 @@ const (
 var (
 	cloudCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_controller_cloud_calls_total",
-		Help: "Cloud API calls the controller made, by action (Interfaces, Assign, AssignCount, Unassign) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, error).",
+		Help: "Cloud API calls the controller made, by action (Interfaces, Assign, AssignCount, Unassign, TaggedInterfaces, SubnetZones, CreateInterface, AttachInterface, DeleteInterface) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, Unauthorized, InterfaceLimit, error).",
 	}, []string{"action", labelResult})
 	cloudCallDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "egressip_controller_cloud_call_duration_seconds",
@@ -69,6 +69,11 @@ type CloudConfig struct {
 	// over a re-read that does not show them yet (the cloud's reads lag
 	// its writes). Default 2 min.
 	Overlay time.Duration
+	// ClusterName is the value of the egressip.io/cluster tag on the
+	// network interfaces the controller creates, so that controllers of
+	// several clusters in one account never touch each other's. Default
+	// "egressip".
+	ClusterName string
 }
 
 func (c *CloudConfig) defaults() {
@@ -86,6 +91,9 @@ func (c *CloudConfig) defaults() {
 	}
 	if c.Overlay <= 0 {
 		c.Overlay = 2 * time.Minute
+	}
+	if c.ClusterName == "" {
+		c.ClusterName = "egressip"
 	}
 }
 
@@ -129,6 +137,16 @@ type Cloud struct {
 	backoff       *flowcontrol.Backoff
 	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
 	refreshNow    chan struct{}
+	// Own interfaces (OwnInterfaces pools): every interface tagged with
+	// our cluster, the pools' subnets, the "node/pool" pairs with a
+	// create in flight, and each pool's last interface error.
+	tagged    []cloud.ENI
+	subnets   map[string]cloud.Subnet
+	subnetErr map[string]string
+	creating  map[string]bool
+	poolError map[string]string
+	// lateAsked are the late facts a re-read was asked for (askLate).
+	lateAsked map[string]bool
 }
 
 // NewCloud returns a Cloud over cfg.Provider, which must not be nil.
@@ -151,6 +169,11 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
 		backoffUntil:  map[string]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
+		subnets:       map[string]cloud.Subnet{},
+		subnetErr:     map[string]string{},
+		creating:      map[string]bool{},
+		poolError:     map[string]string{},
+		lateAsked:     map[string]bool{},
 	}
 }
 
@@ -219,29 +242,29 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 		// IPs; the others go on.
 		log.FromContext(ctx).Info("Some Nodes have no cloud interface", "error", err.Error())
 	}
+	tagged, subnets, subnetErr, ok := c.readOwn(ctx)
 	now := time.Now()
 	c.mu.Lock()
-	byID := map[string]string{}
-	for node, ifc := range got {
-		byID[ifc.ID] = node
-	}
 	for ip, o := range c.overlay {
 		if now.After(o.deadline) {
 			delete(c.overlay, ip)
 			continue
 		}
-		for node, ifc := range got {
-			ifc.Secondary = slices.DeleteFunc(ifc.Secondary, func(a netip.Addr) bool { return a == ip })
-			got[node] = ifc
-		}
-		if node, ok := byID[o.iface]; ok && o.node != "" {
-			ifc := got[node]
-			ifc.Secondary = append(ifc.Secondary, ip)
-			slices.SortFunc(ifc.Secondary, func(a, b netip.Addr) int { return a.Compare(b) })
-			got[node] = ifc
-		}
+		placeIP(got, ip, o.iface, o.node != "")
+	}
+	if ok {
+		tagOthers(got, tagged)
+		c.tagged = tagged
+	} else {
+		tagOthers(got, c.tagged) // keep the last listing's tags
 	}
 	changed := !c.ready || !maps.EqualFunc(c.ifaces, got, sameInterface)
+	if ok && (!maps.Equal(c.subnets, subnets) || !maps.Equal(c.subnetErr, subnetErr)) {
+		changed = true
+	}
+	if ok {
+		c.subnets, c.subnetErr = subnets, subnetErr
+	}
 	c.ifaces, c.ready = got, true
 	c.mu.Unlock()
 	if changed {
@@ -251,7 +274,11 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 }
 
 func sameInterface(a, b cloud.Interface) bool {
-	return a.ID == b.ID && a.MAC == b.MAC && a.SubnetID == b.SubnetID && a.Limit == b.Limit && slices.Equal(a.Secondary, b.Secondary)
+	return a.ID == b.ID && a.MAC == b.MAC && a.SubnetID == b.SubnetID && a.Limit == b.Limit && slices.Equal(a.Secondary, b.Secondary) &&
+		a.MaxInterfaces == b.MaxInterfaces && a.Zone == b.Zone && a.VPCID == b.VPCID &&
+		slices.EqualFunc(a.Others, b.Others, func(x, y cloud.ENI) bool {
+			return x.ID == y.ID && x.DeviceIndex == y.DeviceIndex && maps.Equal(x.Tags, y.Tags) && slices.Equal(x.Secondary, y.Secondary)
+		})
 }
 
 // input is the snapshot a pass reads.
@@ -272,7 +299,14 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		LastError:     maps.Clone(c.lastError),
 		WarmAttaching: maps.Clone(c.warmAttaching),
 		Recent:        maps.Clone(c.recent),
+		Cluster:       c.cfg.ClusterName,
+		Subnets:       maps.Clone(c.subnets),
+		SubnetErr:     maps.Clone(c.subnetErr),
+		Tagged:        slices.Clone(c.tagged),
+		Creating:      maps.Clone(c.creating),
+		PoolError:     maps.Clone(c.poolError),
 	}
+	_, ci.Manage = c.cfg.Provider.(cloud.InterfaceManager)
 	for k, v := range c.owned {
 		ci.Owned[k] = maps.Clone(v)
 	}
@@ -389,6 +423,14 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 		ctx = c.runCtx
 	}
 	c.mu.Unlock()
+	if out.Reread {
+		select {
+		case c.refreshNow <- struct{}{}:
+		default:
+		}
+	}
+	c.askLate(out.LateFacts)
+	c.runENIJobs(ctx, out)
 	if len(jobs) == 0 {
 		return
 	}
@@ -460,18 +502,17 @@ func (c *Cloud) applied(pool, node, iface string, ips []netip.Addr, attach bool)
 	c.backoff.Reset("eni/" + iface)
 	delete(c.backoffUntil, "eni/"+iface)
 	delete(c.lastError, iface)
-	for n, ifc := range c.ifaces {
-		ifc.Secondary = slices.DeleteFunc(ifc.Secondary, func(a netip.Addr) bool { return slices.Contains(ips, a) })
-		if attach && n == node {
-			ifc.Secondary = append(ifc.Secondary, ips...)
-			slices.SortFunc(ifc.Secondary, func(a, b netip.Addr) int { return a.Compare(b) })
-		}
-		c.ifaces[n] = ifc
+	for _, ip := range ips {
+		placeIP(c.ifaces, ip, iface, attach)
 	}
 	for _, ip := range ips {
 		o := overlayEntry{iface: iface, deadline: now.Add(c.cfg.Overlay)}
 		if attach {
 			o.node = node
+		} else if prev, ok := c.overlay[ip]; ok && prev.node != "" && prev.iface != iface {
+			// Attached elsewhere by a call that completed first: a detach
+			// from iface does not undo that.
+			continue
 		}
 		c.overlay[ip] = o
 	}
@@ -530,6 +571,10 @@ func (c *Cloud) call(ctx context.Context, action string, f func() error) error {
 		res = "Throttled"
 	case errors.Is(err, cloud.ErrNotFound):
 		res = "NotFound"
+	case errors.Is(err, cloud.ErrUnauthorized):
+		res = "Unauthorized"
+	case errors.Is(err, cloud.ErrInterfaceLimit):
+		res = "InterfaceLimit"
 	default:
 		res = resultError
 	}

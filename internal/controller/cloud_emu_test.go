@@ -65,7 +65,7 @@ func newEmuCluster(t *testing.T, prefix string, nodes, capacity int, ec *emuClou
 func emuPool(ec *emuCloud, warmTarget, minimum int32) func(*v1.ExternalIPPool) {
 	return func(p *v1.ExternalIPPool) {
 		p.Spec.IPRanges = nil
-		p.Spec.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: ec.subnet}, WarmIPTarget: warmTarget, MinimumIPTarget: minimum}
+		p.Spec.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: ec.subnet, InterfaceMode: v1.AWSPrimaryInterface}, WarmIPTarget: warmTarget, MinimumIPTarget: minimum}
 	}
 }
 

@@ -56,7 +56,7 @@ func (cl *cluster) cordonOrUncordon(node string, cordon bool) {
 func cloudPoolSpec(fc *fakeCloud, warmTarget, minimum int32) func(*v1.ExternalIPPool) {
 	return func(p *v1.ExternalIPPool) {
 		p.Spec.IPRanges = nil
-		p.Spec.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: fc.subnet}, WarmIPTarget: warmTarget, MinimumIPTarget: minimum}
+		p.Spec.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: fc.subnet, InterfaceMode: v1.AWSPrimaryInterface}, WarmIPTarget: warmTarget, MinimumIPTarget: minimum}
 	}
 }
 

@@ -3,6 +3,7 @@ package controller
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/egressip/egressip/internal/cloud/warm"
 	"github.com/egressip/egressip/internal/ipam"
 	"github.com/egressip/egressip/internal/scheduler"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Condition reasons of cloud-backed pools.
@@ -68,6 +70,25 @@ type cloudInput struct {
 	// LastError holds, per interface, the error of its last failed call
 	// (cleared by a success), for the Egresses' conditions.
 	LastError map[string]string
+	// Cluster is CloudConfig.ClusterName, the value of TagCluster on our
+	// interfaces.
+	Cluster string
+	// Manage is set when the provider can create interfaces
+	// (cloud.InterfaceManager).
+	Manage bool
+	// Subnets are the OwnInterfaces pools' subnets as the cloud describes
+	// them; SubnetErr says why one could not be described.
+	Subnets   map[string]cloud.Subnet
+	SubnetErr map[string]string
+	// Tagged are every interface carrying our TagCluster, attached or not,
+	// as last listed (for the collector).
+	Tagged []cloud.ENI
+	// Creating marks "node/pool" pairs with an interface being created
+	// and attached.
+	Creating map[string]bool
+	// PoolError holds, per pool, the error of its last failed interface
+	// call (create, attach, delete), cleared by a success.
+	PoolError map[string]string
 }
 
 // cloudOp is one named-address attach for the Cloud to run: every address
@@ -88,6 +109,13 @@ type cloudPoolOut struct {
 	Owned map[netip.Addr]bool
 	// Released were allocated in the previous pass and are warm now.
 	Released []netip.Addr
+	// Interfaces is the pool's CloudInterfaces condition (OwnInterfaces
+	// pools); Busy is set while the pool still holds addresses or
+	// interfaces (a deleted pool keeps its finalizer until then).
+	Interfaces *metav1.Condition
+	Busy       bool
+	// Deletes are the pool's interfaces to detach and delete.
+	Deletes []eniDelete
 }
 
 // cloudOutput is what a pass asks of the cloud.
@@ -96,6 +124,18 @@ type cloudOutput struct {
 	// user-named addresses): one call per interface.
 	Attach []cloudOp
 	Pools  map[string]*cloudPoolOut
+	// CreateENIs and DeleteENIs are the interfaces to create and attach,
+	// or to detach and delete (OwnInterfaces pools and the collector).
+	CreateENIs []eniCreate
+	DeleteENIs []eniDelete
+	// Reread asks for a re-read of the cloud now (an OwnInterfaces pool's
+	// subnet is not described yet).
+	Reread bool
+	// LateFacts are "node|providerID|instance type" keys of Nodes whose
+	// cloud view is behind the Node object (a providerID set after
+	// registration, an instance-type label that differs from the type
+	// last read): each new key asks for one re-read now.
+	LateFacts []string
 	// Recheck, when positive, is when a new pass may decide differently.
 	Recheck time.Duration
 	// Allocations maps every cloud-pool Egress with an address to it.
@@ -105,7 +145,13 @@ type cloudOutput struct {
 // cloudPool is a cloud-backed pool's working state in a pass.
 type cloudPool struct {
 	spec   *v1.CloudPool
+	name   string
 	subnet string
+	// own: interface mode OwnInterfaces; groups and maxIfaces are its
+	// securityGroupIDs and maxInterfacesPerNode.
+	own       bool
+	groups    []string
+	maxIfaces int
 	// ranged is set when spec.ipRanges restricts the pool.
 	ranged bool
 	used   map[netip.Addr]bool
@@ -122,23 +168,64 @@ type cloudPool struct {
 	bound map[netip.Addr]bool
 }
 
-// attachedAt maps every secondary address of the known interfaces to its
-// Node.
-func attachedAt(ifaces map[string]cloud.Interface) map[netip.Addr]string {
+// attachedAt maps every secondary address of the known primary
+// interfaces and of our own interfaces to its Node.
+func attachedAt(ci *cloudInput) map[netip.Addr]string {
 	at := map[netip.Addr]string{}
-	for node, ifc := range ifaces {
+	for node, ifc := range ci.Ifaces {
 		for _, ip := range ifc.Secondary {
 			at[ip] = node
+		}
+		for _, e := range ifc.Others {
+			if ci.ours(e) {
+				for _, ip := range e.Secondary {
+					at[ip] = node
+				}
+			}
 		}
 	}
 	return at
 }
 
+// fits reports whether the Node can hold the pool's addresses as far as
+// the network goes: in PrimaryInterface mode its primary interface is in
+// the pool's subnet; in OwnInterfaces mode the subnet is in the Node's
+// VPC and availability zone (an interface attaches only there).
+func (cp *cloudPool) fits(ci *cloudInput, node string) bool {
+	ifc := ci.Ifaces[node]
+	if ifc.ID == "" {
+		return false
+	}
+	if !cp.own {
+		return ifc.SubnetID == cp.subnet
+	}
+	sn, ok := ci.Subnets[cp.subnet]
+	return ok && ci.Manage && sn.VPCID == ifc.VPCID && sn.Zone == ifc.Zone
+}
+
 // newCloudPool gathers a cloud pool's owned and warm addresses.
 func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, egs []v1.Egress) *cloudPool {
-	cp := &cloudPool{spec: p.Spec.Cloud, ranged: len(p.Spec.IPRanges) > 0, used: map[netip.Addr]bool{}, owned: map[netip.Addr]bool{}, avail: map[string][]netip.Addr{}, load: map[string]int{}, bound: map[netip.Addr]bool{}}
-	if p.Spec.Cloud.AWS != nil {
-		cp.subnet = p.Spec.Cloud.AWS.SubnetID
+	cp := &cloudPool{spec: p.Spec.Cloud, name: p.Name, ranged: len(p.Spec.IPRanges) > 0, used: map[netip.Addr]bool{}, owned: map[netip.Addr]bool{}, avail: map[string][]netip.Addr{}, load: map[string]int{}, bound: map[netip.Addr]bool{}}
+	if a := p.Spec.Cloud.AWS; a != nil {
+		cp.subnet = a.SubnetID
+		cp.own = ownInterfaces(p.Spec.Cloud)
+		cp.groups, cp.maxIfaces = a.SecurityGroupIDs, int(a.MaxInterfacesPerNode)
+	}
+	if cp.own {
+		// Every address on the pool's own interfaces is the pool's: the
+		// CNI leaves those interfaces alone and nothing else attaches
+		// there.
+		for _, ifc := range ci.Ifaces {
+			for _, e := range ifc.Others {
+				if ci.ours(e) && e.Tags[TagPool] == p.Name {
+					for _, ip := range e.Secondary {
+						if !ci.Detaching[ip] {
+							cp.owned[ip] = true
+						}
+					}
+				}
+			}
+		}
 	}
 	for ip := range ci.Owned[p.Name] {
 		if !ci.Detaching[ip] {
@@ -251,14 +338,18 @@ func usedByAny(pools []*cloudPool, ip netip.Addr) bool {
 // room is the smaller of the free slots of the interface (after the
 // attaches this pass asks for) and the Node's egress-IP capacity
 // (annotation or flag) left after every address of ours on it.
-func warmNodes(names []string, ci *cloudInput, capacity, held, poolLoad, attaching map[string]int) []warm.Node {
+func warmNodes(names []string, ci *cloudInput, cp *cloudPool, v *eniView, capacity, held, poolLoad, attaching map[string]int) []warm.Node {
 	var out []warm.Node
 	for _, n := range names {
 		ifc := ci.Ifaces[n]
-		if ifc.ID == "" || ci.Blocked[ifc.ID] {
+		if ifc.ID == "" || (!cp.own && ci.Blocked[ifc.ID]) {
 			continue
 		}
-		room := min(ifc.Limit-1-len(ifc.Secondary), capacity[n]-held[n]) - attaching[n]
+		free := v.room(n, cp)
+		if cp.own {
+			attaching[n] = 0 // v.room already counts this pass's named attaches
+		}
+		room := min(free, capacity[n]-held[n]) - attaching[n]
 		out = append(out, warm.Node{Name: n, InterfaceID: ifc.ID, Room: room, Load: poolLoad[n]})
 	}
 	slices.SortFunc(out, func(a, b warm.Node) int { return cmp.Compare(a.Name, b.Name) })
@@ -297,7 +388,7 @@ func sPoolNodes(sp []scheduler.Pool, name string) []string {
 
 // planCloudPool computes a cloud pool's warm addresses, its status and its
 // warm plan after allocation.
-func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNodes []string, ci *cloudInput,
+func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNodes []string, ci *cloudInput, v *eniView,
 	at map[netip.Addr]string, sNodes []scheduler.Node, flagCapacity, attaching map[string]int, ours func(netip.Addr) bool) *cloudPoolOut {
 	o := &cloudPoolOut{Bound: map[netip.Addr]bool{}, Owned: map[netip.Addr]bool{}}
 	for ip := range cp.bound {
@@ -361,7 +452,7 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNod
 	in := warm.Input{
 		Now: ci.Now, WarmTarget: int(cp.spec.WarmIPTarget), MinimumTarget: int(cp.spec.MinimumIPTarget),
 		Allocated: len(cp.used), Pending: cp.pending, Attaching: ci.WarmAttaching[p.Name], Warm: warmIPs,
-		Nodes:         warmNodes(names, ci, flagCapacity, held, poolLoad, attaching),
+		Nodes:         warmNodes(names, ci, cp, v, flagCapacity, held, maps.Clone(poolLoad), maps.Clone(attaching)),
 		LastScaleDown: ci.LastScaleDown[p.Name], BackoffUntil: ci.PoolBackoff[p.Name], Ranged: cp.ranged,
 	}
 	if p.DeletionTimestamp != nil {
@@ -386,5 +477,8 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNod
 		}
 	}
 	o.Plan = warm.Compute(in)
+	if cp.own {
+		ownPlan(p, cp, o, warmIPs, names, ci, v)
+	}
 	return o
 }

@@ -30,7 +30,7 @@ func planEgress(name, statusIP, statusNode string, sec int) v1.Egress {
 
 func planPool(warmIPs ...v1.WarmIP) v1.ExternalIPPool {
 	p := v1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: "c"}, Spec: v1.ExternalIPPoolSpec{
-		Cloud: &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: "subnet-01234567"}, WarmIPTarget: 2}}}
+		Cloud: &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: "subnet-01234567", InterfaceMode: v1.AWSPrimaryInterface}, WarmIPTarget: 2}}}
 	if len(warmIPs) > 0 {
 		p.Status.Cloud = &v1.CloudPoolStatus{WarmIPs: warmIPs}
 	}

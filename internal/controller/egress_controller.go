@@ -391,11 +391,13 @@ func (r *PassReconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 // nodeChanged reports whether a Node update matters to scheduling: labels,
-// annotations, cordon, deletion, addresses, or the Ready and
+// annotations, cordon, deletion, addresses, spec.providerID (cloud pools:
+// a providerID set after registration), or the Ready and
 // NetworkUnavailable condition statuses (heartbeat-only updates do not).
 func nodeChanged(o, n *corev1.Node) bool {
 	if !equality.Semantic.DeepEqual(o.Labels, n.Labels) || !equality.Semantic.DeepEqual(o.Annotations, n.Annotations) ||
 		o.Spec.Unschedulable != n.Spec.Unschedulable || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) ||
+		o.Spec.ProviderID != n.Spec.ProviderID ||
 		!equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses) {
 		return true
 	}

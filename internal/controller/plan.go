@@ -144,9 +144,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		nodeIPs []netip.Addr
 	}
 	var attached map[netip.Addr]string
+	var view *eniView
 	if in.Cloud != nil {
 		out.Cloud = &cloudOutput{Pools: map[string]*cloudPoolOut{}, Allocations: map[string]netip.Addr{}}
-		attached = attachedAt(in.Cloud.Ifaces)
+		attached = attachedAt(in.Cloud)
+		view = newENIView(in.Cloud)
 	}
 	agentOK := func(node string) bool { st := in.Agents(node); return !st.Dead }
 	pools := make(map[string]*poolState, len(in.Pools))
@@ -309,7 +311,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 	}
 	for _, ps := range pools {
 		if ps.cloud != nil {
-			ps.cloud.fillWarm(in.Cloud, attached, func(n string) bool { return agentOK(n) && in.Cloud.Ifaces[n].SubnetID == ps.cloud.subnet })
+			ps.cloud.fillWarm(in.Cloud, attached, func(n string) bool { return agentOK(n) && ps.cloud.fits(in.Cloud, n) })
 		}
 	}
 	for _, i := range pending {
@@ -319,7 +321,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			ip, node, ok := cp.takeWarm()
 			if !ok {
 				cp.pending++
-				allocCond[i] = allocatedCond(false, ReasonWaitingForWarmIP, fmt.Sprintf("ExternalIPPool %q has no warm IP available; the controller is attaching one through the cloud API", e.Spec.ExternalIPPool))
+				msg := fmt.Sprintf("ExternalIPPool %q has no warm IP available; the controller is attaching one through the cloud API", e.Spec.ExternalIPPool)
+				if why := cp.interfaceTrouble(in.Cloud); why != "" {
+					msg += "; but the pool cannot get network interfaces of its own: " + why
+				}
+				allocCond[i] = allocatedCond(false, ReasonWaitingForWarmIP, msg)
 				continue
 			}
 			ips[i], preferred[i] = ip, node
@@ -351,7 +357,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		}
 		flagCapacity[n.Name] = sn.Capacity
 		if in.Cloud != nil {
-			if c, ok := cloudCapacity(in.Cloud.Ifaces[n.Name], cloudPools); ok && c < sn.Capacity {
+			if c, ok := nodeCloudCapacity(in.Cloud, view, n.Name, cloudPools); ok && c < sn.Capacity {
 				sn.Capacity = c
 			}
 		}
@@ -375,12 +381,15 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		}
 		if ps.err == nil {
 			for i := range in.Nodes {
-				if ps.sel.Matches(labels.Set(in.Nodes[i].Labels)) && (ps.cloud == nil || in.Cloud.Ifaces[in.Nodes[i].Name].SubnetID == ps.cloud.subnet) {
+				if ps.sel.Matches(labels.Set(in.Nodes[i].Labels)) && (ps.cloud == nil || ps.cloud.fits(in.Cloud, in.Nodes[i].Name)) {
 					sp.EligibleNodes = append(sp.EligibleNodes, in.Nodes[i].Name)
 				}
 			}
 			what := "the nodeSelector"
-			if ps.cloud != nil {
+			switch {
+			case ps.cloud != nil && ps.cloud.own:
+				what = "the nodeSelector and the cloud subnet's VPC and availability zone"
+			case ps.cloud != nil:
 				what = "the nodeSelector and the cloud subnet"
 			}
 			poolNodes[p.Name] = poolMatch{what: what, matching: sp.EligibleNodes}
@@ -471,19 +480,23 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			cp = ps.cloud
 		}
 		if cp != nil && target != "" {
-			if attached[ips[i]] == target {
-				st.InterfaceMAC = in.Cloud.Ifaces[target].MAC
+			if attached[ips[i]] == target && (!cp.own || view.ifaceAt[ips[i]] != in.Cloud.Ifaces[target].ID) {
+				st.InterfaceMAC = view.macAt[ips[i]]
 			} else {
 				msg := fmt.Sprintf("attaching %s to the network interface of Node %s through the cloud API", st.EgressIP, target)
-				if le := in.Cloud.LastError[in.Cloud.Ifaces[target].ID]; le != "" {
+				eni, ok := view.pick(target, cp)
+				if !ok && cp.own {
+					msg = fmt.Sprintf("waiting for an interface of the controller's own on Node %s to attach %s to (see the pool's condition %s)", target, st.EgressIP, v1.ConditionCloudInterfaces)
+				}
+				if le := in.Cloud.LastError[eni]; le != "" {
 					msg += "; the last call on that interface failed: " + le
 					ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, "AttachFailed", msg
 				}
 				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: ReasonAttaching,
 					Message: msg, ObservedGeneration: e.Generation})
-				if ifc := in.Cloud.Ifaces[target]; ifc.ID != "" {
-					attach[ifc.ID] = append(attach[ifc.ID], ips[i])
-					attachNode[ifc.ID] = target
+				if ok {
+					attach[eni] = append(attach[eni], ips[i])
+					attachNode[eni] = target
 				}
 				target = ""
 			}
@@ -593,9 +606,36 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			if ps.cloud == nil {
 				continue
 			}
-			out.Cloud.Pools[p.Name] = planCloudPool(&p, ps.cloud, ps.pool, sPoolNodes(sPools, p.Name), in.Cloud, attached, sNodes, flagCapacity, attaching, func(ip netip.Addr) bool { return ownedByAny(cloudPools, ip) })
+			out.Cloud.Pools[p.Name] = planCloudPool(&p, ps.cloud, ps.pool, sPoolNodes(sPools, p.Name), in.Cloud, view, attached, sNodes, flagCapacity, attaching, func(ip netip.Addr) bool { return ownedByAny(cloudPools, ip) })
 			out.Cloud.Recheck = minPositive(out.Cloud.Recheck, out.Cloud.Pools[p.Name].Plan.Recheck)
+			out.Cloud.DeleteENIs = append(out.Cloud.DeleteENIs, out.Cloud.Pools[p.Name].Deletes...)
 		}
+		out.Cloud.CreateENIs = view.eniCreates()
+		out.Cloud.LateFacts = lateFacts(in.Nodes, in.Cloud)
+		for _, p := range in.Pools {
+			if in.Cloud.Manage && ownInterfaces(p.Spec.Cloud) {
+				sn := p.Spec.Cloud.AWS.SubnetID
+				if _, ok := in.Cloud.Subnets[sn]; !ok && in.Cloud.SubnetErr[sn] == "" {
+					out.Cloud.Reread = true
+				}
+			}
+		}
+		poolNames, nodeNames := map[string]bool{}, map[string]bool{}
+		for _, p := range in.Pools {
+			if ownInterfaces(p.Spec.Cloud) && p.Spec.Cloud.AWS.SubnetID != "" {
+				poolNames[p.Name] = true
+			}
+		}
+		for i := range in.Nodes {
+			nodeNames[in.Nodes[i].Name] = true
+		}
+		held := map[netip.Addr]bool{}
+		for i := range egs {
+			if ip, err := netip.ParseAddr(egs[i].Status.EgressIP); err == nil {
+				held[ip] = true
+			}
+		}
+		out.Cloud.DeleteENIs = append(out.Cloud.DeleteENIs, collect(in.Cloud, poolNames, nodeNames, func(ip netip.Addr) bool { return held[ip] })...)
 	}
 
 	// Pool statuses and deletion protection.
@@ -608,7 +648,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		ps := pools[p.Name]
 		st := v1.ExternalIPPoolStatus{Conditions: slices.Clone(p.Status.Conditions)}
 		deleting := p.DeletionTimestamp != nil
-		out.Finalize[p.Name] = !deleting || len(users[p.Name]) > 0
+		out.Finalize[p.Name] = !deleting || len(users[p.Name]) > 0 || (out.Cloud != nil && out.Cloud.Pools[p.Name] != nil && out.Cloud.Pools[p.Name].Busy)
 		if deleting && len(users[p.Name]) > 0 {
 			held := slices.Sorted(slices.Values(users[p.Name]))
 			if len(held) > 10 {
@@ -622,6 +662,22 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			if ps.cloud != nil {
 				cs := out.Cloud.Pools[p.Name].Status
 				st.Cloud = &cs
+				if c := out.Cloud.Pools[p.Name].Interfaces; c != nil {
+					meta.SetStatusCondition(&st.Conditions, *c)
+				}
+			}
+			out.Pools[p.Name] = st
+			continue
+		}
+		if deleting && out.Finalize[p.Name] {
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInUse,
+				Message: "deletion waits: the controller is releasing the pool's cloud addresses and deleting its network interfaces", ObservedGeneration: p.Generation})
+			if co := out.Cloud.Pools[p.Name]; co != nil {
+				cs := co.Status
+				st.Cloud = &cs
+				if co.Interfaces != nil {
+					meta.SetStatusCondition(&st.Conditions, *co.Interfaces)
+				}
 			}
 			out.Pools[p.Name] = st
 			continue
@@ -633,6 +689,9 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 				co := out.Cloud.Pools[p.Name]
 				cs := co.Status
 				st.Cloud = &cs
+				if co.Interfaces != nil {
+					meta.SetStatusCondition(&st.Conditions, *co.Interfaces)
+				}
 				st.Usage = v1.IPPoolUsage{Total: int64(cs.Attached), TotalText: strconv.Itoa(int(cs.Attached)), Used: int64(cs.Allocated)}
 				if ps.alloc != nil {
 					st.Usage.Total, st.Usage.TotalText = saturate(ps.alloc.Total()), ps.alloc.TotalText()

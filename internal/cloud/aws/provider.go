@@ -83,7 +83,15 @@ type Provider struct {
 	client *ec2.Client
 
 	mu     sync.Mutex
-	limits map[string]int // instance type -> IPv4 addresses per interface
+	limits map[string]typeLimit // by instance type
+}
+
+// typeLimit is an instance type's network limits (DescribeInstanceTypes
+// networkInfo).
+type typeLimit struct {
+	// perInterface is ipv4AddressesPerInterface, interfaces
+	// maximumNetworkInterfaces.
+	perInterface, interfaces int
 }
 
 var _ cloud.Provider = (*Provider)(nil)
@@ -117,7 +125,7 @@ func New(cfg sdkaws.Config, opts Options) (*Provider, error) {
 			o.APIOptions = append(o.APIOptions, m.middleware)
 		}
 	})
-	return &Provider{client: client, limits: map[string]int{}}, nil
+	return &Provider{client: client, limits: map[string]typeLimit{}}, nil
 }
 
 // NewForEndpoint returns a Provider talking to an EC2-compatible endpoint
@@ -214,13 +222,23 @@ func (p *Provider) Interfaces(ctx context.Context, providerIDs map[string]string
 		if !ok {
 			continue
 		}
+		lim := limits[string(in.InstanceType)] // zero if EC2 did not describe the type
 		iface := cloud.Interface{
-			InstanceID:   sdkaws.ToString(in.InstanceId),
-			InstanceType: string(in.InstanceType),
-			ID:           sdkaws.ToString(eni.NetworkInterfaceId),
-			MAC:          strings.ToLower(sdkaws.ToString(eni.MacAddress)),
-			SubnetID:     sdkaws.ToString(eni.SubnetId),
-			Limit:        limits[string(in.InstanceType)], // 0 if EC2 did not describe the type
+			InstanceID:    sdkaws.ToString(in.InstanceId),
+			InstanceType:  string(in.InstanceType),
+			ID:            sdkaws.ToString(eni.NetworkInterfaceId),
+			MAC:           strings.ToLower(sdkaws.ToString(eni.MacAddress)),
+			SubnetID:      sdkaws.ToString(eni.SubnetId),
+			Limit:         lim.perInterface,
+			MaxInterfaces: lim.interfaces,
+			VPCID:         sdkaws.ToString(eni.VpcId),
+			Others:        otherInterfaces(in),
+		}
+		if in.Placement != nil {
+			iface.Zone = sdkaws.ToString(in.Placement.AvailabilityZone)
+		}
+		for _, g := range eni.Groups {
+			iface.Groups = append(iface.Groups, sdkaws.ToString(g.GroupId))
 		}
 		for _, a := range eni.PrivateIpAddresses {
 			if sdkaws.ToBool(a.Primary) {
@@ -250,10 +268,10 @@ func primaryInterface(enis []types.InstanceNetworkInterface) (types.InstanceNetw
 	return types.InstanceNetworkInterface{}, false
 }
 
-// typeLimits returns the IPv4-per-interface limit of each named type,
-// asking EC2 only for the types not cached yet, in one call per 100.
-func (p *Provider) typeLimits(ctx context.Context, names []string) (map[string]int, error) {
-	out := map[string]int{}
+// typeLimits returns the network limits of each named type, asking EC2
+// only for the types not cached yet, in one call per 100.
+func (p *Provider) typeLimits(ctx context.Context, names []string) (map[string]typeLimit, error) {
+	out := map[string]typeLimit{}
 	var missing []types.InstanceType
 	p.mu.Lock()
 	for _, n := range names {
@@ -277,7 +295,7 @@ func (p *Provider) typeLimits(ctx context.Context, names []string) (map[string]i
 				if t.NetworkInfo == nil || t.NetworkInfo.Ipv4AddressesPerInterface == nil {
 					continue
 				}
-				l := int(*t.NetworkInfo.Ipv4AddressesPerInterface)
+				l := typeLimit{perInterface: int(*t.NetworkInfo.Ipv4AddressesPerInterface), interfaces: int(sdkaws.ToInt32(t.NetworkInfo.MaximumNetworkInterfaces))}
 				p.limits[string(t.InstanceType)] = l
 				out[string(t.InstanceType)] = l
 			}
@@ -433,6 +451,12 @@ func mapError(doing string, err error) error {
 		sentinel = cloud.ErrSubnetFull
 	case strings.HasSuffix(code, ".NotFound"):
 		sentinel = cloud.ErrNotFound
+	case code == "UnauthorizedOperation":
+		sentinel = cloud.ErrUnauthorized
+	case code == "AttachmentLimitExceeded":
+		sentinel = cloud.ErrInterfaceLimit
+	case code == "InvalidParameterCombination" || code == "InvalidParameterValue" || code == "InvalidNetworkInterface.InUse":
+		sentinel = cloud.ErrInvalid
 	default:
 		if _, ok := throttleCodes[code]; ok {
 			sentinel = cloud.ErrThrottled
@@ -440,6 +464,11 @@ func mapError(doing string, err error) error {
 	}
 	if sentinel == nil {
 		return fmt.Errorf("%s: %w", doing, err)
+	}
+	var oe *smithy.OperationError
+	if sentinel == cloud.ErrUnauthorized && errors.As(err, &oe) {
+		// Name the exact IAM action the policy lacks.
+		return fmt.Errorf("%s: %w: the IAM policy lacks ec2:%s: %w", doing, sentinel, oe.OperationName, err)
 	}
 	return fmt.Errorf("%s: %w: %w", doing, sentinel, err)
 }

@@ -78,9 +78,11 @@ func TestInterfacesUsesDeviceIndexZero(t *testing.T) {
 	e := newEnv(t, ec2emu.Config{}, Options{})
 	a := e.instance(t, m5large)
 	// A secondary interface listed before the primary one.
-	if _, err := e.emu.AddInterface(a.ID, ec2emu.InterfaceOptions{ListFirst: true}); err != nil {
+	second, err := e.emu.AddInterface(a.ID, ec2emu.InterfaceOptions{ListFirst: true})
+	if err != nil {
 		t.Fatal(err)
 	}
+	sst, _ := e.emu.Interface(second)
 	pods, err := e.emu.UseSlots(a.PrimaryInterface, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +94,10 @@ func TestInterfacesUsesDeviceIndexZero(t *testing.T) {
 	want := map[string]cloud.Interface{nodeA: {
 		Node: nodeA, InstanceID: a.ID, InstanceType: m5large, ID: a.PrimaryInterface,
 		MAC: a.MAC, SubnetID: e.subnet, Limit: 10, Secondary: pods,
+		Zone: e.emu.Region() + "a", VPCID: "vpc-emu", Groups: []string{ec2emu.DefaultSecurityGroup}, MaxInterfaces: 3,
+		// The other interface, with its attachment (its tags come from
+		// TaggedInterfaces: DescribeInstances carries none).
+		Others: []cloud.ENI{{ID: second, MAC: sst.MAC, SubnetID: e.subnet, InstanceID: a.ID, DeviceIndex: 1, AttachmentID: "eni-attach-" + second[len("eni-"):] + "-1"}},
 	}}
 	if d := cmp.Diff(want, got, addrCmp); d != "" {
 		t.Fatalf("Interfaces (-want +got):\n%s", d)

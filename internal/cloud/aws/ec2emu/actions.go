@@ -2,6 +2,7 @@ package ec2emu
 
 import (
 	"encoding/xml"
+	"maps"
 	"net/netip"
 	"net/url"
 	"slices"
@@ -43,7 +44,7 @@ func (f formValues) filters(allowed ...string) (map[string][]string, *apiError) 
 			break
 		}
 		name := f.get(p + ".Name")
-		if !slices.Contains(allowed, name) {
+		if !slices.Contains(allowed, name) && (!strings.HasPrefix(name, "tag:") || !slices.Contains(allowed, "tag:*")) {
 			return nil, errorf("InvalidParameterValue", "The filter '%s' is invalid", name)
 		}
 		vals := f.list(p + ".Value")
@@ -118,11 +119,22 @@ type xmlPrivateIP struct {
 }
 
 type xmlAttachment struct {
-	AttachmentID     string `xml:"attachmentId"`
-	InstanceID       string `xml:"instanceId,omitempty"`
-	DeviceIndex      int    `xml:"deviceIndex"`
-	NetworkCardIndex int    `xml:"networkCardIndex"`
-	Status           string `xml:"status"`
+	AttachmentID        string `xml:"attachmentId"`
+	InstanceID          string `xml:"instanceId,omitempty"`
+	DeviceIndex         int    `xml:"deviceIndex"`
+	NetworkCardIndex    int    `xml:"networkCardIndex"`
+	Status              string `xml:"status"`
+	DeleteOnTermination bool   `xml:"deleteOnTermination"`
+}
+
+type xmlTag struct {
+	Key   string `xml:"key"`
+	Value string `xml:"value"`
+}
+
+type xmlGroup struct {
+	GroupID   string `xml:"groupId"`
+	GroupName string `xml:"groupName"`
 }
 
 type xmlENI struct {
@@ -134,8 +146,11 @@ type xmlENI struct {
 	PrivateIPAddress   string         `xml:"privateIpAddress"`
 	Status             string         `xml:"status"`
 	InterfaceType      string         `xml:"interfaceType,omitempty"`
-	Attachment         xmlAttachment  `xml:"attachment"`
+	Description        string         `xml:"description,omitempty"`
+	Attachment         *xmlAttachment `xml:"attachment,omitempty"`
 	PrivateIPs         []xmlPrivateIP `xml:"privateIpAddressesSet>item"`
+	Groups             []xmlGroup     `xml:"groupSet>item"`
+	Tags               []xmlTag       `xml:"tagSet>item"`
 }
 
 type xmlInstance struct {
@@ -241,9 +256,22 @@ func (s *Server) dispatch(action string, f formValues) (any, *apiError) {
 		return s.assign(f, now)
 	case "UnassignPrivateIpAddresses":
 		return s.unassign(f, now)
+	case "CreateNetworkInterface":
+		return s.createNetworkInterface(f, now)
+	case "AttachNetworkInterface":
+		return s.attachNetworkInterface(f)
+	case "DetachNetworkInterface":
+		return s.detachNetworkInterface(f)
+	case "DeleteNetworkInterface":
+		return s.deleteNetworkInterface(f)
+	case "ModifyNetworkInterfaceAttribute":
+		return s.modifyNetworkInterfaceAttribute(f)
 	}
 	return nil, errorf("InvalidAction", "The action %s is not valid for this web service.", action)
 }
+
+// statusAvailable is the status of an interface attached to no instance.
+const statusAvailable = "available"
 
 func (s *Server) xmlENI(e *eniState, now time.Time, withInstance bool) xmlENI {
 	sn := s.subnets[e.subnet]
@@ -253,18 +281,31 @@ func (s *Server) xmlENI(e *eniState, now time.Time, withInstance bool) xmlENI {
 		VPCID:              sn.vpc,
 		MACAddress:         e.mac,
 		PrivateIPAddress:   e.primary.String(),
-		Status:             "in-use",
-		Attachment: xmlAttachment{
-			AttachmentID: "eni-attach-" + strings.TrimPrefix(e.id, "eni-"),
-			DeviceIndex:  e.deviceIndex,
-			Status:       "attached",
-		},
-		PrivateIPs: []xmlPrivateIP{{PrivateIPAddress: e.primary.String(), Primary: true}},
+		Status:             statusAvailable,
+		Description:        e.description,
+		PrivateIPs:         []xmlPrivateIP{{PrivateIPAddress: e.primary.String(), Primary: true}},
+	}
+	if e.attached() {
+		x.Status = "in-use"
+		x.Attachment = &xmlAttachment{
+			AttachmentID:        attachmentID(e),
+			DeviceIndex:         e.deviceIndex,
+			Status:              "attached",
+			DeleteOnTermination: e.deleteOnTermination,
+		}
+	}
+	for _, g := range e.groups {
+		x.Groups = append(x.Groups, xmlGroup{GroupID: g, GroupName: g})
+	}
+	for _, k := range slices.Sorted(maps.Keys(e.tags)) {
+		x.Tags = append(x.Tags, xmlTag{Key: k, Value: e.tags[k]})
 	}
 	if withInstance {
 		x.AvailabilityZone = sn.az
 		x.InterfaceType = "interface"
-		x.Attachment.InstanceID = e.instance
+		if x.Attachment != nil {
+			x.Attachment.InstanceID = e.instance
+		}
 	}
 	for _, a := range e.visible(now, s.cfg.ConsistencyDelay) {
 		x.PrivateIPs = append(x.PrivateIPs, xmlPrivateIP{PrivateIPAddress: a.String()})
@@ -341,7 +382,7 @@ func (s *Server) describeInstances(f formValues, now time.Time) (any, *apiError)
 }
 
 func (s *Server) describeNetworkInterfaces(f formValues, now time.Time) (any, *apiError) {
-	fs, err := f.filters("network-interface-id", "attachment.instance-id", "attachment.device-index", "subnet-id")
+	fs, err := f.filters("network-interface-id", "attachment.instance-id", "attachment.device-index", "subnet-id", "status", "vpc-id", "tag-key", "tag:*")
 	if err != nil {
 		return nil, err
 	}
@@ -354,9 +395,14 @@ func (s *Server) describeNetworkInterfaces(f formValues, now time.Time) (any, *a
 	var hits []*eniState
 	for _, id := range s.eniOrder {
 		e := s.enis[id]
+		status := statusAvailable
+		if e.attached() {
+			status = "in-use"
+		}
 		if (len(ids) > 0 && !slices.Contains(ids, id)) || !match(fs, "network-interface-id", id) ||
 			!match(fs, "attachment.instance-id", e.instance) || !match(fs, "subnet-id", e.subnet) ||
-			!match(fs, "attachment.device-index", strconv.Itoa(e.deviceIndex)) {
+			!match(fs, "attachment.device-index", strconv.Itoa(e.deviceIndex)) || !match(fs, "status", status) ||
+			!match(fs, "vpc-id", s.subnets[e.subnet].vpc) || !matchTags(fs, e.tags) {
 			continue
 		}
 		hits = append(hits, e)
@@ -539,11 +585,13 @@ func (s *Server) assign(f formValues, now time.Time) (any, *apiError) {
 			if owner != nil {
 				s.detach(owner, a, now)
 				owner.prune(now, s.cfg.ConsistencyDelay)
+				s.mutated("AssignPrivateIpAddresses:reassigned-from", owner.id, a)
 			}
 			s.attach(e, a, now)
 		}
 		resp.Assigned = append(resp.Assigned, xmlAssigned{PrivateIPAddress: a.String()})
 	}
+	s.mutated("AssignPrivateIpAddresses", e.id, ips...)
 	e.prune(now, s.cfg.ConsistencyDelay)
 	return resp, nil
 }
@@ -573,5 +621,6 @@ func (s *Server) unassign(f formValues, now time.Time) (any, *apiError) {
 		s.detach(e, a, now)
 	}
 	e.prune(now, s.cfg.ConsistencyDelay)
+	s.mutated("UnassignPrivateIpAddresses", e.id, ips...)
 	return &unassignResponse{Return: true}, nil
 }

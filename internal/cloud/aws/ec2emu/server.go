@@ -12,8 +12,17 @@
 // Reference ("Query requests", "Error codes").
 //
 // Actions: DescribeInstances, DescribeNetworkInterfaces,
-// DescribeInstanceTypes, DescribeSubnets, AssignPrivateIpAddresses and
-// UnassignPrivateIpAddresses. Everything else is InvalidAction.
+// DescribeInstanceTypes, DescribeSubnets, AssignPrivateIpAddresses,
+// UnassignPrivateIpAddresses, CreateNetworkInterface,
+// AttachNetworkInterface, DetachNetworkInterface, DeleteNetworkInterface
+// and ModifyNetworkInterfaceAttribute (DeleteOnTermination). Everything
+// else is InvalidAction. Deny makes an action fail with
+// UnauthorizedOperation, as a missing IAM permission does.
+//
+// The Ipamd actor (ipamd.go) plays the AWS VPC CNI's IP address
+// management daemon on one instance: it adopts secondary addresses it
+// finds on the interfaces it manages and, in warm-IP mode, releases the
+// free ones above its target.
 //
 // Model: subnets with a CIDR and free-address accounting (five reserved
 // addresses each), instances of configurable types (ENI count and
@@ -129,6 +138,12 @@ type Server struct {
 	eniOrder      []string
 	counts        map[string]map[string]int
 	faults        map[string][]string
+	// groups are the security groups that exist.
+	groups map[string]bool
+	// denied are actions the caller's IAM policy lacks.
+	denied map[string]bool
+	// mutations logs every change an API call made, in order.
+	mutations []Mutation
 }
 
 // New starts a Server on a loopback port.
@@ -152,6 +167,8 @@ func New(cfg Config) *Server {
 		enis:      map[string]*eniState{},
 		counts:    map[string]map[string]int{},
 		faults:    map[string][]string{},
+		groups:    map[string]bool{DefaultSecurityGroup: true},
+		denied:    map[string]bool{},
 	}
 	s.setThrottle(cfg.Rate, cfg.Burst)
 	s.perAction = map[string]*rate.Limiter{}
@@ -304,6 +321,8 @@ func (e *apiError) status() int {
 		return http.StatusInternalServerError
 	case "AuthFailure", "SignatureDoesNotMatch":
 		return http.StatusUnauthorized
+	case "UnauthorizedOperation":
+		return http.StatusForbidden
 	}
 	return http.StatusBadRequest
 }
@@ -439,6 +458,10 @@ func (s *Server) admit(ctx context.Context, action string) *apiError {
 		s.faults[action] = f[1:]
 		s.mu.Unlock()
 		return errorf(f[0], "injected %s", f[0])
+	}
+	if s.denied[action] {
+		s.mu.Unlock()
+		return errorf("UnauthorizedOperation", "You are not authorized to perform this operation. User: arn:aws:sts::123456789012:assumed-role/egressip-controller/emu is not authorized to perform: ec2:%s because no identity-based policy allows the ec2:%s action", action, action)
 	}
 	lim, own := s.perAction[action]
 	if !own {

@@ -54,6 +54,9 @@ type Instance struct {
 	Type string
 	// SubnetID is the subnet of the primary interface.
 	SubnetID string
+	// SecurityGroups are the primary interface's security groups; empty
+	// means the server's DefaultSecurityGroup.
+	SecurityGroups []string
 }
 
 // InstanceInfo is what AddInstance created.
@@ -79,6 +82,9 @@ type InterfaceOptions struct {
 	// in every Describe* list, so a caller that takes the first interface
 	// rather than device index 0 picks the wrong one.
 	ListFirst bool
+	// Tags are set on the interface (e.g. the VPC CNI's
+	// node.k8s.amazonaws.com/instance_id, or no_manage).
+	Tags map[string]string
 }
 
 // InterfaceState is the true (never lagged) state of one network interface.
@@ -97,6 +103,15 @@ type InterfaceState struct {
 	Primary netip.Addr
 	// Secondary are the secondary private addresses, sorted (never nil).
 	Secondary []netip.Addr
+	// Tags are the interface's tags (never nil).
+	Tags map[string]string
+	// Groups are its security group IDs.
+	Groups []string
+	// Attached is false for an interface that exists but is attached to
+	// no instance (status "available"; InstanceID is empty).
+	Attached bool
+	// DeleteOnTermination: the interface is deleted with its instance.
+	DeleteOnTermination bool
 }
 
 // record is one stretch of time during which a secondary address was
@@ -120,7 +135,19 @@ type eniState struct {
 	primary                   netip.Addr
 	secondary                 map[netip.Addr]bool
 	history                   []record
+	// tags are the interface's EC2 tags; groups its security groups.
+	tags   map[string]string
+	groups []string
+	// deleteOnTermination deletes the interface with its instance
+	// (primary interfaces: always); otherwise it is detached.
+	deleteOnTermination bool
+	// description is CreateNetworkInterface's Description.
+	description string
 }
+
+// attached reports whether the interface is attached to an instance
+// (status in-use); a detached one is "available".
+func (e *eniState) attached() bool { return e.instance != "" }
 
 type instanceState struct {
 	id, typ, subnet string
@@ -282,6 +309,14 @@ func (s *Server) AddInstance(in Instance) (InstanceInfo, error) {
 	if err != nil {
 		return InstanceInfo{}, err
 	}
+	e.deleteOnTermination = true
+	e.groups = slices.Clone(in.SecurityGroups)
+	if len(e.groups) == 0 {
+		e.groups = []string{DefaultSecurityGroup}
+	}
+	for _, g := range e.groups {
+		s.groups[g] = true
+	}
 	inst.enis = []*eniState{e}
 	s.instances[in.ID] = inst
 	s.instanceOrder = append(s.instanceOrder, in.ID)
@@ -305,10 +340,14 @@ func (s *Server) newENI(inst *instanceState, sn *subnetState, device int) (*eniS
 		id:          s.newID("eni-"),
 		mac:         fmt.Sprintf("02:%02x:%02x:%02x:%02x:%02x", byte(s.seq>>32), byte(s.seq>>24), byte(s.seq>>16), byte(s.seq>>8), byte(s.seq)),
 		subnet:      sn.id,
-		instance:    inst.id,
 		deviceIndex: device,
 		primary:     ips[0],
 		secondary:   map[netip.Addr]bool{},
+		tags:        map[string]string{},
+		groups:      []string{DefaultSecurityGroup},
+	}
+	if inst != nil {
+		e.instance = inst.id
 	}
 	sn.used[ips[0]] = e
 	s.enis[e.id] = e
@@ -342,6 +381,8 @@ func (s *Server) AddInterface(instanceID string, o InterfaceOptions) (string, er
 	if err != nil {
 		return "", err
 	}
+	e.deleteOnTermination = true
+	maps.Copy(e.tags, o.Tags)
 	if o.ListFirst {
 		inst.enis = append([]*eniState{e}, inst.enis...)
 		s.eniOrder = append([]string{e.id}, s.eniOrder...)
@@ -376,9 +417,10 @@ func (s *Server) UseSlots(interfaceID string, n int) ([]netip.Addr, error) {
 	return ips, nil
 }
 
-// Terminate marks an instance terminated: its interfaces and their
-// addresses are released, and DescribeInstances reports it in state
-// "terminated" (as EC2 does for about an hour).
+// Terminate marks an instance terminated: its interfaces with
+// DeleteOnTermination are deleted with their addresses, the others are
+// detached (status available, addresses kept), and DescribeInstances
+// reports it in state "terminated" (as EC2 does for about an hour).
 func (s *Server) Terminate(instanceID string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -388,16 +430,25 @@ func (s *Server) Terminate(instanceID string) error {
 	}
 	inst.terminated = true
 	for _, e := range inst.enis {
-		sn := s.subnets[e.subnet]
-		for a := range e.secondary {
-			delete(sn.used, a)
+		if !e.deleteOnTermination {
+			e.instance, e.deviceIndex = "", -1
+			continue
 		}
-		delete(sn.used, e.primary)
-		delete(s.enis, e.id)
-		s.eniOrder = slices.DeleteFunc(s.eniOrder, func(id string) bool { return id == e.id })
+		s.deleteENI(e)
 	}
 	inst.enis = nil
 	return nil
+}
+
+// deleteENI removes an interface and frees its addresses.
+func (s *Server) deleteENI(e *eniState) {
+	sn := s.subnets[e.subnet]
+	for a := range e.secondary {
+		delete(sn.used, a)
+	}
+	delete(sn.used, e.primary)
+	delete(s.enis, e.id)
+	s.eniOrder = slices.DeleteFunc(s.eniOrder, func(id string) bool { return id == e.id })
 }
 
 // Interface returns the true state of a network interface, ignoring the
@@ -412,6 +463,8 @@ func (s *Server) Interface(id string) (InterfaceState, bool) {
 	return InterfaceState{
 		ID: e.id, InstanceID: e.instance, SubnetID: e.subnet, MAC: e.mac,
 		DeviceIndex: e.deviceIndex, Primary: e.primary, Secondary: e.trueSecondary(),
+		Tags: maps.Clone(e.tags), Groups: slices.Clone(e.groups), Attached: e.attached(),
+		DeleteOnTermination: e.deleteOnTermination,
 	}, true
 }
 
@@ -452,11 +505,85 @@ func (s *Server) FreeAddresses(subnetID string) int {
 	return 0
 }
 
+// detachedLimit is the address limit of an interface attached to no
+// instance (EC2 applies the instance type's limit only once attached).
+const detachedLimit = 50
+
 func (s *Server) limit(e *eniState) int {
+	if !e.attached() {
+		return detachedLimit
+	}
 	return s.cfg.InstanceTypes[s.instances[e.instance].typ].IPv4PerInterface
 }
 
 func (s *Server) newID(prefix string) string {
 	s.seq++
 	return fmt.Sprintf("%s%017x", prefix, 0xe0000000000000|s.seq)
+}
+
+// DefaultSecurityGroup is the security group every instance's primary
+// interface has unless Instance.SecurityGroups says otherwise.
+const DefaultSecurityGroup = "sg-0e0e0e0e0e0e0e0e0"
+
+// AddSecurityGroup makes a security group exist (CreateNetworkInterface
+// refuses unknown ones with InvalidGroup.NotFound).
+func (s *Server) AddSecurityGroup(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.groups[id] = true
+}
+
+// Deny makes every later call of action fail with UnauthorizedOperation
+// (HTTP 403), as when the caller's IAM policy lacks ec2:<action>; Allow
+// undoes it.
+func (s *Server) Deny(action string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.denied[action] = true
+}
+
+// Allow undoes Deny.
+func (s *Server) Allow(action string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.denied, action)
+}
+
+// Mutation is one change an API call (or the Ipamd actor) made to one
+// interface.
+type Mutation struct {
+	// Action is the EC2 action, or "ipamd:adopt"-style names for the
+	// actor's own changes ("ipamd:Assign", "ipamd:Unassign").
+	Action string
+	// Interface is the interface changed.
+	Interface string
+	// Addresses are the secondary addresses the change named, if any.
+	Addresses []netip.Addr
+}
+
+// Mutations returns every change made so far, in order.
+func (s *Server) Mutations() []Mutation {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.mutations)
+}
+
+func (s *Server) mutated(action, eni string, ips ...netip.Addr) {
+	s.mutations = append(s.mutations, Mutation{Action: action, Interface: eni, Addresses: slices.Clone(ips)})
+}
+
+// SetInstanceType changes an instance's type (as a stop, modify, start
+// does), keeping its interfaces.
+func (s *Server) SetInstanceType(instanceID, typ string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	inst, ok := s.instances[instanceID]
+	if !ok {
+		return fmt.Errorf("instance %q does not exist", instanceID)
+	}
+	if _, ok := s.cfg.InstanceTypes[typ]; !ok {
+		return fmt.Errorf("instance type %q is not configured", typ)
+	}
+	inst.typ = typ
+	return nil
 }

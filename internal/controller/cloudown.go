@@ -1,0 +1,350 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/cloud"
+)
+
+// Interface calls of OwnInterfaces pools, as the action label of the cloud
+// call metrics names them.
+const (
+	actionTagged    = "TaggedInterfaces"
+	actionSubnets   = "SubnetZones"
+	actionCreateENI = "CreateInterface"
+	actionAttachENI = "AttachInterface"
+	actionDeleteENI = "DeleteInterface"
+)
+
+// placeIP changes ip in the view: an attach moves it off every interface
+// onto the one with ID iface (a primary one or another attached one); a
+// detach takes it off iface only (it may be attached elsewhere since).
+func placeIP(ifaces map[string]cloud.Interface, ip netip.Addr, iface string, attach bool) {
+	drop := func(l []netip.Addr) []netip.Addr {
+		return slices.DeleteFunc(l, func(a netip.Addr) bool { return a == ip })
+	}
+	if !attach {
+		for n, ifc := range ifaces {
+			if ifc.ID == iface {
+				ifc.Secondary = drop(slices.Clone(ifc.Secondary))
+			}
+			ifc.Others = slices.Clone(ifc.Others)
+			for i := range ifc.Others {
+				if ifc.Others[i].ID == iface {
+					ifc.Others[i].Secondary = drop(slices.Clone(ifc.Others[i].Secondary))
+				}
+			}
+			ifaces[n] = ifc
+		}
+		return
+	}
+	put := func(l []netip.Addr) []netip.Addr {
+		l = append(l, ip)
+		slices.SortFunc(l, netip.Addr.Compare)
+		return l
+	}
+	for n, ifc := range ifaces {
+		ifc.Secondary = drop(ifc.Secondary)
+		ifc.Others = slices.Clone(ifc.Others)
+		for i := range ifc.Others {
+			ifc.Others[i].Secondary = drop(slices.Clone(ifc.Others[i].Secondary))
+			if attach && ifc.Others[i].ID == iface {
+				ifc.Others[i].Secondary = put(ifc.Others[i].Secondary)
+			}
+		}
+		if attach && ifc.ID == iface {
+			ifc.Secondary = put(ifc.Secondary)
+		}
+		ifaces[n] = ifc
+	}
+}
+
+// tagOthers copies the tags of the tagged listing onto the Nodes'
+// attached interfaces (DescribeInstances carries no interface tags).
+func tagOthers(ifaces map[string]cloud.Interface, tagged []cloud.ENI) {
+	byID := make(map[string]cloud.ENI, len(tagged))
+	for _, e := range tagged {
+		byID[e.ID] = e
+	}
+	for n, ifc := range ifaces {
+		ifc.Others = slices.Clone(ifc.Others)
+		for i := range ifc.Others {
+			if t, ok := byID[ifc.Others[i].ID]; ok {
+				ifc.Others[i].Tags = t.Tags
+			}
+		}
+		ifaces[n] = ifc
+	}
+}
+
+// readOwn lists the interfaces tagged with our cluster and describes the
+// subnets of the OwnInterfaces pools. ok is false when the provider cannot
+// manage interfaces or the listing failed (the last one is kept).
+func (c *Cloud) readOwn(ctx context.Context) (tagged []cloud.ENI, subnets map[string]cloud.Subnet, subnetErr map[string]string, ok bool) {
+	im, can := c.cfg.Provider.(cloud.InterfaceManager)
+	if !can {
+		return nil, nil, nil, false
+	}
+	err := c.call(ctx, actionTagged, func() error {
+		var err error
+		tagged, err = im.TaggedInterfaces(ctx, map[string]string{TagCluster: c.cfg.ClusterName})
+		return err
+	})
+	if err != nil {
+		log.FromContext(ctx).Error(err, "listing the controller's own network interfaces failed; keeping the last listing")
+		return nil, nil, nil, false
+	}
+	var pools v1.ExternalIPPoolList
+	if err := c.reader.List(ctx, &pools); err != nil {
+		log.FromContext(ctx).Error(err, "listing ExternalIPPools for their subnets failed")
+		return nil, nil, nil, false
+	}
+	var ids []string
+	for _, p := range pools.Items {
+		if ownInterfaces(p.Spec.Cloud) && !slices.Contains(ids, p.Spec.Cloud.AWS.SubnetID) {
+			ids = append(ids, p.Spec.Cloud.AWS.SubnetID)
+		}
+	}
+	subnets, subnetErr = map[string]cloud.Subnet{}, map[string]string{}
+	if len(ids) == 0 {
+		return tagged, subnets, subnetErr, true
+	}
+	err = c.call(ctx, actionSubnets, func() error {
+		got, err := im.SubnetZones(ctx, ids)
+		maps.Copy(subnets, got)
+		return err
+	})
+	if err != nil {
+		// One unknown subnet fails the batch: ask one at a time to tell
+		// which.
+		for _, id := range ids {
+			got, err := im.SubnetZones(ctx, []string{id})
+			if err != nil {
+				subnetErr[id] = err.Error()
+				continue
+			}
+			maps.Copy(subnets, got)
+		}
+	}
+	return tagged, subnets, subnetErr, true
+}
+
+// runENIJobs creates and attaches, or detaches and deletes, our
+// interfaces in the background; each completed job asks for a re-read and
+// a pass.
+func (c *Cloud) runENIJobs(ctx context.Context, out *cloudOutput) {
+	im, ok := c.cfg.Provider.(cloud.InterfaceManager)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	var creates []eniCreate
+	now := time.Now()
+	for _, cr := range out.CreateENIs {
+		k := cr.Node + "/" + cr.Pool
+		if c.creating[k] || now.Before(c.backoffUntil["create/"+cr.Pool]) {
+			continue
+		}
+		c.creating[k] = true
+		creates = append(creates, cr)
+	}
+	var deletes []eniDelete
+	for _, d := range out.DeleteENIs {
+		if c.busy[d.InterfaceID] || now.Before(c.backoffUntil["delete/"+d.InterfaceID]) {
+			continue
+		}
+		c.busy[d.InterfaceID] = true
+		deletes = append(deletes, d)
+	}
+	devices := map[string][]int{}
+	for _, ifc := range c.ifaces {
+		used := []int{0}
+		for _, e := range ifc.Others {
+			used = append(used, e.DeviceIndex)
+		}
+		devices[ifc.InstanceID] = used
+	}
+	c.mu.Unlock()
+	for _, cr := range creates {
+		used := devices[cr.InstanceID]
+		dev := nextDevice(used)
+		devices[cr.InstanceID] = append(used, dev) // two creates for one instance in one pass
+		go c.createENI(ctx, im, cr, dev)
+	}
+	for _, d := range deletes {
+		go c.deleteENI(ctx, im, d)
+	}
+}
+
+// nextDevice is the lowest device index not in used.
+func nextDevice(used []int) int {
+	for i := 1; ; i++ {
+		if !slices.Contains(used, i) {
+			return i
+		}
+	}
+}
+
+func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eniCreate, device int) {
+	k := cr.Node + "/" + cr.Pool
+	defer func() {
+		c.mu.Lock()
+		delete(c.creating, k)
+		c.mu.Unlock()
+		c.reread()
+	}()
+	spec := cloud.InterfaceSpec{
+		SubnetID: cr.SubnetID, Groups: cr.Groups,
+		Tags:        map[string]string{TagNoManage: "true", TagCluster: c.cfg.ClusterName, TagNode: cr.Node, TagPool: cr.Pool},
+		Description: fmt.Sprintf("egressip: egress IPs of pool %s on Node %s (cluster %s)", cr.Pool, cr.Node, c.cfg.ClusterName),
+	}
+	var eni cloud.ENI
+	err := c.call(ctx, actionCreateENI, func() error {
+		var err error
+		eni, err = im.CreateInterface(ctx, spec)
+		return err
+	})
+	if err != nil {
+		c.poolFailed(ctx, cr.Pool, "create/"+cr.Pool, fmt.Errorf("creating a network interface in %s for Node %s: %w", cr.SubnetID, cr.Node, err))
+		return
+	}
+	c.mu.Lock()
+	c.busy[eni.ID] = true // not an orphan for the collector while it attaches
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.busy, eni.ID)
+		c.mu.Unlock()
+	}()
+	err = c.call(ctx, actionAttachENI, func() error {
+		_, err := im.AttachInterface(ctx, eni.ID, cr.InstanceID, device)
+		return err
+	})
+	if err != nil {
+		// Do not leave it behind: delete it now (the collector would
+		// later anyway).
+		_ = c.call(ctx, actionDeleteENI, func() error { return im.DeleteInterface(ctx, eni.ID, "") })
+		c.poolFailed(ctx, cr.Pool, "create/"+cr.Pool, fmt.Errorf("attaching network interface %s to Node %s (instance %s) at device index %d: %w", eni.ID, cr.Node, cr.InstanceID, device, err))
+		return
+	}
+	c.succeeded("create/" + cr.Pool)
+	c.mu.Lock()
+	delete(c.poolError, cr.Pool)
+	// In the view at once, so that the next create on this instance picks
+	// another device index and the next pass can use it before a re-read.
+	eni.InstanceID, eni.DeviceIndex, eni.Tags = cr.InstanceID, device, spec.Tags
+	if ifc, ok := c.ifaces[cr.Node]; ok && !slices.ContainsFunc(ifc.Others, func(e cloud.ENI) bool { return e.ID == eni.ID }) {
+		ifc.Others = append(slices.Clone(ifc.Others), eni)
+		slices.SortFunc(ifc.Others, func(a, b cloud.ENI) int { return a.DeviceIndex - b.DeviceIndex })
+		c.ifaces[cr.Node] = ifc
+	}
+	c.mu.Unlock()
+	log.FromContext(ctx).Info("attached a network interface of our own", "pool", cr.Pool, "node", cr.Node, "interface", eni.ID, "deviceIndex", device)
+}
+
+func (c *Cloud) deleteENI(ctx context.Context, im cloud.InterfaceManager, d eniDelete) {
+	defer func() {
+		c.mu.Lock()
+		delete(c.busy, d.InterfaceID)
+		c.mu.Unlock()
+		c.reread()
+	}()
+	err := c.call(ctx, actionDeleteENI, func() error { return im.DeleteInterface(ctx, d.InterfaceID, d.AttachmentID) })
+	if err != nil && !errors.Is(err, cloud.ErrNotFound) {
+		c.poolFailed(ctx, d.Pool, "delete/"+d.InterfaceID, fmt.Errorf("deleting network interface %s (%s): %w", d.InterfaceID, d.Why, err))
+		return
+	}
+	c.succeeded("delete/" + d.InterfaceID)
+	log.FromContext(ctx).Info("deleted a network interface of our own", "pool", d.Pool, "node", d.Node, "interface", d.InterfaceID, "why", d.Why)
+}
+
+// poolFailed records a pool's interface error for its condition and backs
+// off the key ("create/<pool>" or "delete/<interface>") exponentially
+// (CloudConfig.BackoffInitial doubling to BackoffMax), so that a missing
+// permission or a bad security group is not retried on every pass.
+func (c *Cloud) poolFailed(ctx context.Context, pool, key string, err error) {
+	msg := err.Error()
+	if len(msg) > 400 {
+		msg = msg[:400] + "..."
+	}
+	now := time.Now()
+	c.mu.Lock()
+	c.poolError[pool] = msg
+	c.backoff.Next(key, now)
+	until := now.Add(c.backoff.Get(key))
+	c.backoffUntil[key] = until
+	c.mu.Unlock()
+	log.FromContext(ctx).Info("network interface call failed; backing off", "pool", pool, "until", until, "err", err)
+}
+
+// succeeded clears a backoff key after a successful interface call.
+func (c *Cloud) succeeded(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.backoff.Reset(key)
+	delete(c.backoffUntil, key)
+}
+
+// lateFacts lists the Nodes whose cloud view lags their object: a
+// spec.providerID but no interface read for it yet, or a
+// node.kubernetes.io/instance-type label other than the instance type
+// last read (a stop, resize, start).
+func lateFacts(nodes []corev1.Node, ci *cloudInput) []string {
+	var out []string
+	for i := range nodes {
+		n := &nodes[i]
+		pid := n.Spec.ProviderID
+		if pid == "" {
+			continue
+		}
+		typ := n.Labels[corev1.LabelInstanceTypeStable]
+		ifc, ok := ci.Ifaces[n.Name]
+		if !ok || (typ != "" && ifc.InstanceType != "" && typ != ifc.InstanceType) {
+			out = append(out, n.Name+"|"+pid+"|"+typ)
+		}
+	}
+	return out
+}
+
+// askLate asks for a re-read for each late fact not asked for before
+// (each fact once, so that a Node the cloud does not know, e.g. a
+// Fargate one, costs one re-read, not one per pass).
+func (c *Cloud) askLate(keys []string) {
+	c.mu.Lock()
+	fresh := false
+	for _, k := range keys {
+		if !c.lateAsked[k] {
+			c.lateAsked[k] = true
+			fresh = true
+		}
+	}
+	if len(c.lateAsked) > 10000 {
+		c.lateAsked = map[string]bool{} // bound the memory; at worst one more re-read each
+	}
+	c.mu.Unlock()
+	if fresh {
+		select {
+		case c.refreshNow <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// reread asks the refresher for a re-read now (which notifies a pass).
+func (c *Cloud) reread() {
+	select {
+	case c.refreshNow <- struct{}{}:
+	default:
+	}
+	c.notify()
+}
