@@ -242,7 +242,7 @@ func owns(t *testing.T, b *bind.Binder, ip netip.Addr) bool {
 func getReport(port int) (report.Report, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return report.NewClient(port, 2*time.Second).Get(ctx, netip.MustParseAddr("127.0.0.1"))
+	return report.NewClient(port, 2*time.Second).Get(ctx, netip.MustParseAddr("127.0.0.1"), report.Poll{})
 }
 
 func httpGet(url string) (int, string, error) {

@@ -15,8 +15,11 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/vishvananda/netns"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -107,6 +110,128 @@ type Agent struct {
 	refusedEgresses atomic.Pointer[[]report.RefusedEgress]
 	// kernel is the kernel feature finding served in the report (nil: none).
 	kernel atomic.Pointer[report.KernelStatus]
+
+	// lastPoll is when the report was last served to a poll, in Unix
+	// nanoseconds (0: never); see LastControllerPoll.
+	lastPoll atomic.Int64
+	// releaseMu guards releases.
+	releaseMu sync.Mutex
+	// releases are the controller's release instructions (report.Release)
+	// by Egress UID; see onPoll and withoutReleased.
+	releases map[types.UID]*heldRelease
+	// kick asks for a reconcile (a poll brought a new release instruction
+	// for an IP the Node holds).
+	kick chan event.GenericEvent
+}
+
+// heldRelease is one release instruction the agent honours.
+type heldRelease struct {
+	report.Release
+	// fresh: the last poll carried it.
+	fresh bool
+}
+
+// LastControllerPoll is when this agent last served its report to a poll
+// (the controller is the only client of the report port), or the zero time
+// if it never did.
+func (a *Agent) LastControllerPoll() time.Time {
+	if n := a.lastPoll.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// onPoll serves one poll: it notes the time (LastControllerPoll), takes
+// the poll's release instructions (replacing those of the previous poll;
+// entries the poll no longer carries are kept while the cache still shows
+// their Egress older than the instruction, see withoutReleased), asks for a
+// reconcile when one names an IP the Node holds and is new, and returns
+// the report.
+func (a *Agent) onPoll(p report.Poll) report.Report {
+	a.lastPoll.Store(time.Now().UnixNano())
+	newFor := false
+	a.releaseMu.Lock()
+	if a.releases == nil {
+		a.releases = map[types.UID]*heldRelease{}
+	}
+	for _, h := range a.releases {
+		h.fresh = false
+	}
+	var taken []report.Release
+	for _, r := range p.Releases {
+		uid := types.UID(r.UID)
+		if h, ok := a.releases[uid]; ok && h.Release == r {
+			h.fresh = true
+			continue
+		}
+		a.releases[uid] = &heldRelease{Release: r, fresh: true}
+		taken = append(taken, r)
+	}
+	a.releaseMu.Unlock()
+	if len(taken) > 0 {
+		a.mu.Lock()
+		for _, r := range taken {
+			if a.state[r.IP] != nil {
+				newFor = true
+			}
+		}
+		a.mu.Unlock()
+	}
+	if newFor {
+		a.log.Info("the controller asks this Node to release egress IPs", "releases", taken)
+		select {
+		case a.kick <- event.GenericEvent{Object: &v1alpha1.Egress{}}:
+		default: // a reconcile is already pending
+		}
+	}
+	return a.Report()
+}
+
+// withoutReleased returns egs without the Egresses a release instruction
+// holds back: the cache shows the Egress older than the instruction's
+// resource version, so its assignment to this Node is stale (the
+// controller has already taken it away). It forgets the instructions that
+// need no honouring any more: the cache shows their Egress at that version
+// or newer, or no longer holds it and the last poll did not carry them.
+// Resource versions that cannot be compared count as older unless equal.
+func (a *Agent) withoutReleased(log logr.Logger, egs []v1alpha1.Egress) []v1alpha1.Egress {
+	a.releaseMu.Lock()
+	defer a.releaseMu.Unlock()
+	if len(a.releases) == 0 {
+		return egs
+	}
+	inCache := make(map[types.UID]bool, len(egs))
+	out := make([]v1alpha1.Egress, 0, len(egs))
+	for i := range egs {
+		eg := &egs[i]
+		inCache[eg.UID] = true
+		h, ok := a.releases[eg.UID]
+		if !ok {
+			out = append(out, *eg)
+			continue
+		}
+		c, err := resourceversion.CompareResourceVersion(eg.ResourceVersion, h.ResourceVersion)
+		if err != nil && eg.ResourceVersion == h.ResourceVersion {
+			c = 0
+		} else if err != nil {
+			c = -1
+		}
+		if c >= 0 {
+			delete(a.releases, eg.UID)
+			out = append(out, *eg)
+			continue
+		}
+		if eg.Status.EgressNode == a.cfg.NodeName {
+			log.Info("not binding: the controller asked this Node to release the IP, and this cache's copy of the Egress is older than the controller's",
+				"egress", klog.KObj(eg), "ip", h.IP, "cachedVersion", eg.ResourceVersion, "controllerVersion", h.ResourceVersion)
+		}
+	}
+	for uid, h := range a.releases {
+		if !inCache[uid] && !h.fresh {
+			delete(a.releases, uid)
+		}
+	}
+	return out
 }
 
 // SetRefusedEgresses sets the Egresses whose datapath this Node's kernel
@@ -157,6 +282,7 @@ func New(cfg Config) (*Agent, error) {
 		log:      ctrllog.Log.WithName("agent").WithValues("node", cfg.NodeName),
 		hints:    map[netip.Addr]bind.Hint{},
 		state:    map[netip.Addr]*entry{},
+		kick:     make(chan event.GenericEvent, 1),
 	}
 	b, err := bind.New(ns, bind.Config{Interface: cfg.Interface, HintFor: a.hintFor, Proto: cfg.Proto,
 		Ownership: cfg.Ownership, RecordPath: cfg.RecordPath})
@@ -373,7 +499,7 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err := a.reader.List(ctx, &pools); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list ExternalIPPools: %w", err)
 	}
-	d := computeDesired(a.cfg.NodeName, egs.Items, pools.Items)
+	d := computeDesired(a.cfg.NodeName, a.withoutReleased(log, egs.Items), pools.Items)
 	for _, s := range d.skipped {
 		log.Info("ignoring Egress assigned to this node", "egress", klog.KRef("", s.name), "reason", s.reason)
 	}

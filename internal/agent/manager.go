@@ -233,6 +233,7 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 		Watches(&v1alpha1.Egress{}, toNode).
 		Watches(&v1alpha1.ExternalIPPool{}, toNode).
 		WatchesRawSource(kick).
+		WatchesRawSource(source.Channel(a.kick, toNode)).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: 1,
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
@@ -254,7 +255,7 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 // returns nil after a shutdown caused by ctx, else the server's error.
 func (a *Agent) ServeReport(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
-		Handler:           report.Handler(a.Report),
+		Handler:           report.PollHandler(a.onPoll),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
