@@ -68,6 +68,58 @@ type Config struct {
 	// RecordPath is the ownership record (bind.Config.RecordPath); empty
 	// means none.
 	RecordPath string
+	// AddressLifetime is the valid lifetime egress addresses are bound
+	// with (bind.Config.Lifetime): the kernel removes an address the agent
+	// has not renewed for that long, so an agent that is gone leaves no
+	// duplicate behind (issue 16). 0 binds them forever. Whole seconds,
+	// at least twice RenewInterval and at most ControllerDeadAfter.
+	AddressLifetime time.Duration
+	// RenewInterval is how often the agent renews the lifetime of every
+	// owned address; 0 means DefaultRenewInterval. Unused when
+	// AddressLifetime is 0.
+	RenewInterval time.Duration
+	// ControllerDeadAfter is the controller's --agent-dead-after, which
+	// AddressLifetime must not exceed: an agent that is gone loses its
+	// addresses about when the controller moves them. 0 means
+	// DefaultControllerDeadAfter.
+	ControllerDeadAfter time.Duration
+}
+
+// Defaults of the address lifetime (docs/failover.md, "Agent gone").
+const (
+	// DefaultAddressLifetime is the default valid lifetime of egress
+	// addresses (--address-lifetime).
+	DefaultAddressLifetime = 3 * time.Second
+	// DefaultRenewInterval is the default of --address-renew-interval.
+	DefaultRenewInterval = time.Second
+	// DefaultControllerDeadAfter is the controller's default
+	// --agent-dead-after.
+	DefaultControllerDeadAfter = 3 * time.Second
+)
+
+// CheckLifetime checks the address lifetime against the renew interval
+// and the controller's dead-after (Config's rules); the error names both
+// flags concerned.
+func CheckLifetime(lifetime, renew, deadAfter time.Duration) error {
+	if renew == 0 {
+		renew = DefaultRenewInterval
+	}
+	if deadAfter == 0 {
+		deadAfter = DefaultControllerDeadAfter
+	}
+	switch {
+	case lifetime == 0:
+		return nil
+	case lifetime < 0 || lifetime%time.Second != 0:
+		return fmt.Errorf("--address-lifetime %v: want whole seconds (the kernel counts lifetimes in seconds), or 0 for addresses that never expire", lifetime)
+	case renew < 0:
+		return fmt.Errorf("--address-renew-interval %v is negative", renew)
+	case lifetime < 2*renew:
+		return fmt.Errorf("--address-lifetime %v must be at least twice --address-renew-interval %v, so that one late renewal does not remove the addresses", lifetime, renew)
+	case lifetime > deadAfter:
+		return fmt.Errorf("--address-lifetime %v must not exceed --agent-dead-after %v (the controller's): an agent that is gone would leave its addresses answering after the controller moved them", lifetime, deadAfter)
+	}
+	return nil
 }
 
 // entry is one owned address as the report shows it.
@@ -263,6 +315,12 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.ResyncPeriod == 0 {
 		cfg.ResyncPeriod = DefaultResyncPeriod
 	}
+	if err := CheckLifetime(cfg.AddressLifetime, cfg.RenewInterval, cfg.ControllerDeadAfter); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if cfg.RenewInterval == 0 {
+		cfg.RenewInterval = DefaultRenewInterval
+	}
 	ns := netns.None()
 	if cfg.NetNSPath != "" {
 		h, err := netns.GetFromPath(cfg.NetNSPath)
@@ -285,7 +343,7 @@ func New(cfg Config) (*Agent, error) {
 		kick:     make(chan event.GenericEvent, 1),
 	}
 	b, err := bind.New(ns, bind.Config{Interface: cfg.Interface, HintFor: a.hintFor, Proto: cfg.Proto,
-		Ownership: cfg.Ownership, RecordPath: cfg.RecordPath})
+		Ownership: cfg.Ownership, RecordPath: cfg.RecordPath, Lifetime: cfg.AddressLifetime})
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
@@ -310,6 +368,11 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.noteOwnership(a.log)
+	// Adopted addresses get this agent's lifetime at once: the previous
+	// agent's last renewal may be almost a lifetime ago.
+	if _, err := b.Renew(); err != nil {
+		a.log.Error(err, "cannot renew the lifetime of adopted egress IPs")
+	}
 	for _, o := range owned {
 		if _, dup := a.state[o.Addr]; !dup {
 			a.state[o.Addr] = &entry{iface: o.Interface}
@@ -328,6 +391,77 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Close() error {
 	err := a.ann.Close()
 	a.binder.Close()
+	return err
+}
+
+// RenewAddresses renews the valid lifetime of every owned address
+// (bind.Binder.Renew) every Config.RenewInterval until ctx is done; it
+// returns at once when Config.AddressLifetime is 0. An address the
+// agent holds that was not renewed (it expired, or was removed by hand)
+// triggers a reconcile, which binds it again if it is still assigned.
+func (a *Agent) RenewAddresses(ctx context.Context) {
+	if a.cfg.AddressLifetime == 0 {
+		return
+	}
+	t := time.NewTicker(a.cfg.RenewInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		renewed, err := a.binder.Renew()
+		if err != nil {
+			renewErrors.Inc()
+			a.log.Error(err, "cannot renew the lifetime of egress IPs; the kernel removes those not renewed within --address-lifetime", "lifetime", a.cfg.AddressLifetime)
+		}
+		got := make(map[netip.Addr]bool, len(renewed))
+		for _, ip := range renewed {
+			got[ip] = true
+		}
+		a.mu.Lock()
+		var lost []netip.Addr
+		for ip := range a.state {
+			if !got[ip] {
+				lost = append(lost, ip)
+			}
+		}
+		a.mu.Unlock()
+		if len(lost) > 0 && err == nil {
+			a.log.Info("egress IPs gone from the Node before their renewal (expired or removed by hand); reconciling", "ips", lost)
+			select {
+			case a.kick <- event.GenericEvent{Object: &v1alpha1.Egress{}}:
+			default:
+			}
+		}
+	}
+}
+
+// RenewAtStart renews, once, the lifetime of the addresses egressip owns
+// in the namespace cfg names, with cfg's lifetime and ownership settings
+// (bind.Binder.Renew). egressip-agent calls it first thing, before its
+// kernel probes, so that a quick restart leaves no gap. Errors are those
+// of opening the namespace or the Binder, and of the renewal.
+func RenewAtStart(cfg Config) error {
+	if err := CheckLifetime(cfg.AddressLifetime, cfg.RenewInterval, cfg.ControllerDeadAfter); err != nil {
+		return err
+	}
+	ns := netns.None()
+	if cfg.NetNSPath != "" {
+		h, err := netns.GetFromPath(cfg.NetNSPath)
+		if err != nil {
+			return fmt.Errorf("open network namespace %s: %w", cfg.NetNSPath, err)
+		}
+		defer func() { _ = h.Close() }()
+		ns = h
+	}
+	b, err := bind.New(ns, bind.Config{Proto: cfg.Proto, Ownership: cfg.Ownership, RecordPath: cfg.RecordPath, Lifetime: cfg.AddressLifetime})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	_, err = b.Renew()
 	return err
 }
 

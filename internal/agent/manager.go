@@ -379,6 +379,10 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	a.SetKernelStatus(o.Kernel)
+	renewCtx, stopRenew := context.WithCancel(ctx)
+	var renewing sync.WaitGroup
+	renewing.Go(func() { a.RenewAddresses(renewCtx) })
+	defer func() { stopRenew(); renewing.Wait() }()
 	defer func() {
 		if cerr := a.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("agent: close: %w", cerr))
