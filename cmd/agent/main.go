@@ -85,8 +85,8 @@ func run(args []string, stderr io.Writer) int {
 	fs.DurationVar(&o.RenewInterval, "address-renew-interval", agent.DefaultRenewInterval,
 		"How often the agent renews the lifetime of its egress addresses; at most half of --address-lifetime.")
 	fs.DurationVar(&o.ControllerDeadAfter, "agent-dead-after", agent.DefaultControllerDeadAfter,
-		"The controller's --agent-dead-after: how long after an agent stops answering its IPs move. Set it to the controller's value; "+
-			"--address-lifetime must not exceed it.")
+		"The controller's --agent-dead-after: how long after an agent stops answering its IPs move. "+
+			"Set it to the controller's value; --address-lifetime must not exceed it.")
 	fs.StringVar(&o.NetNSPath, "netns", "",
 		"Bind and announce in the network namespace at this path (e.g. /run/netns/node1) "+
 			"instead of the agent's own. For tests and the local end-to-end setup.")
@@ -186,7 +186,8 @@ func run(args []string, stderr io.Writer) int {
 	// Adopted addresses get this agent's lifetime before anything else
 	// (the kernel probes take a while): a quick restart leaves no gap.
 	if err := agent.RenewAtStart(o.Config); err != nil {
-		log.Error(err, "cannot renew the lifetime of the egress IPs a previous agent bound; the first reconcile binds them again if they expire")
+		log.Error(err, "cannot renew the lifetime of the egress IPs a previous agent bound; "+
+			"the first reconcile binds them again if they expire")
 	}
 
 	cfg, err := ctrl.GetConfig()

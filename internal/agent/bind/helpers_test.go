@@ -68,7 +68,7 @@ func dumpAddrs(t *testing.T, ns *netnstest.NS) []seenAddr {
 					a.Flags = binary.NativeEndian.Uint32(at.Value[:4])
 				case 11: // IFA_PROTO
 					a.Proto = at.Value[0]
-				case unix.IFA_CACHEINFO: // struct ifa_cacheinfo: ifa_prefered, ifa_valid, cstamp, tstamp
+				case unix.IFA_CACHEINFO: // struct ifa_cacheinfo: preferred, valid, cstamp, tstamp
 					a.Preferred = binary.NativeEndian.Uint32(at.Value[0:4])
 					a.Valid = binary.NativeEndian.Uint32(at.Value[4:8])
 				}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egressip/egressip/internal/agent/bind"
+	"github.com/egressip/egressip/internal/agent/bind/netnstest"
 )
 
 const forever = 0xffffffff
@@ -75,23 +76,9 @@ func TestAddressLifetimeRenewAndExpiry(t *testing.T) {
 			}
 
 			// No more renewals: the kernel removes both within the lifetime
-			// plus its check granularity.
-			last := time.Now()
-			var gone4, gone6 time.Duration
-			for time.Since(last) < 8*time.Second && (gone4 == 0 || gone6 == 0) {
-				as := dumpAddrs(t, p.Node)
-				if _, ok := findAddr(as, v4); !ok && gone4 == 0 {
-					gone4 = time.Since(last)
-				}
-				if _, ok := findAddr(as, v6); !ok && gone6 == 0 {
-					gone6 = time.Since(last)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-			if gone4 == 0 || gone6 == 0 {
-				t.Fatalf("not removed 8 s after the last renewal (IPv4 after %v, IPv6 after %v)", gone4, gone6)
-			}
-			// The bound docs/failover.md states: lifetime + 1 s.
+			// plus its check granularity (the bound docs/failover.md states:
+			// lifetime + 1 s).
+			gone4, gone6 := waitExpired(t, p.Node, v4, v6)
 			if gone4 > 4*time.Second || gone6 > 4*time.Second {
 				t.Errorf("removed %v (IPv4) and %v (IPv6) after the last renewal; want at most lifetime + 1 s", gone4, gone6)
 			}
@@ -106,6 +93,27 @@ func TestAddressLifetimeRenewAndExpiry(t *testing.T) {
 			check("bound again")
 		})
 	}
+}
+
+// waitExpired waits up to 8 s for v4 and v6 to leave ns and returns how
+// long each took.
+func waitExpired(t *testing.T, ns *netnstest.NS, v4, v6 netip.Addr) (gone4, gone6 time.Duration) {
+	t.Helper()
+	last := time.Now()
+	for time.Since(last) < 8*time.Second && (gone4 == 0 || gone6 == 0) {
+		as := dumpAddrs(t, ns)
+		if _, ok := findAddr(as, v4); !ok && gone4 == 0 {
+			gone4 = time.Since(last)
+		}
+		if _, ok := findAddr(as, v6); !ok && gone6 == 0 {
+			gone6 = time.Since(last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if gone4 == 0 || gone6 == 0 {
+		t.Fatalf("not removed 8 s after the last renewal (IPv4 after %v, IPv6 after %v)", gone4, gone6)
+	}
+	return gone4, gone6
 }
 
 // TestAddressLifetimeZeroMakesPermanent: an agent run without a lifetime

@@ -216,7 +216,7 @@ func parseAddrMsg(m []byte) (kernelAddr, bool, error) {
 		case unix.IFA_LABEL:
 			a.Label = unix.ByteSliceToString(attr.Value)
 		case unix.IFA_CACHEINFO:
-			if len(attr.Value) >= 8 { // struct ifa_cacheinfo: ifa_prefered, ifa_valid, ...
+			if len(attr.Value) >= 8 { // struct ifa_cacheinfo: preferred, valid, ...
 				a.Preferred = nl.NativeEndian().Uint32(attr.Value[0:4])
 				a.Valid = nl.NativeEndian().Uint32(attr.Value[4:8])
 			}
