@@ -382,7 +382,17 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	renewCtx, stopRenew := context.WithCancel(ctx)
 	var renewing sync.WaitGroup
 	renewing.Go(func() { a.RenewAddresses(renewCtx) })
-	defer func() { stopRenew(); renewing.Wait() }()
+	defer func() {
+		stopRenew()
+		renewing.Wait()
+		if o.AddressLifetime > 0 {
+			// A last renewal on the way out: the next instance (a rolling
+			// update) has the whole lifetime to adopt the addresses.
+			if _, err := a.binder.Renew(); err != nil {
+				log.Error(err, "cannot renew the lifetime of the egress IPs on exit")
+			}
+		}
+	}()
 	defer func() {
 		if cerr := a.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("agent: close: %w", cerr))
