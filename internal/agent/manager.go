@@ -379,20 +379,8 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	a.SetKernelStatus(o.Kernel)
-	renewCtx, stopRenew := context.WithCancel(ctx)
-	var renewing sync.WaitGroup
-	renewing.Go(func() { a.RenewAddresses(renewCtx) })
-	defer func() {
-		stopRenew()
-		renewing.Wait()
-		if o.AddressLifetime > 0 {
-			// A last renewal on the way out: the next instance (a rolling
-			// update) has the whole lifetime to adopt the addresses.
-			if _, err := a.binder.Renew(); err != nil {
-				log.Error(err, "cannot renew the lifetime of the egress IPs on exit")
-			}
-		}
-	}()
+	defer a.startRenewal(ctx, log)()
+
 	defer func() {
 		if cerr := a.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("agent: close: %w", cerr))
@@ -508,6 +496,25 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
+}
+
+// startRenewal runs a.RenewAddresses until ctx is done or the returned
+// function is called; that function waits for it to end and, with a
+// finite lifetime, renews once more, so the next instance (a rolling
+// update) has the whole lifetime to adopt the addresses.
+func (a *Agent) startRenewal(ctx context.Context, log logr.Logger) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	var renewing sync.WaitGroup
+	renewing.Go(func() { a.RenewAddresses(ctx) })
+	return func() {
+		cancel()
+		renewing.Wait()
+		if a.cfg.AddressLifetime > 0 {
+			if _, err := a.binder.Renew(); err != nil {
+				log.Error(err, "cannot renew the lifetime of the egress IPs on exit")
+			}
+		}
+	}
 }
 
 // rejectQueue is the part of the kernel datapath that serves its reject
