@@ -379,14 +379,13 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	a.SetKernelStatus(o.Kernel)
-	defer a.startRenewal(ctx, log)()
-
 	defer func() {
 		if cerr := a.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("agent: close: %w", cerr))
 		}
 		log.Info("stopped; egress IPs stay bound for the next agent instance")
 	}()
+	defer a.startRenewal(ctx, log)() // stopped before Close
 
 	off := func(s string) string {
 		if s == "" {
