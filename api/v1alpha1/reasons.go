@@ -23,6 +23,14 @@ const (
 	// controller) is not an address its pool can give it; the controller
 	// replaces it and no agent binds it.
 	ReasonStatusIPRejected = "StatusIPRejected"
+
+	// ReasonReleaseTimedOut is the reason of the Warning Event recorded
+	// when a planned move assigns an Egress's IP to its new Node although
+	// the old Node still reports it bound: the controller told that Node's
+	// agent to release it in every poll for --release-timeout, and now
+	// counts the Node as not releasing the IP, as if it were dead. The
+	// Assigned condition's message says the same.
+	ReasonReleaseTimedOut = "ReleaseTimedOut"
 )
 
 // Reasons of ExternalIPPoolStatus.Excluded: why addresses of a pool's

@@ -79,6 +79,14 @@ func run(args []string, stderr io.Writer) int {
 		"Ownership record file, written before each bind and after each unbind (its directory must exist: in the "+
 			"DaemonSet a hostPath volume). Default "+agent.DefaultRecordPath+", or none with --netns. "+
 			"Agents in different network namespaces need different files.")
+	fs.DurationVar(&o.AddressLifetime, "address-lifetime", agent.DefaultAddressLifetime,
+		"Valid lifetime of the egress addresses (whole seconds): the agent renews it every --address-renew-interval, "+
+			"and the kernel removes the addresses of an agent gone for that long; at most --agent-dead-after, 0 for forever.")
+	fs.DurationVar(&o.RenewInterval, "address-renew-interval", agent.DefaultRenewInterval,
+		"How often the agent renews the lifetime of its egress addresses; at most half of --address-lifetime.")
+	fs.DurationVar(&o.ControllerDeadAfter, "agent-dead-after", agent.DefaultControllerDeadAfter,
+		"The controller's --agent-dead-after: how long after an agent stops answering its IPs move. "+
+			"Set it to the controller's value; --address-lifetime must not exceed it.")
 	fs.StringVar(&o.NetNSPath, "netns", "",
 		"Bind and announce in the network namespace at this path (e.g. /run/netns/node1) "+
 			"instead of the agent's own. For tests and the local end-to-end setup.")
@@ -169,6 +177,17 @@ func run(args []string, stderr io.Writer) int {
 	if o.Ownership == bind.OwnershipRecord && o.RecordPath == "" {
 		_, _ = fmt.Fprintln(stderr, "egressip-agent: --address-ownership=record needs --ownership-record")
 		return 2
+	}
+
+	if err := agent.CheckLifetime(o.AddressLifetime, o.RenewInterval, o.ControllerDeadAfter); err != nil {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: %v\n", err)
+		return 2
+	}
+	// Adopted addresses get this agent's lifetime before anything else
+	// (the kernel probes take a while): a quick restart leaves no gap.
+	if err := agent.RenewAtStart(o.Config); err != nil {
+		log.Error(err, "cannot renew the lifetime of the egress IPs a previous agent bound; "+
+			"the first reconcile binds them again if they expire")
 	}
 
 	cfg, err := ctrl.GetConfig()

@@ -172,6 +172,30 @@ func TestBadOwnershipFlagsFail(t *testing.T) {
 	}
 }
 
+// TestBadLifetimeFlagsFail: address lifetimes that cannot work with the
+// renew interval or the controller's dead-after are refused at start,
+// naming both flags.
+func TestBadLifetimeFlagsFail(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--address-lifetime=3s", "--address-renew-interval=2s"}, []string{"--address-lifetime 3s", "--address-renew-interval 2s"}},
+		{[]string{"--address-lifetime=5s", "--agent-dead-after=3s"}, []string{"--address-lifetime 5s", "--agent-dead-after 3s"}},
+		{[]string{"--address-lifetime=2500ms"}, []string{"--address-lifetime 2.5s", "whole seconds"}},
+	} {
+		p := startAgentProc(t, []string{"NODE_NAME=n1"}, tc.args...)
+		if code := p.wait(t, 30*time.Second); code != 2 {
+			t.Fatalf("%q: exit code %d, want 2", tc.args, code)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(p.stderr.String(), w) {
+				t.Errorf("%q: stderr does not mention %q:\n%s", tc.args, w, p.stderr.String())
+			}
+		}
+	}
+}
+
 func TestCIDRList(t *testing.T) {
 	var c cidrList
 	if c.list != nil {
@@ -242,7 +266,7 @@ func owns(t *testing.T, b *bind.Binder, ip netip.Addr) bool {
 func getReport(port int) (report.Report, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return report.NewClient(port, 2*time.Second).Get(ctx, netip.MustParseAddr("127.0.0.1"))
+	return report.NewClient(port, 2*time.Second).Get(ctx, netip.MustParseAddr("127.0.0.1"), report.Poll{})
 }
 
 func httpGet(url string) (int, string, error) {

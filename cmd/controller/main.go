@@ -113,6 +113,10 @@ func main() {
 	flag.DurationVar(&ctrlOpts.Liveness.DeadAfter, "agent-dead-after", 3*time.Second,
 		"An agent that has not answered for this long (and failed --agent-failure-threshold polls in a row) "+
 			"is dead and its IPs move.")
+	flag.DurationVar(&ctrlOpts.Pass.ReleaseTimeout, "release-timeout", controller.DefaultReleaseTimeout,
+		"How long a planned move waits for the old Node to release an IP (its agent is told to in every poll) "+
+			"before that Node counts as not releasing it and the IP moves as from a dead Node; "+
+			"at least twice --agent-poll-interval.")
 	flag.IntVar(&ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", 3,
 		"Failed polls in a row before an agent can be declared dead.")
 	flag.IntVar(&ctrlOpts.Liveness.Port, "agent-report-port", 9445,
@@ -136,6 +140,10 @@ func main() {
 	flag.Parse()
 
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	if err := controller.CheckFlags(ctrlOpts); err != nil {
+		setupLog.Error(err, "Invalid flags")
+		os.Exit(2)
+	}
 
 	// if the enable-http2 flag is false (the default), http/2 should be disabled
 	// due to its vulnerabilities. More specifically, disabling http/2 will

@@ -15,8 +15,11 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/vishvananda/netns"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -65,6 +68,58 @@ type Config struct {
 	// RecordPath is the ownership record (bind.Config.RecordPath); empty
 	// means none.
 	RecordPath string
+	// AddressLifetime is the valid lifetime egress addresses are bound
+	// with (bind.Config.Lifetime): the kernel removes an address the agent
+	// has not renewed for that long, so an agent that is gone leaves no
+	// duplicate behind (issue 16). 0 binds them forever. Whole seconds,
+	// at least twice RenewInterval and at most ControllerDeadAfter.
+	AddressLifetime time.Duration
+	// RenewInterval is how often the agent renews the lifetime of every
+	// owned address; 0 means DefaultRenewInterval. Unused when
+	// AddressLifetime is 0.
+	RenewInterval time.Duration
+	// ControllerDeadAfter is the controller's --agent-dead-after, which
+	// AddressLifetime must not exceed: an agent that is gone loses its
+	// addresses about when the controller moves them. 0 means
+	// DefaultControllerDeadAfter.
+	ControllerDeadAfter time.Duration
+}
+
+// Defaults of the address lifetime (docs/failover.md, "Agent gone").
+const (
+	// DefaultAddressLifetime is the default valid lifetime of egress
+	// addresses (--address-lifetime).
+	DefaultAddressLifetime = 3 * time.Second
+	// DefaultRenewInterval is the default of --address-renew-interval.
+	DefaultRenewInterval = time.Second
+	// DefaultControllerDeadAfter is the controller's default
+	// --agent-dead-after.
+	DefaultControllerDeadAfter = 3 * time.Second
+)
+
+// CheckLifetime checks the address lifetime against the renew interval
+// and the controller's dead-after (Config's rules); the error names both
+// flags concerned.
+func CheckLifetime(lifetime, renew, deadAfter time.Duration) error {
+	if renew == 0 {
+		renew = DefaultRenewInterval
+	}
+	if deadAfter == 0 {
+		deadAfter = DefaultControllerDeadAfter
+	}
+	switch {
+	case lifetime == 0:
+		return nil
+	case lifetime < 0 || lifetime%time.Second != 0:
+		return fmt.Errorf("--address-lifetime %v: want whole seconds (the kernel counts lifetimes in seconds), or 0 for addresses that never expire", lifetime)
+	case renew < 0:
+		return fmt.Errorf("--address-renew-interval %v is negative", renew)
+	case lifetime < 2*renew:
+		return fmt.Errorf("--address-lifetime %v must be at least twice --address-renew-interval %v, so that one late renewal does not remove the addresses", lifetime, renew)
+	case lifetime > deadAfter:
+		return fmt.Errorf("--address-lifetime %v must not exceed --agent-dead-after %v (the controller's): an agent that is gone would leave its addresses answering after the controller moved them", lifetime, deadAfter)
+	}
+	return nil
 }
 
 // entry is one owned address as the report shows it.
@@ -107,6 +162,128 @@ type Agent struct {
 	refusedEgresses atomic.Pointer[[]report.RefusedEgress]
 	// kernel is the kernel feature finding served in the report (nil: none).
 	kernel atomic.Pointer[report.KernelStatus]
+
+	// lastPoll is when the report was last served to a poll, in Unix
+	// nanoseconds (0: never); see LastControllerPoll.
+	lastPoll atomic.Int64
+	// releaseMu guards releases.
+	releaseMu sync.Mutex
+	// releases are the controller's release instructions (report.Release)
+	// by Egress UID; see onPoll and withoutReleased.
+	releases map[types.UID]*heldRelease
+	// kick asks for a reconcile (a poll brought a new release instruction
+	// for an IP the Node holds).
+	kick chan event.GenericEvent
+}
+
+// heldRelease is one release instruction the agent honours.
+type heldRelease struct {
+	report.Release
+	// fresh: the last poll carried it.
+	fresh bool
+}
+
+// LastControllerPoll is when this agent last served its report to a poll
+// (the controller is the only client of the report port), or the zero time
+// if it never did.
+func (a *Agent) LastControllerPoll() time.Time {
+	if n := a.lastPoll.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
+
+// onPoll serves one poll: it notes the time (LastControllerPoll), takes
+// the poll's release instructions (replacing those of the previous poll;
+// entries the poll no longer carries are kept while the cache still shows
+// their Egress older than the instruction, see withoutReleased), asks for a
+// reconcile when one names an IP the Node holds and is new, and returns
+// the report.
+func (a *Agent) onPoll(p report.Poll) report.Report {
+	a.lastPoll.Store(time.Now().UnixNano())
+	newFor := false
+	a.releaseMu.Lock()
+	if a.releases == nil {
+		a.releases = map[types.UID]*heldRelease{}
+	}
+	for _, h := range a.releases {
+		h.fresh = false
+	}
+	var taken []report.Release
+	for _, r := range p.Releases {
+		uid := types.UID(r.UID)
+		if h, ok := a.releases[uid]; ok && h.Release == r {
+			h.fresh = true
+			continue
+		}
+		a.releases[uid] = &heldRelease{Release: r, fresh: true}
+		taken = append(taken, r)
+	}
+	a.releaseMu.Unlock()
+	if len(taken) > 0 {
+		a.mu.Lock()
+		for _, r := range taken {
+			if a.state[r.IP] != nil {
+				newFor = true
+			}
+		}
+		a.mu.Unlock()
+	}
+	if newFor {
+		a.log.Info("the controller asks this Node to release egress IPs", "releases", taken)
+		select {
+		case a.kick <- event.GenericEvent{Object: &v1alpha1.Egress{}}:
+		default: // a reconcile is already pending
+		}
+	}
+	return a.Report()
+}
+
+// withoutReleased returns egs without the Egresses a release instruction
+// holds back: the cache shows the Egress older than the instruction's
+// resource version, so its assignment to this Node is stale (the
+// controller has already taken it away). It forgets the instructions that
+// need no honouring any more: the cache shows their Egress at that version
+// or newer, or no longer holds it and the last poll did not carry them.
+// Resource versions that cannot be compared count as older unless equal.
+func (a *Agent) withoutReleased(log logr.Logger, egs []v1alpha1.Egress) []v1alpha1.Egress {
+	a.releaseMu.Lock()
+	defer a.releaseMu.Unlock()
+	if len(a.releases) == 0 {
+		return egs
+	}
+	inCache := make(map[types.UID]bool, len(egs))
+	out := make([]v1alpha1.Egress, 0, len(egs))
+	for i := range egs {
+		eg := &egs[i]
+		inCache[eg.UID] = true
+		h, ok := a.releases[eg.UID]
+		if !ok {
+			out = append(out, *eg)
+			continue
+		}
+		c, err := resourceversion.CompareResourceVersion(eg.ResourceVersion, h.ResourceVersion)
+		if err != nil && eg.ResourceVersion == h.ResourceVersion {
+			c = 0
+		} else if err != nil {
+			c = -1
+		}
+		if c >= 0 {
+			delete(a.releases, eg.UID)
+			out = append(out, *eg)
+			continue
+		}
+		if eg.Status.EgressNode == a.cfg.NodeName {
+			log.Info("not binding: the controller asked this Node to release the IP, and this cache's copy of the Egress is older than the controller's",
+				"egress", klog.KObj(eg), "ip", h.IP, "cachedVersion", eg.ResourceVersion, "controllerVersion", h.ResourceVersion)
+		}
+	}
+	for uid, h := range a.releases {
+		if !inCache[uid] && !h.fresh {
+			delete(a.releases, uid)
+		}
+	}
+	return out
 }
 
 // SetRefusedEgresses sets the Egresses whose datapath this Node's kernel
@@ -138,6 +315,12 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.ResyncPeriod == 0 {
 		cfg.ResyncPeriod = DefaultResyncPeriod
 	}
+	if err := CheckLifetime(cfg.AddressLifetime, cfg.RenewInterval, cfg.ControllerDeadAfter); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if cfg.RenewInterval == 0 {
+		cfg.RenewInterval = DefaultRenewInterval
+	}
 	ns := netns.None()
 	if cfg.NetNSPath != "" {
 		h, err := netns.GetFromPath(cfg.NetNSPath)
@@ -157,9 +340,10 @@ func New(cfg Config) (*Agent, error) {
 		log:      ctrllog.Log.WithName("agent").WithValues("node", cfg.NodeName),
 		hints:    map[netip.Addr]bind.Hint{},
 		state:    map[netip.Addr]*entry{},
+		kick:     make(chan event.GenericEvent, 1),
 	}
 	b, err := bind.New(ns, bind.Config{Interface: cfg.Interface, HintFor: a.hintFor, Proto: cfg.Proto,
-		Ownership: cfg.Ownership, RecordPath: cfg.RecordPath})
+		Ownership: cfg.Ownership, RecordPath: cfg.RecordPath, Lifetime: cfg.AddressLifetime})
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
@@ -184,6 +368,11 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.noteOwnership(a.log)
+	// Adopted addresses get this agent's lifetime at once: the previous
+	// agent's last renewal may be almost a lifetime ago.
+	if _, err := b.Renew(); err != nil {
+		a.log.Error(err, "cannot renew the lifetime of adopted egress IPs")
+	}
 	for _, o := range owned {
 		if _, dup := a.state[o.Addr]; !dup {
 			a.state[o.Addr] = &entry{iface: o.Interface}
@@ -202,6 +391,77 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Close() error {
 	err := a.ann.Close()
 	a.binder.Close()
+	return err
+}
+
+// RenewAddresses renews the valid lifetime of every owned address
+// (bind.Binder.Renew) every Config.RenewInterval until ctx is done; it
+// returns at once when Config.AddressLifetime is 0. An address the
+// agent holds that was not renewed (it expired, or was removed by hand)
+// triggers a reconcile, which binds it again if it is still assigned.
+func (a *Agent) RenewAddresses(ctx context.Context) {
+	if a.cfg.AddressLifetime == 0 {
+		return
+	}
+	t := time.NewTicker(a.cfg.RenewInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		renewed, err := a.binder.Renew()
+		if err != nil {
+			renewErrors.Inc()
+			a.log.Error(err, "cannot renew the lifetime of egress IPs; the kernel removes those not renewed within --address-lifetime", "lifetime", a.cfg.AddressLifetime)
+		}
+		got := make(map[netip.Addr]bool, len(renewed))
+		for _, ip := range renewed {
+			got[ip] = true
+		}
+		a.mu.Lock()
+		var lost []netip.Addr
+		for ip := range a.state {
+			if !got[ip] {
+				lost = append(lost, ip)
+			}
+		}
+		a.mu.Unlock()
+		if len(lost) > 0 && err == nil {
+			a.log.Info("egress IPs gone from the Node before their renewal (expired or removed by hand); reconciling", "ips", lost)
+			select {
+			case a.kick <- event.GenericEvent{Object: &v1alpha1.Egress{}}:
+			default:
+			}
+		}
+	}
+}
+
+// RenewAtStart renews, once, the lifetime of the addresses egressip owns
+// in the namespace cfg names, with cfg's lifetime and ownership settings
+// (bind.Binder.Renew). egressip-agent calls it first thing, before its
+// kernel probes, so that a quick restart leaves no gap. Errors are those
+// of opening the namespace or the Binder, and of the renewal.
+func RenewAtStart(cfg Config) error {
+	if err := CheckLifetime(cfg.AddressLifetime, cfg.RenewInterval, cfg.ControllerDeadAfter); err != nil {
+		return err
+	}
+	ns := netns.None()
+	if cfg.NetNSPath != "" {
+		h, err := netns.GetFromPath(cfg.NetNSPath)
+		if err != nil {
+			return fmt.Errorf("open network namespace %s: %w", cfg.NetNSPath, err)
+		}
+		defer func() { _ = h.Close() }()
+		ns = h
+	}
+	b, err := bind.New(ns, bind.Config{Proto: cfg.Proto, Ownership: cfg.Ownership, RecordPath: cfg.RecordPath, Lifetime: cfg.AddressLifetime})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	_, err = b.Renew()
 	return err
 }
 
@@ -373,7 +633,7 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err := a.reader.List(ctx, &pools); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list ExternalIPPools: %w", err)
 	}
-	d := computeDesired(a.cfg.NodeName, egs.Items, pools.Items)
+	d := computeDesired(a.cfg.NodeName, a.withoutReleased(log, egs.Items), pools.Items)
 	for _, s := range d.skipped {
 		log.Info("ignoring Egress assigned to this node", "egress", klog.KRef("", s.name), "reason", s.reason)
 	}

@@ -215,7 +215,7 @@ func (r *runningAgent) report(ctx context.Context) (report.Report, error) {
 func getReport(ctx context.Context, port int) (report.Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	return report.NewClient(port, 2*time.Second).Get(ctx, netip.MustParseAddr("127.0.0.1"))
+	return report.NewClient(port, 2*time.Second).Get(ctx, netip.MustParseAddr("127.0.0.1"), report.Poll{})
 }
 
 // wantReport checks that rep lists exactly ips, on iface, announced as

@@ -233,6 +233,7 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 		Watches(&v1alpha1.Egress{}, toNode).
 		Watches(&v1alpha1.ExternalIPPool{}, toNode).
 		WatchesRawSource(kick).
+		WatchesRawSource(source.Channel(a.kick, toNode)).
 		WithOptions(controller.Options{
 			MaxConcurrentReconciles: 1,
 			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](
@@ -254,7 +255,7 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 // returns nil after a shutdown caused by ctx, else the server's error.
 func (a *Agent) ServeReport(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
-		Handler:           report.Handler(a.Report),
+		Handler:           report.PollHandler(a.onPoll),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -384,6 +385,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		}
 		log.Info("stopped; egress IPs stay bound for the next agent instance")
 	}()
+	defer a.startRenewal(ctx, log)() // stopped before Close
 
 	off := func(s string) string {
 		if s == "" {
@@ -493,6 +495,25 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
+}
+
+// startRenewal runs a.RenewAddresses until ctx is done or the returned
+// function is called; that function waits for it to end and, with a
+// finite lifetime, renews once more, so the next instance (a rolling
+// update) has the whole lifetime to adopt the addresses.
+func (a *Agent) startRenewal(ctx context.Context, log logr.Logger) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	var renewing sync.WaitGroup
+	renewing.Go(func() { a.RenewAddresses(ctx) })
+	return func() {
+		cancel()
+		renewing.Wait()
+		if a.cfg.AddressLifetime > 0 {
+			if _, err := a.binder.Renew(); err != nil {
+				log.Error(err, "cannot renew the lifetime of the egress IPs on exit")
+			}
+		}
+	}
 }
 
 // rejectQueue is the part of the kernel datapath that serves its reject

@@ -49,6 +49,11 @@ var (
 		Help: "Owned egress IPs no longer assigned to this Node that a reconcile could not remove, counted once per IP per reconcile.",
 	})
 
+	renewErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "egressip_agent_address_renew_errors_total",
+		Help: "Renewals of the owned egress addresses' lifetime (every --address-renew-interval) that failed for at least one address; the kernel removes an address not renewed within --address-lifetime.",
+	})
+
 	refusedIPs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "egressip_agent_refused_ips",
 		Help: "Egress IPs assigned to this Node that the last reconcile did not bind, by cause: status (status.egressIP is not an address the Egress's pool and spec allow) or bind (binding failed, e.g. the address is already on the Node and not egressip's). The report and the Egress's Ready condition say why.",
@@ -67,7 +72,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, refusedIPs, kernelFeature, reconcileDuration)
+	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, renewErrors, refusedIPs, kernelFeature, reconcileDuration)
 	for _, c := range []string{refusedStatus, refusedBind} {
 		refusedIPs.WithLabelValues(c)
 	}

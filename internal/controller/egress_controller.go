@@ -4,9 +4,11 @@
 package controller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -34,6 +36,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/scheduler"
 )
 
@@ -118,6 +121,9 @@ type PassReconciler struct {
 	synced bool
 	// live is the consistent read the cache must catch up with.
 	live []v1.Egress
+	// releaseSince holds when each release the pass waits for began
+	// (passInput.ReleaseSince); the pass worker alone uses it.
+	releaseSince map[releaseKey]time.Time
 }
 
 // Reconcile runs one pass. It returns an error (and is retried with backoff)
@@ -145,7 +151,8 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	if wait, err := r.readYourWrites(ctx, egs.Items); err != nil || wait {
 		return reconcile.Result{RequeueAfter: cacheWait}, err
 	}
-	in := passInput{Pools: pools.Items, Egresses: egs.Items, Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config}
+	in := passInput{Pools: pools.Items, Egresses: egs.Items, Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config,
+		Now: start, ReleaseSince: func(k releaseKey) time.Time { return r.releaseSince[k] }}
 	var result reconcile.Result
 	if r.Cloud != nil {
 		if !r.Cloud.Ready() {
@@ -163,6 +170,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		result.RequeueAfter = minPositive(out.Cloud.Recheck, r.Cloud.nextBackoff(time.Now()))
 	}
 
+	result.RequeueAfter = minPositive(result.RequeueAfter, r.trackReleases(out.Waits, start))
 	r.reportCapacity(ctx, nodes.Items, out.InvalidCapacity)
 	for _, n := range out.Awaited {
 		r.Liveness.Expedite(n)
@@ -181,12 +189,14 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	}
 	var writes []write
 	written := make([]*v1.Egress, len(egs.Items)) // what each successful patch returned
+	patched := make([]bool, len(egs.Items))       // a patch was attempted
 	for i := range egs.Items {
 		e := &egs.Items[i]
 		ch, ok := out.Egresses[e.Name]
 		if !ok || equality.Semantic.DeepEqual(e.Status, ch.Status) {
 			continue
 		}
+		patched[i] = true
 		writes = append(writes, write{obj: e, do: func(ctx context.Context) error {
 			patch := client.MergeFromWithOptions(e.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			e.Status = ch.Status
@@ -267,6 +277,19 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			r.written.record(e)
 		}
 	}
+	// What the API server holds now, as far as this pass knows: the
+	// Egresses it wrote as returned, the others as read (a failed patch
+	// leaves its Egress out: its state is unknown).
+	final := make([]*v1.Egress, 0, len(egs.Items))
+	for i := range egs.Items {
+		switch {
+		case written[i] != nil:
+			final = append(final, written[i])
+		case !patched[i]:
+			final = append(final, &egs.Items[i])
+		}
+	}
+	r.Liveness.SetReleases(releaseInstructions(final, nodes.Items, r.Liveness.State))
 	if unknown.Load() {
 		r.synced = false
 	}
@@ -275,6 +298,75 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	}
 	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "duration", time.Since(start))
 	return result, nil
+}
+
+// trackReleases keeps when each wait of waits began (now for new ones) and
+// forgets the others; it returns how soon the first of them reaches the
+// release timeout (0: none), so that a pass runs then.
+func (r *PassReconciler) trackReleases(waits []releaseKey, now time.Time) time.Duration {
+	next := make(map[releaseKey]time.Time, len(waits))
+	var soonest time.Duration
+	for _, k := range waits {
+		since, ok := r.releaseSince[k]
+		if !ok {
+			since = now
+		}
+		next[k] = since
+		if t := r.Config.ReleaseTimeout; t > 0 {
+			// At least 10 ms: a wait that just expired is decided by the
+			// pass that runs then.
+			soonest = minPositive(soonest, max(since.Add(t).Sub(now), 10*time.Millisecond))
+		}
+	}
+	r.releaseSince = next
+	return soonest
+}
+
+// releaseInstructions returns, per Node, what its polls tell it to release:
+// every IP its alive agent reports bound that no Egress of egs assigns to
+// that Node, once for each Egress whose status.egressIP it is (with that
+// Egress's UID and resource version, so that the agent can tell its own
+// cache's copy is older). IPs no Egress holds are not named (the agent's
+// cache, once it catches up, removes them). Each Node's list is sorted by
+// IP, then Egress name, and holds at most report.MaxReleases entries.
+func releaseInstructions(egs []*v1.Egress, nodes []corev1.Node, agents func(string) AgentState) map[string][]report.Release {
+	byIP := map[netip.Addr][]*v1.Egress{}
+	assigned := map[releaseKey]bool{}
+	for _, e := range egs {
+		ip, err := netip.ParseAddr(e.Status.EgressIP)
+		if err != nil {
+			continue
+		}
+		byIP[ip] = append(byIP[ip], e)
+		if e.Status.EgressNode != "" {
+			assigned[releaseKey{e.Status.EgressNode, ip}] = true
+		}
+	}
+	out := map[string][]report.Release{}
+	for i := range nodes {
+		name := nodes[i].Name
+		st := agents(name)
+		if !st.Known || st.Dead {
+			continue
+		}
+		var rs []report.Release
+		for _, b := range st.Report.Bound {
+			if assigned[releaseKey{name, b.IP}] {
+				continue
+			}
+			for _, e := range byIP[b.IP] {
+				rs = append(rs, report.Release{IP: b.IP, UID: string(e.UID), ResourceVersion: e.ResourceVersion, Egress: e.Name})
+			}
+		}
+		if len(rs) == 0 {
+			continue
+		}
+		slices.SortFunc(rs, func(a, b report.Release) int {
+			return cmp.Or(a.IP.Compare(b.IP), cmp.Compare(a.Egress, b.Egress))
+		})
+		out[name] = rs[:min(len(rs), report.MaxReleases)]
+	}
+	return out
 }
 
 // cacheWait is how soon a pass that waits for the cache to catch up runs
@@ -437,12 +529,41 @@ type Options struct {
 	Cloud CloudConfig
 }
 
+// checkReleaseTimeout refuses a release timeout that cannot work with the
+// poll settings: the wait needs one poll to carry the instruction and
+// another to show the release, so it must last at least two poll
+// intervals. 0 (no limit) is accepted here, for tests of the pass;
+// egressip-controller refuses it (CheckFlags).
+func checkReleaseTimeout(t time.Duration, lc LivenessConfig) error {
+	lc.defaults()
+	switch {
+	case t < 0:
+		return fmt.Errorf("--release-timeout %v is negative", t)
+	case t > 0 && t < 2*lc.Interval:
+		return fmt.Errorf("--release-timeout %v must be at least twice --agent-poll-interval %v: one poll carries the release instruction, the next shows the release", t, lc.Interval)
+	}
+	return nil
+}
+
+// CheckFlags checks the timings egressip-controller was started with
+// against each other, as Setup does, and also refuses a release timeout of
+// 0 (the wait for a release must end). The error names both flags.
+func CheckFlags(o Options) error {
+	if o.Pass.ReleaseTimeout <= 0 {
+		return fmt.Errorf("--release-timeout %v must be positive (at least twice --agent-poll-interval)", o.Pass.ReleaseTimeout)
+	}
+	return checkReleaseTimeout(o.Pass.ReleaseTimeout, o.Liveness)
+}
+
 // Setup registers the scheduling pass, the agent liveness poller and the
 // member slice publication with mgr; mgr's cache should be built with
 // CacheOptions (Pods stripped). They run only on the elected leader.
 func Setup(mgr ctrl.Manager, o Options) error {
 	if o.Pass.DefaultCapacity <= 0 {
 		return fmt.Errorf("default capacity must be positive, got %d", o.Pass.DefaultCapacity)
+	}
+	if err := checkReleaseTimeout(o.Pass.ReleaseTimeout, o.Liveness); err != nil {
+		return err
 	}
 	if o.MaxMembersPerSlice < 0 || o.MaxMembersPerSlice > v1.MaxMembersPerSlice {
 		return fmt.Errorf("members per slice must be between 1 and %d, got %d", v1.MaxMembersPerSlice, o.MaxMembersPerSlice)

@@ -86,6 +86,9 @@ type Liveness struct {
 	agents    map[string]*AgentState
 	expedited map[string]bool
 	runCtx    context.Context // the context Start runs with
+	// releases are, per Node, the Releases its next polls carry (set by
+	// the pass, see SetReleases).
+	releases map[string][]report.Release
 	// dpHook is called with a Node's name when its agent's datapath
 	// finding changes (see onDatapathChange).
 	dpHook func(node string)
@@ -176,6 +179,22 @@ func (l *Liveness) Expedite(node string) {
 	}()
 }
 
+// SetReleases replaces the instructions the polls carry: byNode holds, per
+// Node, the IPs the controller waits for that Node to release
+// (report.Release). A Node absent from byNode is told nothing.
+func (l *Liveness) SetReleases(byNode map[string][]report.Release) {
+	l.mu.Lock()
+	l.releases = byNode
+	l.mu.Unlock()
+}
+
+// releasesFor returns the Releases a poll of node carries.
+func (l *Liveness) releasesFor(node string) []report.Release {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.releases[node]
+}
+
 // NewLiveness returns a poller reading Nodes from reader.
 func NewLiveness(reader client.Reader, cfg LivenessConfig) *Liveness {
 	cfg.defaults()
@@ -243,7 +262,7 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 		err error
 	)
 	if hasAddr {
-		rep, err = l.client.Get(ctx, addr)
+		rep, err = l.client.Get(ctx, addr, report.Poll{Releases: l.releasesFor(node)})
 	}
 	now := time.Now()
 	l.mu.Lock()

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -65,6 +66,25 @@ type PassConfig struct {
 	DefaultCapacity int
 	// BalanceFactor is the scheduler's c (0 means scheduler.DefaultBalanceFactor).
 	BalanceFactor float64
+	// ReleaseTimeout bounds a planned move's wait for the old Node to
+	// release an IP: a Node that still reports the IP bound this long
+	// after the wait began counts as not releasing it and is treated, for
+	// that IP, like a dead Node (the IP is assigned elsewhere at once).
+	// 0 waits without limit (tests of the pass alone); egressip-controller
+	// sets --release-timeout (default DefaultReleaseTimeout).
+	ReleaseTimeout time.Duration
+}
+
+// DefaultReleaseTimeout is the default of --release-timeout: as long as a
+// crashed Node's IPs take to move (--agent-dead-after), so that a Node
+// that answers polls but does not release is never waited for longer than
+// a dead one.
+const DefaultReleaseTimeout = 3 * time.Second
+
+// releaseKey names one wait: Node must release IP.
+type releaseKey struct {
+	Node string
+	IP   netip.Addr
 }
 
 // passInput is everything one pass looks at, read from the cache.
@@ -77,6 +97,21 @@ type passInput struct {
 	// Cloud is the cloud side; nil when the controller runs without a
 	// cloud provider (cloud-backed pools are then invalid).
 	Cloud *cloudInput
+	// Now is the pass's clock reading.
+	Now time.Time
+	// ReleaseSince says when the pass began to wait for a Node to
+	// release an IP (the zero time: not waiting yet).
+	ReleaseSince func(releaseKey) time.Time
+}
+
+// releaseExpired reports whether the wait for k has lasted
+// Config.ReleaseTimeout or longer.
+func (in *passInput) releaseExpired(k releaseKey) bool {
+	if in.Config.ReleaseTimeout <= 0 || in.ReleaseSince == nil {
+		return false
+	}
+	since := in.ReleaseSince(k)
+	return !since.IsZero() && in.Now.Sub(since) >= in.Config.ReleaseTimeout
 }
 
 // egressChange is the outcome of a pass for one Egress.
@@ -107,6 +142,9 @@ type passOutput struct {
 	// release an IP before a planned move completes, or to bind and announce
 	// a newly assigned one. The reconciler polls them sooner.
 	Awaited []string
+	// Waits lists every (Node, IP) release the pass waits for; the
+	// reconciler keeps when each began (passInput.ReleaseSince).
+	Waits []releaseKey
 	// Finalize says, per pool, whether it must carry PoolFinalizer: every
 	// pool does, until it is being deleted and no Egress uses it.
 	Finalize map[string]bool
@@ -464,11 +502,18 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		cur := e.Status.EgressNode
 		target := p.Node
 		if target != "" && target != cur {
-			if waitFor := releasePending(ips[i], target, cur, holders, in.Agents); waitFor != "" {
+			ip := ips[i]
+			expired := func(n string) bool { return in.releaseExpired(releaseKey{n, ip}) }
+			if waitFor := releasePending(ip, target, cur, holders, in.Agents, expired); waitFor != "" {
+				msg := fmt.Sprintf("moving to Node %s: waiting for Node %s to release %s", target, waitFor, st.EgressIP)
+				if t := in.Config.ReleaseTimeout; t > 0 {
+					msg += fmt.Sprintf(" (it is told to in every poll; after %v it counts as not releasing)", t)
+				}
 				meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: ReasonWaitingForRelease,
-					Message: fmt.Sprintf("moving to Node %s: waiting for Node %s to release %s", target, waitFor, st.EgressIP), ObservedGeneration: e.Generation})
+					Message: msg, ObservedGeneration: e.Generation})
 				target = ""
 				out.Awaited = append(out.Awaited, waitFor)
+				out.Waits = append(out.Waits, releaseKey{waitFor, ip})
 				if cur != "" {
 					ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeNormal, "Releasing", fmt.Sprintf("releasing %s from Node %s before moving it to Node %s (%s)", st.EgressIP, cur, p.Node, cmp.Or(moveReason[e.Name], "rebalance"))
 					ch.MoveReason = cmp.Or(moveReason[e.Name], "Release")
@@ -502,6 +547,29 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			}
 		}
 		st.EgressNode = target
+		// lateNote: other alive Nodes still report the IP bound (a wait
+		// that expired, or a Node back from the dead before its agent
+		// resynced); timedOut: this pass assigns it because of an
+		// expired wait.
+		var lateNote string
+		timedOut := false
+		if target != "" {
+			var others []string
+			for _, h := range holders[ips[i]] {
+				if h != target {
+					others = append(others, h)
+				}
+			}
+			if target != cur {
+				late := lateHolders(ips[i], target, cur, holders, in.Agents, func(n string) bool { return in.releaseExpired(releaseKey{n, ips[i]}) })
+				timedOut = len(late) > 0
+				others = slices.Compact(slices.Sorted(slices.Values(append(others, late...))))
+			}
+			if len(others) > 0 {
+				lateNote = fmt.Sprintf("; Node %s still reports it bound although every poll tells it to release it, so it counts as not releasing it, like a dead Node (--release-timeout %v)",
+					strings.Join(others, ", "), in.Config.ReleaseTimeout)
+			}
+		}
 		if cp != nil && target != "" {
 			cp.bound[ips[i]] = true
 		}
@@ -524,8 +592,13 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			}
 		case target != "":
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: ReasonScheduled,
-				Message: fmt.Sprintf("%s is assigned to Node %s", st.EgressIP, target), ObservedGeneration: e.Generation})
+				Message: fmt.Sprintf("%s is assigned to Node %s", st.EgressIP, target) + lateNote, ObservedGeneration: e.Generation})
 			switch {
+			case timedOut:
+				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonReleaseTimedOut, fmt.Sprintf("%s assigned to Node %s", st.EgressIP, target)+lateNote
+				if cur != "" {
+					ch.MoveReason = cmp.Or(moveReason[e.Name], "Rebalance")
+				}
 			case cur == "":
 				ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeNormal, "Assigned", fmt.Sprintf("%s assigned to Node %s", st.EgressIP, target)
 			case cur != target:
@@ -800,19 +873,40 @@ func olderFirst(a, b *metav1.ObjectMeta) int {
 // bound on target, or "". A Node must release when its alive agent reports
 // ip bound, or when it is the current Node and its agent has not answered
 // yet (it may hold ip). A dead agent's Node is not waited for: that is the
-// failover case.
-func releasePending(ip netip.Addr, target, cur string, holders map[netip.Addr][]string, agents func(string) AgentState) string {
+// failover case; nor is a Node whose wait for ip has expired
+// (PassConfig.ReleaseTimeout): it counts as not releasing ip.
+func releasePending(ip netip.Addr, target, cur string, holders map[netip.Addr][]string, agents func(string) AgentState, expired func(node string) bool) string {
 	for _, h := range holders[ip] {
-		if h != target {
+		if h != target && !expired(h) {
 			return h
 		}
 	}
-	if cur != "" && cur != target {
+	if cur != "" && cur != target && !expired(cur) {
 		if st := agents(cur); !st.Known && !st.Dead {
 			return cur
 		}
 	}
 	return ""
+}
+
+// lateHolders lists, sorted, the Nodes other than target that releasePending
+// no longer waits for although they may still hold ip: their wait expired
+// (expired) while they report ip bound, or, for cur, while its agent has
+// not answered.
+func lateHolders(ip netip.Addr, target, cur string, holders map[netip.Addr][]string, agents func(string) AgentState, expired func(node string) bool) []string {
+	var late []string
+	for _, h := range holders[ip] {
+		if h != target && expired(h) {
+			late = append(late, h)
+		}
+	}
+	if cur != "" && cur != target && expired(cur) && !slices.Contains(late, cur) {
+		if st := agents(cur); !st.Known && !st.Dead {
+			late = append(late, cur)
+		}
+	}
+	slices.Sort(late)
+	return late
 }
 
 func isAttaching(cs []metav1.Condition) bool {

@@ -54,6 +54,44 @@ type fakeAgent struct {
 	// bind.
 	refuse map[netip.Addr]string
 	kernel *report.KernelStatus // served as the report's kernel finding
+	// stale: the agent has lost the API server: it keeps what it has
+	// bound and syncs nothing, but still answers polls.
+	stale bool
+	// obey: the agent honours the polls' release instructions, as the
+	// real one does; polls keeps the instructions received.
+	obey  bool
+	polls [][]report.Release
+}
+
+// onPoll serves a poll: it keeps its release instructions and, when obey
+// is set, releases what they name.
+func (a *fakeAgent) onPoll(p report.Poll) report.Report {
+	a.mu.Lock()
+	if len(p.Releases) > 0 {
+		a.polls = append(a.polls, p.Releases)
+	}
+	if a.obey {
+		for _, r := range p.Releases {
+			delete(a.bound, r.IP)
+		}
+	}
+	a.mu.Unlock()
+	return a.current()
+}
+
+// setStale makes the agent lose (true) or regain its API server; obey
+// says whether it honours release instructions meanwhile.
+func (a *fakeAgent) setStale(stale, obey bool) {
+	a.mu.Lock()
+	a.stale, a.obey = stale, obey
+	a.mu.Unlock()
+}
+
+// releases returns the release instructions received so far.
+func (a *fakeAgent) releases() [][]report.Release {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([][]report.Release(nil), a.polls...)
 }
 
 // setRefused makes the agent refuse ip with msg ("" stops refusing).
@@ -126,6 +164,10 @@ func (a *fakeAgent) sync(ctx context.Context, c client.Client) {
 		}
 	}
 	a.mu.Lock()
+	if a.stale {
+		a.mu.Unlock()
+		return
+	}
 	if a.owner != nil && !a.owner.Healthy {
 		// As the real agent: nothing new is bound while ownership is
 		// unknown, and nothing bound is removed.
@@ -241,7 +283,7 @@ func (cl *cluster) addNode(name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.srv = &http.Server{Handler: report.Handler(a.current), ReadHeaderTimeout: time.Second}
+	a.srv = &http.Server{Handler: report.PollHandler(a.onPoll), ReadHeaderTimeout: time.Second}
 	go func() { _ = a.srv.Serve(l) }()
 	t.Cleanup(func() { _ = a.srv.Close() })
 	cl.agents[name] = a

@@ -19,8 +19,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -222,11 +224,96 @@ func (r *Report) Sort() {
 	slices.SortFunc(r.Refused, func(a, b RefusedIP) int { return a.IP.Compare(b.IP) })
 }
 
-// Handler serves the report returned by current on GET Path.
+// Handler serves the report returned by current on GET Path, ignoring
+// what the poll carries.
 func Handler(current func() Report) http.Handler {
+	return PollHandler(func(Poll) Report { return current() })
+}
+
+// ReleaseParam is the query parameter of a poll that carries one Release
+// (repeated, one per Release): "ip,uid,resourceVersion,name".
+const ReleaseParam = "release"
+
+// MaxReleases bounds the Releases one poll carries (the query of one GET
+// stays a few tens of KiB); the controller sends the rest in later polls.
+const MaxReleases = 512
+
+// Release is the controller's instruction, carried by a poll, that the
+// polled Node must give up IP: the controller's view of Egress UID at
+// ResourceVersion no longer assigns IP to that Node (status.egressNode was
+// cleared or names another Node), while the Node still reports IP bound.
+// The agent releases IP even when its own cache, older than
+// ResourceVersion, still assigns it, and does not bind it again for that
+// Egress until its cache shows the Egress at ResourceVersion or newer
+// (resource versions of one resource compare as integers, KEP-5504).
+type Release struct {
+	// IP is the egress IP to release, in canonical form.
+	IP netip.Addr
+	// UID is the Egress's metadata.uid.
+	UID string
+	// ResourceVersion is the Egress's metadata.resourceVersion in the
+	// controller's view (a status no longer naming the Node).
+	ResourceVersion string
+	// Egress is the Egress's name (for logs).
+	Egress string
+}
+
+// String is the Release in its query form.
+func (r Release) String() string {
+	return r.IP.String() + "," + r.UID + "," + r.ResourceVersion + "," + r.Egress
+}
+
+// parseRelease parses the query form of a Release.
+func parseRelease(s string) (Release, error) {
+	f := strings.Split(s, ",")
+	if len(f) != 4 {
+		return Release{}, fmt.Errorf("release %q: want ip,uid,resourceVersion,name", s)
+	}
+	ip, err := netip.ParseAddr(f[0])
+	if err != nil {
+		return Release{}, fmt.Errorf("release %q: %w", s, err)
+	}
+	if f[1] == "" || f[2] == "" {
+		return Release{}, fmt.Errorf("release %q: empty uid or resourceVersion", s)
+	}
+	return Release{IP: ip.Unmap(), UID: f[1], ResourceVersion: f[2], Egress: f[3]}, nil
+}
+
+// Poll is what one poll of the report carries from the controller.
+type Poll struct {
+	// Releases are the IPs the controller waits for this Node to release.
+	Releases []Release
+}
+
+// ParsePoll reads a poll's query. It fails for a malformed Release or more
+// than MaxReleases of them.
+func ParsePoll(q url.Values) (Poll, error) {
+	rs := q[ReleaseParam]
+	if len(rs) > MaxReleases {
+		return Poll{}, fmt.Errorf("%d releases in one poll, at most %d", len(rs), MaxReleases)
+	}
+	var p Poll
+	for _, s := range rs {
+		r, err := parseRelease(s)
+		if err != nil {
+			return Poll{}, err
+		}
+		p.Releases = append(p.Releases, r)
+	}
+	return p, nil
+}
+
+// PollHandler serves the report returned by current on GET Path; current
+// receives what the poll carries (Poll). A malformed poll gets HTTP 400.
+func PollHandler(current func(Poll) Report) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+Path, func(w http.ResponseWriter, _ *http.Request) {
-		r := current()
+	mux.HandleFunc("GET "+Path, func(w http.ResponseWriter, req *http.Request) {
+		p, err := ParsePoll(req.URL.Query())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r := current(p)
 		r.Sort()
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(r)
@@ -252,12 +339,20 @@ func NewClient(port int, timeout time.Duration) *Client {
 	return &Client{HTTP: &http.Client{Timeout: timeout, Transport: tr}, Port: port}
 }
 
-// Get fetches the report of the agent at host (a Node IP). It returns an
-// error when the agent does not answer in time or answers something else
-// than a report.
-func (c *Client) Get(ctx context.Context, host netip.Addr) (Report, error) {
-	url := "http://" + net.JoinHostPort(host.String(), strconv.Itoa(c.Port)) + Path
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+// Get fetches the report of the agent at host (a Node IP), carrying p in
+// the query (at most MaxReleases Releases; agents that predate Poll ignore
+// it). It returns an error when the agent does not answer in time or
+// answers something else than a report.
+func (c *Client) Get(ctx context.Context, host netip.Addr, p Poll) (Report, error) {
+	u := "http://" + net.JoinHostPort(host.String(), strconv.Itoa(c.Port)) + Path
+	if len(p.Releases) > 0 {
+		q := url.Values{}
+		for _, r := range p.Releases[:min(len(p.Releases), MaxReleases)] {
+			q.Add(ReleaseParam, r.String())
+		}
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return Report{}, fmt.Errorf("build report request: %w", err)
 	}

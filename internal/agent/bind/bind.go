@@ -61,6 +61,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -159,6 +160,13 @@ type Config struct {
 	Proto uint8
 	// Ownership is the ownership mode; "" means OwnershipAuto.
 	Ownership Ownership
+	// Lifetime is the valid lifetime every address is bound with, in
+	// whole seconds (IFA_CACHEINFO); 0 means forever. A finite lifetime is
+	// a dead-man switch: the kernel removes the address once it has not
+	// been renewed (Renew) for that long, so an agent that is gone leaves
+	// nothing answering for its egress IPs. See Renew for the kernel's
+	// timing. It must be 0 or at least one second.
+	Lifetime time.Duration
 	// RecordPath is the absolute path of the ownership record; empty
 	// means none (then OwnershipAuto behaves as OwnershipProto). Its
 	// directory must exist (OwnershipAuto uses no record, see Status.Note,
@@ -236,6 +244,9 @@ func New(ns netns.NsHandle, cfg Config) (*Binder, error) {
 		return nil, err
 	}
 	cfg.Ownership = mode
+	if cfg.Lifetime < 0 || cfg.Lifetime > 0 && (cfg.Lifetime < time.Second || cfg.Lifetime%time.Second != 0) {
+		return nil, fmt.Errorf("address lifetime %v: want 0 (forever) or whole seconds (the kernel counts lifetimes in seconds)", cfg.Lifetime)
+	}
 	if mode == OwnershipRecord && cfg.RecordPath == "" {
 		return nil, errors.New("address ownership mode record needs an ownership record path")
 	}
@@ -426,7 +437,7 @@ func (t *txn) tidy(present []kernelAddr) error {
 // record keeps the address owned whether or not the kernel updates the
 // attribute on replace.
 func (b *Binder) mark(a kernelAddr) {
-	want := hostAddr(a.Addr, a.LinkIndex, b.proto)
+	want := b.egressAddr(a.Addr, a.LinkIndex, b.proto)
 	if want.PrefixLen != a.PrefixLen {
 		return
 	}
@@ -495,6 +506,18 @@ func (b *Binder) Interface(ip netip.Addr) (string, error) {
 		return "", err
 	}
 	return l.Attrs().Name, nil
+}
+
+// lifetime is Config.Lifetime in seconds (0: forever).
+func (b *Binder) lifetime() uint32 {
+	return uint32(b.cfg.Lifetime / time.Second)
+}
+
+// egressAddr is hostAddr with the Binder's lifetime.
+func (b *Binder) egressAddr(ip netip.Addr, linkIndex int, proto uint8) kernelAddr {
+	a := hostAddr(ip, linkIndex, proto)
+	a.Lifetime = b.lifetime()
+	return a
 }
 
 func hostAddr(ip netip.Addr, linkIndex int, proto uint8) kernelAddr {
@@ -571,7 +594,7 @@ func (b *Binder) bindLocked(t *txn, ip netip.Addr) (bool, error) {
 
 	changed := false
 	if rescope != nil {
-		if err := b.rebind(*rescope, hostAddr(ip, idx, b.markValue())); err != nil {
+		if err := b.rebind(*rescope, b.egressAddr(ip, idx, b.markValue())); err != nil {
 			return false, fmt.Errorf("bind %s on %s: %w", ip, name, err)
 		}
 		changed = true
@@ -582,7 +605,7 @@ func (b *Binder) bindLocked(t *txn, ip netip.Addr) (bool, error) {
 				return false, fmt.Errorf("bind %s on %s: %w", ip, name, err)
 			}
 		}
-		want := hostAddr(ip, idx, b.markValue())
+		want := b.egressAddr(ip, idx, b.markValue())
 		hook(hookBeforeRecord, ip)
 		if err := t.remember(want, name); err != nil {
 			return false, fmt.Errorf("bind %s on %s: nothing added: %w", ip, name, err)
@@ -869,6 +892,61 @@ func (b *Binder) Sync(desired []netip.Addr) (added, removed []netip.Addr, err er
 		}
 	}
 	return added, removed, errors.Join(errs...)
+}
+
+// Renew resets the valid lifetime of every address egressip owns to
+// Config.Lifetime (RTM_NEWADDR with NLM_F_REPLACE and without
+// NLM_F_CREATE, so an address that expired meanwhile is not re-added here:
+// binding is Sync's job). With Lifetime 0 it makes owned addresses with a
+// finite lifetime (left by an agent run with one) permanent, and leaves
+// the others alone. It returns the owned addresses it renewed and an error
+// joining the failures; an address that vanished between the dump and
+// the replace is no error but is not listed.
+//
+// The replace keeps what identifies the address: IFA_PROTO is sent as the
+// kernel holds it (the kernel overwrites the mark with what a replace
+// carries), the scope, prefix length and flags as bound; the kernel keeps
+// an existing address's scope and, for IPv6, applies the flags and the
+// preferred lifetime 0 sent again. No RTM_DELADDR is sent and the address
+// never leaves the interface.
+//
+// Timing (IPv4, net/ipv4/devinet.c check_lifetime): expiry is checked by
+// a delayed work that is rescheduled for the next expiry, rounded up to
+// the second and at least a second ahead (ADDRCONF_TIMER_FUZZ_MAX); each
+// replace also runs it at once. An address not renewed for L seconds is
+// removed L to about L+1 s after the last renewal. IPv6
+// (net/ipv6/addrconf.c addrconf_verify) behaves alike.
+func (b *Binder) Renew() ([]netip.Addr, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t, err := b.begin()
+	if err != nil {
+		return nil, fmt.Errorf("renew: %w", err)
+	}
+	defer t.end()
+	present, err := b.rt.listAddrs(unix.AF_UNSPEC)
+	if err != nil {
+		return nil, fmt.Errorf("renew: %w", err)
+	}
+	lt := b.lifetime()
+	var renewed []netip.Addr
+	var errs []error
+	for _, a := range present {
+		if !t.owned(a) || lt == 0 && a.Valid == infiniteLifetime {
+			continue
+		}
+		want := hostAddr(a.Addr, a.LinkIndex, a.Proto)
+		want.PrefixLen, want.Scope, want.Lifetime = a.PrefixLen, a.Scope, lt
+		if err := b.rt.replaceAddr(want); err != nil {
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EADDRNOTAVAIL) || errors.Is(err, unix.ENODEV) {
+				continue // expired or removed meanwhile
+			}
+			errs = append(errs, fmt.Errorf("renew %s on link %d: %w", a.Addr, a.LinkIndex, err))
+			continue
+		}
+		renewed = append(renewed, a.Addr)
+	}
+	return renewed, errors.Join(errs...)
 }
 
 func sortedKeys(m map[netip.Addr]bool) []netip.Addr {

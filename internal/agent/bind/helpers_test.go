@@ -21,6 +21,10 @@ type seenAddr struct {
 	LinkIndex int
 	Flags     uint32
 	Proto     uint8
+	Scope     uint8
+	// Valid and Preferred are the remaining lifetimes in seconds
+	// (IFA_CACHEINFO; 0xffffffff: forever).
+	Valid, Preferred uint32
 }
 
 func (a seenAddr) has(flag uint32) bool { return a.Flags&flag != 0 }
@@ -46,6 +50,7 @@ func dumpAddrs(t *testing.T, ns *netnstest.NS) []seenAddr {
 			a := seenAddr{
 				PrefixLen: int(ifa[1]),
 				Flags:     uint32(ifa[2]),
+				Scope:     ifa[3],
 				LinkIndex: int(binary.NativeEndian.Uint32(ifa[4:8])),
 			}
 			attrs, err := syscall.ParseNetlinkRouteAttr(&m)
@@ -63,6 +68,9 @@ func dumpAddrs(t *testing.T, ns *netnstest.NS) []seenAddr {
 					a.Flags = binary.NativeEndian.Uint32(at.Value[:4])
 				case 11: // IFA_PROTO
 					a.Proto = at.Value[0]
+				case unix.IFA_CACHEINFO: // struct ifa_cacheinfo: preferred, valid, cstamp, tstamp
+					a.Preferred = binary.NativeEndian.Uint32(at.Value[0:4])
+					a.Valid = binary.NativeEndian.Uint32(at.Value[4:8])
 				}
 			}
 			if local == nil {

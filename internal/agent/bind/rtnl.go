@@ -34,7 +34,17 @@ type kernelAddr struct {
 	Scope     uint8
 	Proto     uint8 // IFA_PROTO, 0 when absent
 	Label     string
+	// Lifetime, when sending, is the valid lifetime in seconds (0:
+	// forever). When dumped, Valid and Preferred are the remaining
+	// lifetimes the kernel reports in IFA_CACHEINFO (infiniteLifetime:
+	// forever).
+	Lifetime         uint32
+	Valid, Preferred uint32
 }
+
+// infiniteLifetime is INFINITY_LIFE_TIME (include/net/addrconf.h): a
+// lifetime that never expires.
+const infiniteLifetime = 0xffffffff
 
 // rtnl speaks the few rtnetlink messages the Binder needs at the byte level:
 // address add/delete/dump with IFA_PROTO, and the IPv4 devconf of a link.
@@ -104,15 +114,27 @@ func (r *rtnl) newAddr(a kernelAddr, flags int) error {
 	if a.Proto != 0 {
 		req.AddData(nl.NewRtAttr(ifaProto, nl.Uint8Attr(a.Proto)))
 	}
-	if a.Addr.Is6() {
-		// Preferred lifetime 0, valid forever: a deprecated address, which
-		// source address selection avoids (RFC 6724, rule 3). Otherwise the
-		// /128 would beat the Node's own /64 on longest matching prefix
-		// (rule 8; Linux caps the match at the address's prefix length)
-		// and the Node's, and its masqueraded Pods', traffic to the
-		// subnet would leave with the egress IP. It still answers Neighbor
+	valid := uint32(infiniteLifetime)
+	if a.Lifetime != 0 {
+		valid = a.Lifetime
+	}
+	switch {
+	case a.Addr.Is6():
+		// Preferred lifetime 0: a deprecated address, which source
+		// address selection avoids (RFC 6724, rule 3). Otherwise the /128
+		// would beat the Node's own /64 on longest matching prefix (rule
+		// 8; Linux caps the match at the address's prefix length) and the
+		// Node's, and its masqueraded Pods', traffic to the subnet would
+		// leave with the egress IP. It still answers Neighbor
 		// Solicitations and works as an explicit (SNAT) source.
-		ci := nl.IfaCacheInfo{IfaCacheinfo: unix.IfaCacheinfo{Prefered: 0, Valid: 0xffffffff}} //nolint:misspell // x/sys/unix spells the field so
+		ci := nl.IfaCacheInfo{IfaCacheinfo: unix.IfaCacheinfo{Prefered: 0, Valid: valid}} //nolint:misspell // x/sys/unix spells the field so
+		req.AddData(nl.NewRtAttr(unix.IFA_CACHEINFO, ci.Serialize()))
+	case a.Lifetime != 0:
+		// IPv4 has no use for deprecation here (the scope keeps the
+		// address out of source selection, see egressScope): preferred
+		// as long as valid, which the kernel requires to be at most
+		// valid (rtm_to_ifaddr).
+		ci := nl.IfaCacheInfo{IfaCacheinfo: unix.IfaCacheinfo{Prefered: valid, Valid: valid}} //nolint:misspell // x/sys/unix spells the field so
 		req.AddData(nl.NewRtAttr(unix.IFA_CACHEINFO, ci.Serialize()))
 	}
 	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
@@ -173,6 +195,8 @@ func parseAddrMsg(m []byte) (kernelAddr, bool, error) {
 		LinkIndex: int(msg.Index),
 		Flags:     uint32(msg.Flags),
 		Scope:     msg.Scope,
+		Valid:     infiniteLifetime,
+		Preferred: infiniteLifetime,
 	}
 	var local, address []byte
 	for _, attr := range attrs {
@@ -191,6 +215,11 @@ func parseAddrMsg(m []byte) (kernelAddr, bool, error) {
 			}
 		case unix.IFA_LABEL:
 			a.Label = unix.ByteSliceToString(attr.Value)
+		case unix.IFA_CACHEINFO:
+			if len(attr.Value) >= 8 { // struct ifa_cacheinfo: preferred, valid, ...
+				a.Preferred = nl.NativeEndian().Uint32(attr.Value[0:4])
+				a.Valid = nl.NativeEndian().Uint32(attr.Value[4:8])
+			}
 		}
 	}
 	// IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer on
