@@ -18,12 +18,14 @@ import (
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 
 	"github.com/vishvananda/netns"
+	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/agent/kernel"
 	"github.com/egressip/egressip/internal/healthprobe"
 	"github.com/egressip/egressip/internal/podstart"
@@ -132,6 +134,23 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&dpUplink, "datapath-uplink", "",
 		"Interface toward the other Nodes, whose MTU sizes the tunnel. "+
 			"Default: --interface, else the interface of the default route.")
+	fc := fence.DefaultConfig()
+	fs.DurationVar(&fc.Timeout, "fence-timeout", fc.Timeout,
+		"Self-fencing: release every egress IP of this Node after this long without a controller poll, when the API "+
+			"server does not answer either and the peer agents say this Node is isolated or the controller polls them "+
+			"but not this Node (docs/failover.md). Must fit --controller-dead-after. 0 turns fencing off.")
+	fs.DurationVar(&fc.ProbeInterval, "peer-probe-interval", fc.ProbeInterval,
+		"How often the API server and the peer agents are probed while the controller's polls are late "+
+			"(never in steady state).")
+	fs.IntVar(&fc.Peers, "peers", fc.Peers,
+		"Size of this agent's peer set (fewer in smaller clusters), chosen among the Nodes matching --peer-node-selector.")
+	fs.DurationVar(&fc.ControllerPollInterval, "controller-poll-interval", fc.ControllerPollInterval,
+		"The controller's --agent-poll-interval (checked against --fence-timeout at start; the chart sets both).")
+	fs.DurationVar(&fc.ControllerDeadAfter, "controller-dead-after", fc.ControllerDeadAfter,
+		"The controller's --agent-dead-after (--fence-timeout must end before it; the chart sets both).")
+	var peerSelector string
+	fs.StringVar(&peerSelector, "peer-node-selector", "kubernetes.io/os=linux",
+		"Label selector of the Nodes that run an agent (the DaemonSet's nodeSelector): the peer candidates.")
 	// --kubeconfig, as every controller-runtime binary has it (registered
 	// on the default flag set by controller-runtime's config package).
 	if kf := flag.CommandLine.Lookup("kubeconfig"); kf != nil {
@@ -168,6 +187,16 @@ func run(args []string, stderr io.Writer) int {
 	}
 	if o.Ownership == bind.OwnershipRecord && o.RecordPath == "" {
 		_, _ = fmt.Fprintln(stderr, "egressip-agent: --address-ownership=record needs --ownership-record")
+		return 2
+	}
+
+	if err := fc.Validate(); err != nil {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: fencing timings: %v\n", err)
+		return 2
+	}
+	o.Fence = fc
+	if o.PeerSelector, err = labels.Parse(peerSelector); err != nil {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --peer-node-selector %q: %v\n", peerSelector, err)
 		return 2
 	}
 

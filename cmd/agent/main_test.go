@@ -172,6 +172,32 @@ func TestBadOwnershipFlagsFail(t *testing.T) {
 	}
 }
 
+// TestFenceTimingsRefused: fencing timings that cannot work together are
+// refused at start (exit code 2) with a message naming both flags.
+func TestFenceTimingsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--fence-timeout=3s"}, []string{"--fence-timeout", "--controller-dead-after"}},
+		{[]string{"--controller-dead-after=2s"}, []string{"--fence-timeout", "--controller-dead-after"}},
+		{[]string{"--peer-probe-interval=1s"}, []string{"--fence-timeout", "--peer-probe-interval"}},
+		{[]string{"--fence-timeout=1200ms"}, []string{"--fence-timeout", "--controller-poll-interval"}},
+		{[]string{"--peers=0"}, []string{"--peers"}},
+		{[]string{"--peer-node-selector=a b"}, []string{"--peer-node-selector"}},
+	} {
+		p := startAgentProc(t, []string{"NODE_NAME=n1"}, tc.args...)
+		if code := p.wait(t, 30*time.Second); code != 2 {
+			t.Fatalf("%q: exit code %d, want 2", tc.args, code)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(p.stderr.String(), w) {
+				t.Errorf("%q: stderr does not name %s:\n%s", tc.args, w, p.stderr.String())
+			}
+		}
+	}
+}
+
 func TestCIDRList(t *testing.T) {
 	var c cidrList
 	if c.list != nil {
