@@ -18,12 +18,14 @@ import (
 	_ "k8s.io/client-go/plugin/pkg/client/auth"
 
 	"github.com/vishvananda/netns"
+	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/agent/kernel"
 	"github.com/egressip/egressip/internal/healthprobe"
 	"github.com/egressip/egressip/internal/podstart"
@@ -81,12 +83,9 @@ func run(args []string, stderr io.Writer) int {
 			"Agents in different network namespaces need different files.")
 	fs.DurationVar(&o.AddressLifetime, "address-lifetime", agent.DefaultAddressLifetime,
 		"Valid lifetime of the egress addresses (whole seconds): the agent renews it every --address-renew-interval, "+
-			"and the kernel removes the addresses of an agent gone for that long; at most --agent-dead-after, 0 for forever.")
+			"and the kernel removes the addresses of an agent gone for that long; at most --controller-dead-after, 0 for forever.")
 	fs.DurationVar(&o.RenewInterval, "address-renew-interval", agent.DefaultRenewInterval,
 		"How often the agent renews the lifetime of its egress addresses; at most half of --address-lifetime.")
-	fs.DurationVar(&o.ControllerDeadAfter, "agent-dead-after", agent.DefaultControllerDeadAfter,
-		"The controller's --agent-dead-after: how long after an agent stops answering its IPs move. "+
-			"Set it to the controller's value; --address-lifetime must not exceed it.")
 	fs.StringVar(&o.NetNSPath, "netns", "",
 		"Bind and announce in the network namespace at this path (e.g. /run/netns/node1) "+
 			"instead of the agent's own. For tests and the local end-to-end setup.")
@@ -140,6 +139,23 @@ func run(args []string, stderr io.Writer) int {
 	fs.StringVar(&dpUplink, "datapath-uplink", "",
 		"Interface toward the other Nodes, whose MTU sizes the tunnel. "+
 			"Default: --interface, else the interface of the default route.")
+	fc := fence.DefaultConfig()
+	fs.DurationVar(&fc.Timeout, "fence-timeout", fc.Timeout,
+		"Self-fencing: release every egress IP of this Node after this long without a controller poll, when the API "+
+			"server does not answer either and the peer agents say this Node is isolated or the controller polls them "+
+			"but not this Node (docs/failover.md). Must fit --controller-dead-after. 0 turns fencing off.")
+	fs.DurationVar(&fc.ProbeInterval, "peer-probe-interval", fc.ProbeInterval,
+		"How often the API server and the peer agents are probed while the controller's polls are late "+
+			"(never in steady state).")
+	fs.IntVar(&fc.Peers, "peers", fc.Peers,
+		"Size of this agent's peer set (fewer in smaller clusters), chosen among the Nodes matching --peer-node-selector.")
+	fs.DurationVar(&fc.ControllerPollInterval, "controller-poll-interval", fc.ControllerPollInterval,
+		"The controller's --agent-poll-interval (checked against --fence-timeout at start; the chart sets both).")
+	fs.DurationVar(&fc.ControllerDeadAfter, "controller-dead-after", fc.ControllerDeadAfter,
+		"The controller's --agent-dead-after (--fence-timeout must end before it; the chart sets both).")
+	var peerSelector string
+	fs.StringVar(&peerSelector, "peer-node-selector", "kubernetes.io/os=linux",
+		"Label selector of the Nodes that run an agent (the DaemonSet's nodeSelector): the peer candidates.")
 	// --kubeconfig, as every controller-runtime binary has it (registered
 	// on the default flag set by controller-runtime's config package).
 	if kf := flag.CommandLine.Lookup("kubeconfig"); kf != nil {
@@ -179,8 +195,21 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 
+	// One flag, --controller-dead-after, carries the controller's
+	// --agent-dead-after for both checks: the address lifetime and fencing
+	// must each end before the controller moves the Node's IPs.
+	o.ControllerDeadAfter = fc.ControllerDeadAfter
 	if err := agent.CheckLifetime(o.AddressLifetime, o.RenewInterval, o.ControllerDeadAfter); err != nil {
 		_, _ = fmt.Fprintf(stderr, "egressip-agent: %v\n", err)
+		return 2
+	}
+	if err := fc.Validate(); err != nil {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: fencing timings: %v\n", err)
+		return 2
+	}
+	o.Fence = fc
+	if o.PeerSelector, err = labels.Parse(peerSelector); err != nil {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --peer-node-selector %q: %v\n", peerSelector, err)
 		return 2
 	}
 	// Adopted addresses get this agent's lifetime before anything else

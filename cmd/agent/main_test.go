@@ -181,7 +181,7 @@ func TestBadLifetimeFlagsFail(t *testing.T) {
 		want []string
 	}{
 		{[]string{"--address-lifetime=3s", "--address-renew-interval=2s"}, []string{"--address-lifetime 3s", "--address-renew-interval 2s"}},
-		{[]string{"--address-lifetime=5s", "--agent-dead-after=3s"}, []string{"--address-lifetime 5s", "--agent-dead-after 3s"}},
+		{[]string{"--address-lifetime=5s", "--controller-dead-after=3s"}, []string{"--address-lifetime 5s", "--controller-dead-after 3s"}},
 		{[]string{"--address-lifetime=2500ms"}, []string{"--address-lifetime 2.5s", "whole seconds"}},
 	} {
 		p := startAgentProc(t, []string{"NODE_NAME=n1"}, tc.args...)
@@ -191,6 +191,32 @@ func TestBadLifetimeFlagsFail(t *testing.T) {
 		for _, w := range tc.want {
 			if !strings.Contains(p.stderr.String(), w) {
 				t.Errorf("%q: stderr does not mention %q:\n%s", tc.args, w, p.stderr.String())
+			}
+		}
+	}
+}
+
+// TestFenceTimingsRefused: fencing timings that cannot work together are
+// refused at start (exit code 2) with a message naming both flags.
+func TestFenceTimingsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--fence-timeout=3s"}, []string{"--fence-timeout", "--controller-dead-after"}},
+		{[]string{"--controller-dead-after=2s"}, []string{"--fence-timeout", "--controller-dead-after"}},
+		{[]string{"--peer-probe-interval=1s"}, []string{"--fence-timeout", "--peer-probe-interval"}},
+		{[]string{"--fence-timeout=1200ms"}, []string{"--fence-timeout", "--controller-poll-interval"}},
+		{[]string{"--peers=0"}, []string{"--peers"}},
+		{[]string{"--peer-node-selector=a b"}, []string{"--peer-node-selector"}},
+	} {
+		p := startAgentProc(t, []string{"NODE_NAME=n1"}, tc.args...)
+		if code := p.wait(t, 30*time.Second); code != 2 {
+			t.Fatalf("%q: exit code %d, want 2", tc.args, code)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(p.stderr.String(), w) {
+				t.Errorf("%q: stderr does not name %s:\n%s", tc.args, w, p.stderr.String())
 			}
 		}
 	}

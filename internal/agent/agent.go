@@ -26,6 +26,7 @@ import (
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/announce"
 	"github.com/egressip/egressip/internal/agent/bind"
+	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -78,7 +79,8 @@ type Config struct {
 	// owned address; 0 means DefaultRenewInterval. Unused when
 	// AddressLifetime is 0.
 	RenewInterval time.Duration
-	// ControllerDeadAfter is the controller's --agent-dead-after, which
+	// ControllerDeadAfter is the controller's --agent-dead-after (the
+	// agent's --controller-dead-after), which
 	// AddressLifetime must not exceed: an agent that is gone loses its
 	// addresses about when the controller moves them. 0 means
 	// DefaultControllerDeadAfter.
@@ -117,7 +119,7 @@ func CheckLifetime(lifetime, renew, deadAfter time.Duration) error {
 	case lifetime < 2*renew:
 		return fmt.Errorf("--address-lifetime %v must be at least twice --address-renew-interval %v, so that one late renewal does not remove the addresses", lifetime, renew)
 	case lifetime > deadAfter:
-		return fmt.Errorf("--address-lifetime %v must not exceed --agent-dead-after %v (the controller's): an agent that is gone would leave its addresses answering after the controller moved them", lifetime, deadAfter)
+		return fmt.Errorf("--address-lifetime %v must not exceed --controller-dead-after %v (the controller's --agent-dead-after): an agent that is gone would leave its addresses answering after the controller moved them", lifetime, deadAfter)
 	}
 	return nil
 }
@@ -174,6 +176,19 @@ type Agent struct {
 	// kick asks for a reconcile (a poll brought a new release instruction
 	// for an IP the Node holds).
 	kick chan event.GenericEvent
+	// started is when New ran (the fencer's "last poll" until the first).
+	started time.Time
+	// apiReader reads the API server directly (consistent reads), set by
+	// SetupWithManager; the rejoin after a fence uses it.
+	apiReader client.Reader
+	// fenced: the fencer decided this Node must hold no egress IP.
+	fenced atomic.Bool
+	// rejoining: the fence was lifted and the cache has not yet been seen
+	// to agree with a consistent read (see rejoin).
+	rejoining atomic.Bool
+	// fenceStatus is the fence state served in the report (nil: never
+	// fenced).
+	fenceStatus atomic.Pointer[report.FenceStatus]
 }
 
 // heldRelease is one release instruction the agent honours.
@@ -286,6 +301,49 @@ func (a *Agent) withoutReleased(log logr.Logger, egs []v1alpha1.Egress) []v1alph
 	return out
 }
 
+// lastPollOrStart is LastControllerPoll, or the agent's start when it was
+// never polled: an agent that starts cut off fences like one cut off later.
+func (a *Agent) lastPollOrStart() time.Time {
+	if t := a.LastControllerPoll(); !t.IsZero() {
+		return t
+	}
+	return a.started
+}
+
+// Fenced reports whether the agent is fenced (holds no egress IP because
+// its fencer said so).
+func (a *Agent) Fenced() bool { return a.fenced.Load() }
+
+// SetFence applies a fencing decision: a fence makes every reconcile
+// desire nothing (so the next one, asked for at once, unbinds every egress
+// IP and stops announcing it); lifting it starts the rejoin (see rejoin).
+// It is the fence.Fencer's OnChange.
+func (a *Agent) SetFence(ctx context.Context, d fence.Decision) {
+	log := ctrllog.FromContext(ctx)
+	msg := d.Message
+	if len(msg) > report.MaxDatapathMessage {
+		msg = msg[:report.MaxDatapathMessage]
+	}
+	st := &report.FenceStatus{Fenced: d.Fence, Reason: d.Reason, Message: msg, Since: time.Now()}
+	if d.Fence {
+		a.rejoining.Store(false)
+		a.fenced.Store(true)
+	} else {
+		if !a.fenced.Load() {
+			return
+		}
+		st.Rejoining = true
+		a.rejoining.Store(true)
+		a.fenced.Store(false)
+	}
+	a.fenceStatus.Store(st)
+	log.Info("fence state changed; reconciling", "node", klog.KRef("", a.cfg.NodeName), "fenced", d.Fence, "reason", d.Reason)
+	select {
+	case a.kick <- event.GenericEvent{Object: &v1alpha1.Egress{}}:
+	default: // a reconcile is already pending
+	}
+}
+
 // SetRefusedEgresses sets the Egresses whose datapath this Node's kernel
 // refuses, as the report serves them (Report.RefusedEgresses); nil or empty
 // clears them.
@@ -341,6 +399,7 @@ func New(cfg Config) (*Agent, error) {
 		hints:    map[netip.Addr]bind.Hint{},
 		state:    map[netip.Addr]*entry{},
 		kick:     make(chan event.GenericEvent, 1),
+		started:  time.Now(),
 	}
 	b, err := bind.New(ns, bind.Config{Interface: cfg.Interface, HintFor: a.hintFor, Proto: cfg.Proto,
 		Ownership: cfg.Ownership, RecordPath: cfg.RecordPath, Lifetime: cfg.AddressLifetime})
@@ -498,6 +557,10 @@ func (a *Agent) Report() report.Report {
 		c.Missing = slices.Clone(st.Missing)
 		r.Kernel = &c
 	}
+	if st := a.fenceStatus.Load(); st != nil {
+		c := *st
+		r.Fence = &c
+	}
 	r.Sort()
 	return r
 }
@@ -637,13 +700,70 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	for _, s := range d.skipped {
 		log.Info("ignoring Egress assigned to this node", "egress", klog.KRef("", s.name), "reason", s.reason)
 	}
+	next := a.cfg.ResyncPeriod
+	switch {
+	case a.fenced.Load():
+		d = desiredState{want: map[netip.Addr]bool{}, hints: d.hints}
+	case a.rejoining.Load():
+		d = a.rejoin(ctx, d, pools.Items)
+		if a.rejoining.Load() {
+			next = rejoinRetry
+		}
+	}
 
 	err := a.apply(ctx, d)
 	a.synced.Store(true)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
-	return reconcile.Result{RequeueAfter: a.cfg.ResyncPeriod}, nil
+	return reconcile.Result{RequeueAfter: next}, nil
+}
+
+// rejoinRetry is how often a rejoining agent compares its cache with a
+// consistent read.
+const rejoinRetry = time.Second
+
+// rejoin is the desired state of a reconcile after a fence was lifted:
+// the informers may not have caught up with the moves made while the Node
+// was fenced (a watch re-established after an outage can lag by its
+// backoff, up to 30 s), so an IP that moved to another Node could still
+// look assigned here. It reads the Egresses assigned to this Node from the
+// API server (a consistent list with the status.egressNode field selector)
+// and desires only the IPs both that read and the cache (cached) ask for.
+// Once both agree the rejoin ends and the cache alone is followed again.
+// When the read fails nothing is desired (the agent stays as fenced).
+func (a *Agent) rejoin(ctx context.Context, cached desiredState, pools []v1alpha1.ExternalIPPool) desiredState {
+	log := ctrllog.FromContext(ctx)
+	none := desiredState{want: map[netip.Addr]bool{}, hints: cached.hints}
+	if a.apiReader == nil {
+		return none
+	}
+	var live v1alpha1.EgressList
+	if err := a.apiReader.List(ctx, &live, client.MatchingFields{v1alpha1.EgressNodeField: a.cfg.NodeName}); err != nil {
+		log.Info("rejoining after a fence: cannot read the Egresses assigned to this Node from the API server yet; binding nothing", "error", err.Error())
+		return none
+	}
+	ld := computeDesired(a.cfg.NodeName, live.Items, pools)
+	if slices.Equal(ld.ips, cached.ips) {
+		a.rejoining.Store(false)
+		if st := a.fenceStatus.Load(); st != nil {
+			c := *st
+			c.Rejoining, c.Since = false, time.Now()
+			a.fenceStatus.Store(&c)
+		}
+		log.Info("rejoined after a fence: the cache agrees with the API server", "assigned", cached.ips)
+		return cached
+	}
+	both := desiredState{want: map[netip.Addr]bool{}, hints: cached.hints, refused: cached.refused}
+	for _, ip := range cached.ips {
+		if ld.want[ip] {
+			both.ips = append(both.ips, ip)
+			both.want[ip] = true
+		}
+	}
+	log.Info("rejoining after a fence: the cache differs from the API server; binding only what both assign here",
+		"cached", cached.ips, "apiServer", ld.ips, "binding", both.ips)
+	return both
 }
 
 type restart struct {

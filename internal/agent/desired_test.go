@@ -267,10 +267,17 @@ func TestResolveNodeName(t *testing.T) {
 
 func TestCacheOptionsSelectOnlyThisNode(t *testing.T) {
 	o := CacheOptions("worker-3")
-	if len(o.ByObject) != 1 {
-		t.Fatalf("ByObject has %d entries, want 1 (Egress)", len(o.ByObject))
+	if len(o.ByObject) != 2 {
+		t.Fatalf("ByObject has %d entries, want 2 (Egress, Node)", len(o.ByObject))
 	}
 	for obj, by := range o.ByObject {
+		if _, ok := obj.(*corev1.Node); ok {
+			// The fencer's peer candidates: stripped, all of them.
+			if by.Transform == nil || by.Field != nil || by.Label != nil {
+				t.Errorf("Node cache entry %+v, want a transform and no selector", by)
+			}
+			continue
+		}
 		if _, ok := obj.(*v1alpha1.Egress); !ok {
 			t.Fatalf("ByObject restricts %T, want *Egress", obj)
 		}

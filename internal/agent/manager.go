@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -37,6 +41,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/selection"
@@ -85,6 +90,8 @@ func CacheOptions(node string) cache.Options {
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
 			&v1alpha1.Egress{}: {Field: fields.OneTermEqualSelector(v1alpha1.EgressNodeField, node)},
+			// The fencer's peer candidates (started only with fencing on).
+			&corev1.Node{}: {Transform: stripNode},
 		},
 		ReaderFailOnMissingInformer: true,
 		DefaultTransform:            cache.TransformStripManagedFields(),
@@ -112,8 +119,8 @@ func DatapathCacheOptions(node string) cache.Options {
 	}
 }
 
-// stripNode keeps of a Node its name, resource version, Pod CIDRs and
-// addresses (a cache transform).
+// stripNode keeps of a Node its name, labels (the fencer's peer selector),
+// resource version, Pod CIDRs and addresses (a cache transform).
 func stripNode(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
@@ -121,14 +128,14 @@ func stripNode(obj any) (any, error) {
 	}
 	return &corev1.Node{
 		TypeMeta:   n.TypeMeta,
-		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels},
 		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
 		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
 	}, nil
 }
 
-// RESTMapper maps the only kinds the agent reads, Egress and
-// ExternalIPPool, both cluster-scoped, without asking the API server. The
+// RESTMapper maps the only kinds the agent reads, Egress, ExternalIPPool
+// and Node (the fencer's peers), all cluster-scoped, without asking the API server. The
 // default mapper runs discovery when the manager is created, which would
 // make the agent fail to start, and so stop serving its report, while the
 // API server is unreachable. Reading any other kind fails with a "no
@@ -149,9 +156,10 @@ func restMapper(withDatapath bool) meta.RESTMapper {
 	for _, kind := range []string{"Egress", "ExternalIPPool"} {
 		m.Add(v1alpha1.GroupVersion.WithKind(kind), meta.RESTScopeRoot)
 	}
+	// Nodes: the fencer's peer candidates, and the datapath's tunnel peers.
+	m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)
 	if withDatapath {
 		m.Add(v1alpha1.GroupVersion.WithKind("EgressMemberSlice"), meta.RESTScopeRoot)
-		m.Add(corev1.SchemeGroupVersion.WithKind("Node"), meta.RESTScopeRoot)
 		m.Add(corev1.SchemeGroupVersion.WithKind("Namespace"), meta.RESTScopeRoot)
 		m.Add(corev1.SchemeGroupVersion.WithKind("Pod"), meta.RESTScopeNamespace)
 		// Only watched once discovery shows it is served (watchServiceCIDRs).
@@ -216,6 +224,7 @@ func newManager(cfg *rest.Config, node string, withDatapath bool, opts manager.O
 // wait ends cleanly on cancellation.
 func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 	a.reader = mgr.GetCache()
+	a.apiReader = mgr.GetAPIReader()
 	a.log = mgr.GetLogger().WithName("agent").WithValues("node", klog.KRef("", a.cfg.NodeName))
 
 	key := reconcile.Request{NamespacedName: types.NamespacedName{Name: a.cfg.NodeName}}
@@ -250,12 +259,25 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 		Complete(a)
 }
 
+// Handler is everything the agent serves on its report port: the report
+// the controller polls (report.Path; each GET is noted as a controller poll,
+// see LastControllerPoll, and its release instructions taken, see onPoll) and the peer probe of other agents' fencers
+// (fence.Path). It is the one place the report port's handler is built.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(fence.Path, fence.PeerHandler(a.cfg.NodeName, a.lastPollOrStart, a.Fenced, nil))
+	// onPoll notes each poll (LastControllerPoll) and takes its release
+	// instructions.
+	mux.Handle("/", report.PollHandler(a.onPoll))
+	return mux
+}
+
 // ServeReport serves the agent's report (package report) on ln until ctx is
 // done, then shuts the server down (waiting up to 5 s for open requests). It
 // returns nil after a shutdown caused by ctx, else the server's error.
 func (a *Agent) ServeReport(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
-		Handler:           report.PollHandler(a.onPoll),
+		Handler:           a.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -318,6 +340,12 @@ type RunOptions struct {
 	// Kernel, when set, is the start-up kernel feature finding
 	// (RecordKernel) served in the report.
 	Kernel *report.KernelStatus
+	// Fence configures self-fencing (package fence); a zero Timeout turns
+	// it off. Run refuses a configuration that fails fence.Config.Validate.
+	Fence fence.Config
+	// PeerSelector selects the Nodes that run an agent, the candidates of
+	// the fencer's peer set; nil means every Node.
+	PeerSelector labels.Selector
 }
 
 // Run runs the agent until ctx is done: it creates the Agent (New), starts
@@ -408,8 +436,8 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	if err := a.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("agent: set up controller: %w", err)
+	if err := setupAgent(mgr, a, o, reportAddr, log); err != nil {
+		return err
 	}
 	if o.Datapath != nil {
 		dr := &DatapathReconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod, OnRefused: a.SetRefusedEgresses}
@@ -571,4 +599,127 @@ func addPodStart(mgr manager.Manager, o *podstart.Options, dr *DatapathReconcile
 		return fmt.Errorf("agent: add the pod-start server: %w", err)
 	}
 	return nil
+}
+
+// setupAgent sets up a's controller with mgr (SetupWithManager), then adds
+// the self-fencing runner (package fence) to mgr when
+// o.Fence is enabled: peers on the report port of reportAddr, chosen among
+// the cached Nodes matching o.PeerSelector, the API server probed through
+// o.REST, decisions applied by a.SetFence. It fails when the timings are
+// invalid or the API-server probe cannot be built.
+func setupAgent(mgr manager.Manager, a *Agent, o RunOptions, reportAddr string, log logr.Logger) error {
+	if err := a.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("agent: set up controller: %w", err)
+	}
+	if !o.Fence.Enabled() {
+		return nil
+	}
+	if err := o.Fence.Validate(); err != nil {
+		return fmt.Errorf("agent: fencing: %w", err)
+	}
+	_, portStr, err := net.SplitHostPort(reportAddr)
+	if err != nil {
+		return fmt.Errorf("agent: fencing: report address %q: %w", reportAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port <= 0 {
+		return fmt.Errorf("agent: fencing: report port %q: want a fixed port (peers are probed there)", portStr)
+	}
+	probe, err := APIServerProbe(o.REST, o.Fence.ProbeTimeout())
+	if err != nil {
+		return fmt.Errorf("agent: fencing: %w", err)
+	}
+	sel := o.PeerSelector
+	if sel == nil {
+		sel = labels.Everything()
+	}
+	c := mgr.GetCache()
+	f := fence.New(fence.Options{
+		Config:     o.Fence,
+		Node:       o.NodeName,
+		Port:       port,
+		LastPoll:   a.lastPollOrStart,
+		Candidates: peerCandidates(c, sel),
+		ProbeAPI:   probe,
+		OnChange:   a.SetFence,
+	})
+	log.Info("self-fencing on", "fenceTimeout", o.Fence.Timeout, "peerProbeInterval", o.Fence.ProbeInterval, "peers", o.Fence.Peers,
+		"controllerPollInterval", o.Fence.ControllerPollInterval, "controllerDeadAfter", o.Fence.ControllerDeadAfter, "peerSelector", sel.String())
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		// Start the Node informer now (it is not registered before the
+		// manager starts, see SetupWithManager), so the peers are known
+		// before any outage.
+		if _, err := c.GetInformer(ctx, &corev1.Node{}, cache.BlockUntilSynced(false)); err != nil {
+			log.Error(err, "fencing: cannot watch Nodes; no peer will be known, so this Node never fences")
+		}
+		return f.Start(ctrllog.IntoContext(ctx, log))
+	})); err != nil {
+		return fmt.Errorf("agent: add the fencer: %w", err)
+	}
+	return nil
+}
+
+// peerCandidates returns the fencer's Candidates: the cached Nodes matching
+// sel, each with its first InternalIP (as the controller polls agents);
+// nil until the Node informer has synced.
+func peerCandidates(c cache.Cache, sel labels.Selector) func(ctx context.Context) []fence.Candidate {
+	return func(ctx context.Context) []fence.Candidate {
+		inf, err := c.GetInformer(ctx, &corev1.Node{}, cache.BlockUntilSynced(false))
+		if err != nil || !inf.HasSynced() {
+			return nil
+		}
+		var nodes corev1.NodeList
+		if err := c.List(ctx, &nodes, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+			return nil
+		}
+		out := make([]fence.Candidate, 0, len(nodes.Items))
+		for i := range nodes.Items {
+			for _, ad := range nodes.Items[i].Status.Addresses {
+				if ad.Type != corev1.NodeInternalIP {
+					continue
+				}
+				if ip, err := netip.ParseAddr(ad.Address); err == nil {
+					out = append(out, fence.Candidate{Node: nodes.Items[i].Name, Addr: ip.Unmap()})
+					break
+				}
+			}
+		}
+		return out
+	}
+}
+
+// APIServerProbe returns the fencer's API-server probe: GET /readyz
+// through cfg's credentials on a transport of its own (not the informers'
+// shared connections), bounded by timeout. Any HTTP answer, whatever its
+// status, counts as reached: the question is whether this Node can talk to
+// the API server, not whether the API server is healthy. It fails when
+// cfg cannot make a client.
+func APIServerProbe(cfg *rest.Config, timeout time.Duration) (func(ctx context.Context) error, error) {
+	c := rest.CopyConfig(cfg)
+	c.Timeout = timeout
+	// A Dial of our own makes client-go build a transport for this client
+	// alone (its TLS transport cache skips configs with one).
+	c.Dial = (&net.Dialer{Timeout: timeout}).DialContext
+	hc, err := rest.HTTPClientFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("API-server probe client: %w", err)
+	}
+	base, _, err := rest.DefaultServerUrlFor(c)
+	if err != nil {
+		return nil, fmt.Errorf("API-server probe URL: %w", err)
+	}
+	u := base.JoinPath("/readyz").String()
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		if err != nil {
+			return fmt.Errorf("build API-server probe: %w", err)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			return fmt.Errorf("probe the API server: %w", err)
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+		_ = resp.Body.Close()
+		return nil
+	}, nil
 }

@@ -76,6 +76,28 @@ type Report struct {
 	// (internal/agent/kernel); nil when it did not probe. The controller
 	// mirrors it in the Node condition EgressKernelFeatures.
 	Kernel *KernelStatus `json:"kernel,omitempty"`
+	// Fence is the agent's self-fencing state (internal/agent/fence);
+	// nil while it has not fenced since it started, or fencing is off.
+	Fence *FenceStatus `json:"fence,omitempty"`
+}
+
+// FenceStatus is whether an agent has released its Node's egress IPs on
+// its own because it lost the controller, the API server and its peers'
+// support (docs/failover.md, "Fencing a cut-off Node").
+type FenceStatus struct {
+	// Fenced is true while the agent holds no egress IP for that reason.
+	Fenced bool `json:"fenced"`
+	// Rejoining is true after the fence was lifted until the agent's
+	// cache agrees with a consistent read of its Egresses: meanwhile it
+	// binds only what both show assigned to the Node.
+	Rejoining bool `json:"rejoining,omitempty"`
+	// Reason is the fence package's reason for the last change (for
+	// example PeersLost, ControllerPollsOthers, Polled).
+	Reason string `json:"reason"`
+	// Message says why, at most MaxDatapathMessage bytes.
+	Message string `json:"message,omitempty"`
+	// Since is when the state last changed (the agent's clock).
+	Since time.Time `json:"since"`
 }
 
 // MaxRefusedMessage bounds RefusedIP.Message, in bytes.

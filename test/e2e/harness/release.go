@@ -4,11 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net/netip"
 	"net/url"
-	osexec "os/exec"
 	"strconv"
-	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -121,24 +118,4 @@ func (c *Cluster) SetNodeReady(ctx context.Context, name string, status corev1.C
 		n.Status.Conditions = append(n.Status.Conditions, corev1.NodeCondition{Type: corev1.NodeReady, Status: status, Reason: reason, LastHeartbeatTime: now, LastTransitionTime: now})
 	}
 	return c.Client.Status().Patch(ctx, &n, p)
-}
-
-// HasAddress reports whether ip is on an interface of n's namespace.
-func (c *Cluster) HasAddress(n *Node, ip netip.Addr) (bool, error) {
-	fam := "-4"
-	if ip.Is6() {
-		fam = "-6"
-	}
-	out, err := osexec.Command("ip", "-n", n.Name, fam, "-o", "addr", "show").Output()
-	if err != nil {
-		return false, fmt.Errorf("ip -n %s addr show: %w", n.Name, err)
-	}
-	for line := range strings.SplitSeq(string(out), "\n") {
-		for f := range strings.FieldsSeq(line) {
-			if p, err := netip.ParsePrefix(f); err == nil && p.Addr() == ip {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
 }

@@ -1,0 +1,95 @@
+package fence
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDecide(t *testing.T) {
+	cfg := DefaultConfig()
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	// The last poll of this Node is at t0; decisions at t0 + 2.1 s.
+	now := ms(2100)
+	apiLost := APIState{LastFailed: ms(2000)}
+	polled := func(node string, pollAt int) Peer { // answered at now - 100 ms
+		return Peer{Node: node, Reached: true, At: ms(2000), LastPoll: ms(pollAt)}
+	}
+	silent := func(node string) Peer { return Peer{Node: node, At: ms(2000)} }
+	tests := []struct {
+		name   string
+		in     Input
+		fence  bool
+		reason string
+	}{
+		{"polled recently", Input{Now: ms(1900), LastPoll: t0, API: apiLost, Peers: []Peer{silent("a"), silent("b")}}, false, ReasonPolled},
+		{"api never probed", Input{Now: now, LastPoll: t0, Peers: []Peer{silent("a")}}, false, ReasonAPIServerReachable},
+		{"api answers", Input{Now: now, LastPoll: t0, API: APIState{LastOK: ms(2000), LastFailed: ms(1750)}, Peers: []Peer{silent("a")}}, false, ReasonAPIServerReachable},
+		{"api failed before the last poll only", Input{Now: now, LastPoll: t0, API: APIState{LastFailed: ms(-100)}, Peers: []Peer{silent("a")}}, false, ReasonAPIServerReachable},
+		{"api answered since the polls stopped, lost for less than the timeout", Input{Now: now, LastPoll: t0, API: APIState{LastOK: ms(1500), LastFailed: ms(2000)}, Peers: []Peer{silent("a")}}, false, ReasonAPIServerReachable},
+		{"no peers (one-Node cluster)", Input{Now: now, LastPoll: t0, API: apiLost}, false, ReasonNoPeers},
+		{"isolated: no peer answers", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{silent("a"), silent("b"), silent("c")}}, true, ReasonPeersLost},
+		{"minority side: 1 of 3 answers", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", -5), silent("b"), silent("c")}}, true, ReasonPeersLost},
+		{"stale answers count as lost", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{
+			{Node: "a", Reached: true, At: ms(1000), LastPoll: ms(900)}, {Node: "b", Reached: true, At: ms(1000), LastPoll: ms(900)}}}, true, ReasonPeersLost},
+		{"cut off, peers polled since (two peers)", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 1510)}}, true, ReasonControllerPollsOthers},
+		{"cut off, 2 of 3 reached, both polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 1510), silent("c")}}, true, ReasonControllerPollsOthers},
+		{"controller gone: peers last polled with this Node", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 3), polled("b", -2), polled("c", 40)}}, false, ReasonControllerGone},
+		{"controller gone: a peer polled just within the margin", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 500), polled("b", 499)}}, false, ReasonControllerGone},
+		{"split: 1 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 0), polled("c", 0)}}, false, ReasonControllerGone},
+		{"split: 2 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 1400), polled("c", 0)}}, true, ReasonControllerPollsOthers},
+		{"one peer, answers and polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1200)}}, true, ReasonControllerPollsOthers},
+		{"one peer, silent", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{silent("a")}}, true, ReasonPeersLost},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Decide(cfg, tt.in)
+			if d.Fence != tt.fence || d.Reason != tt.reason {
+				t.Fatalf("Decide = %+v, want fence %v reason %s", d, tt.fence, tt.reason)
+			}
+			if d.Message == "" {
+				t.Fatal("empty message")
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	ok := DefaultConfig()
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	if err := (Config{}).Validate(); err != nil {
+		t.Fatalf("off: %v", err)
+	}
+	mod := func(f func(*Config)) Config { c := DefaultConfig(); f(&c); return c }
+	tests := []struct {
+		name string
+		cfg  Config
+		want []string // substrings of the error: the flags it names
+	}{
+		{"timeout too close to dead-after", mod(func(c *Config) { c.Timeout = 2700 * time.Millisecond }), []string{FlagTimeout, FlagControllerDeadAfter}},
+		{"dead-after lowered", mod(func(c *Config) { c.ControllerDeadAfter = 2 * time.Second }), []string{FlagTimeout, FlagControllerDeadAfter}},
+		{"probe interval too long", mod(func(c *Config) { c.ProbeInterval = time.Second }), []string{FlagTimeout, FlagProbeInterval}},
+		{"timeout within a poll gap", mod(func(c *Config) {
+			c.Timeout, c.ControllerDeadAfter = 1200*time.Millisecond, 3*time.Second
+		}), []string{FlagTimeout, FlagControllerPollInterval}},
+		{"negative timeout", mod(func(c *Config) { c.Timeout = -time.Second }), []string{FlagTimeout}},
+		{"no peers", mod(func(c *Config) { c.Peers = 0 }), []string{FlagPeers}},
+		{"zero probe interval", mod(func(c *Config) { c.ProbeInterval = 0 }), []string{FlagProbeInterval}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.cfg.Validate()
+			if err == nil {
+				t.Fatalf("Validate(%+v) = nil", tt.cfg)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %s", err, w)
+				}
+			}
+		})
+	}
+}
