@@ -83,7 +83,8 @@ func run(args []string, stderr io.Writer) int {
 			"Agents in different network namespaces need different files.")
 	fs.DurationVar(&o.AddressLifetime, "address-lifetime", agent.DefaultAddressLifetime,
 		"Valid lifetime of the egress addresses (whole seconds): the agent renews it every --address-renew-interval, "+
-			"and the kernel removes the addresses of an agent gone for that long; at most --controller-dead-after, 0 for forever.")
+			"and the kernel removes the addresses of an agent gone for that long; "+
+			"at most --controller-dead-after, 0 for forever.")
 	fs.DurationVar(&o.RenewInterval, "address-renew-interval", agent.DefaultRenewInterval,
 		"How often the agent renews the lifetime of its egress addresses; at most half of --address-lifetime.")
 	fs.StringVar(&o.NetNSPath, "netns", "",
