@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/vishvananda/netns"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -75,6 +76,9 @@ type entry struct {
 	started bool
 	// announced: an announcement of that burst was sent.
 	announced bool
+	// gen is the arrival generation (assign.go) the current burst was
+	// started for; a larger one restarts the burst.
+	gen uint64
 }
 
 // Agent binds and announces the egress IPs assigned to one Node. It
@@ -98,6 +102,16 @@ type Agent struct {
 	refused []report.RefusedIP
 
 	synced atomic.Bool // a reconcile has completed
+
+	// Assignment arrivals (assign.go): assignGen is each IP's arrival
+	// generation, from the counter assignSeq; seenEpoch is, per Egress,
+	// the gap epoch of the last event seen; gapEpoch counts the Egress
+	// informer's watch errors.
+	assignMu  sync.Mutex
+	assignSeq uint64
+	assignGen map[netip.Addr]uint64
+	seenEpoch map[types.UID]uint64
+	gapEpoch  atomic.Uint64
 
 	// dpStatus is the datapath finding served in the report (nil: none).
 	dpStatus atomic.Pointer[report.DatapathStatus]
@@ -155,8 +169,10 @@ func New(cfg Config) (*Agent, error) {
 		cfg:      cfg,
 		instance: hex.EncodeToString(id),
 		log:      ctrllog.Log.WithName("agent").WithValues("node", cfg.NodeName),
-		hints:    map[netip.Addr]bind.Hint{},
-		state:    map[netip.Addr]*entry{},
+		hints:     map[netip.Addr]bind.Hint{},
+		state:     map[netip.Addr]*entry{},
+		assignGen: map[netip.Addr]uint64{},
+		seenEpoch: map[types.UID]uint64{},
 	}
 	b, err := bind.New(ns, bind.Config{Interface: cfg.Interface, HintFor: a.hintFor, Proto: cfg.Proto,
 		Ownership: cfg.Ownership, RecordPath: cfg.RecordPath})
@@ -389,6 +405,9 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 type restart struct {
 	ip    netip.Addr
 	iface string
+	// arrived: the burst restarts only because an assignment of the IP
+	// arrived again (assign.go).
+	arrived bool
 }
 
 // apply syncs the bindings to d and starts or stops announcements.
@@ -464,6 +483,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	for _, ip := range a.ann.Running() {
 		running[ip] = true
 	}
+	gens := a.arrivals(d.want)
 
 	a.mu.Lock()
 	next := make(map[netip.Addr]*entry, len(byIP))
@@ -483,8 +503,8 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 			*e = *old
 		}
 		next[ip] = e
-		if d.want[ip] && (!e.started || isAdded[ip] || (!e.announced && !running[ip])) {
-			restarts = append(restarts, restart{ip, iface})
+		if d.want[ip] && (!e.started || isAdded[ip] || (!e.announced && !running[ip]) || e.gen != gens[ip]) {
+			restarts = append(restarts, restart{ip, iface, e.started && !isAdded[ip] && e.gen != gens[ip]})
 		}
 	}
 	for ip := range a.state {
@@ -506,12 +526,15 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 		a.ann.Stop(r.ip)
 		a.mu.Lock()
 		if e := a.state[r.ip]; e != nil {
-			e.started, e.announced = true, false
+			e.started, e.announced, e.gen = true, false, gens[r.ip]
 		}
 		a.mu.Unlock()
-		if isAdded[r.ip] {
+		switch {
+		case isAdded[r.ip]:
 			log.Info("bound egress IP", "ip", r.ip, "interface", r.iface)
-		} else {
+		case r.arrived:
+			log.Info("re-announcing egress IP: its assignment to this Node arrived again", "ip", r.ip, "interface", r.iface)
+		default:
 			log.Info("re-announcing egress IP", "ip", r.ip, "interface", r.iface)
 		}
 		a.ann.Start(r.ip, r.iface)

@@ -163,7 +163,10 @@ func restMapper(withDatapath bool) meta.RESTMapper {
 // NewManager returns a controller-runtime manager for the agent of node: the
 // egressip scheme (unless opts.Scheme is set), the cache of CacheOptions,
 // RESTMapper (unless opts.MapperProvider is set), so creating it needs no
-// API server, and no leader election (every Node runs its own agent). Other fields of opts
+// API server, and no leader election (every Node runs its own agent).
+// opts.Cache is replaced but for its DefaultWatchErrorHandler (pass
+// Agent.WatchErrorHandler, so that arrivals after a watch error are seen).
+// Other fields of opts
 // (metrics, health probes, logger) are used as given. It fails when the
 // scheme cannot be built or the manager cannot be created from cfg.
 func NewManager(cfg *rest.Config, node string, opts manager.Options) (manager.Manager, error) {
@@ -184,10 +187,12 @@ func newManager(cfg *rest.Config, node string, withDatapath bool, opts manager.O
 		}
 		opts.Scheme = s
 	}
+	weh := opts.Cache.DefaultWatchErrorHandler // the one field of opts.Cache kept (Agent.WatchErrorHandler)
 	opts.Cache = CacheOptions(node)
 	if withDatapath {
 		opts.Cache = DatapathCacheOptions(node)
 	}
+	opts.Cache.DefaultWatchErrorHandler = weh
 	opts.LeaderElection = false
 	if opts.MapperProvider == nil {
 		opts.MapperProvider = func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return restMapper(withDatapath), nil }
@@ -230,7 +235,7 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 	})
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		Watches(&v1alpha1.Egress{}, toNode).
+		Watches(&v1alpha1.Egress{}, a.egressEvents(key)).
 		Watches(&v1alpha1.ExternalIPPool{}, toNode).
 		WatchesRawSource(kick).
 		WithOptions(controller.Options{
@@ -402,6 +407,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	mgr, err := newMgr(o.REST, o.NodeName, manager.Options{
 		Metrics:                metricsserver.Options{BindAddress: off(o.MetricsBindAddress), ListenConfig: reusePort},
 		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultWatchErrorHandler: a.WatchErrorHandler},
 	})
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
