@@ -166,9 +166,9 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: instance id: %w", err)
 	}
 	a := &Agent{
-		cfg:      cfg,
-		instance: hex.EncodeToString(id),
-		log:      ctrllog.Log.WithName("agent").WithValues("node", cfg.NodeName),
+		cfg:       cfg,
+		instance:  hex.EncodeToString(id),
+		log:       ctrllog.Log.WithName("agent").WithValues("node", cfg.NodeName),
 		hints:     map[netip.Addr]bind.Hint{},
 		state:     map[netip.Addr]*entry{},
 		assignGen: map[netip.Addr]uint64{},
