@@ -24,6 +24,7 @@ import (
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/announce"
 	"github.com/egressip/egressip/internal/agent/bind"
+	"github.com/egressip/egressip/internal/agent/conflict"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -66,6 +67,14 @@ type Config struct {
 	// RecordPath is the ownership record (bind.Config.RecordPath); empty
 	// means none.
 	RecordPath string
+	// ConflictInterval is how often every bound egress IP is probed for
+	// duplicates on the wire (package conflict), besides at start and after
+	// each bind. 0 means conflict.DefaultInterval (10 s); negative turns
+	// the checks off.
+	ConflictInterval time.Duration
+	// ConflictProbe shapes one probe round; the zero value takes the
+	// package's defaults.
+	ConflictProbe conflict.ProbeConfig
 }
 
 // entry is one owned address as the report shows it.
@@ -79,6 +88,8 @@ type entry struct {
 	// gen is the arrival generation (assign.go) the current burst was
 	// started for; a larger one restarts the burst.
 	gen uint64
+	// want: the IP is assigned here (probed for duplicates).
+	want bool
 }
 
 // Agent binds and announces the egress IPs assigned to one Node. It
@@ -121,6 +132,13 @@ type Agent struct {
 	refusedEgresses atomic.Pointer[[]report.RefusedEgress]
 	// kernel is the kernel feature finding served in the report (nil: none).
 	kernel atomic.Pointer[report.KernelStatus]
+
+	// Duplicate-IP detection (conflicts.go): nil checker when off.
+	prober  *conflict.Prober
+	checker *conflict.Checker
+	// conflicts and macs are served in the report.
+	conflicts atomic.Pointer[[]report.ConflictIP]
+	macs      atomic.Pointer[[]string]
 }
 
 // SetRefusedEgresses sets the Egresses whose datapath this Node's kernel
@@ -189,6 +207,13 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.binder, a.ann = b, an
+	if cfg.ConflictInterval >= 0 {
+		if a.prober, err = conflict.NewProber(ns, cfg.ConflictProbe); err != nil {
+			_ = a.Close()
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		a.checker = conflict.NewChecker(a.prober, a.conflictTargets, cfg.ConflictInterval, a.onConflictRound, a.log.WithName("conflict"))
+	}
 
 	owned, err := b.Owned()
 	if errors.Is(err, bind.ErrRecordUnreadable) {
@@ -218,6 +243,9 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Close() error {
 	err := a.ann.Close()
 	a.binder.Close()
+	if a.prober != nil {
+		err = errors.Join(err, a.prober.Close())
+	}
 	return err
 }
 
@@ -254,6 +282,7 @@ func (a *Agent) Report() report.Report {
 		c.Missing = slices.Clone(st.Missing)
 		r.Kernel = &c
 	}
+	a.reportConflicts(&r)
 	r.Sort()
 	return r
 }
@@ -502,6 +531,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 		if old := a.state[ip]; old != nil && old.iface == iface {
 			*e = *old
 		}
+		e.want = d.want[ip]
 		next[ip] = e
 		if d.want[ip] && (!e.started || isAdded[ip] || (!e.announced && !running[ip]) || e.gen != gens[ip]) {
 			restarts = append(restarts, restart{ip, iface, e.started && !isAdded[ip] && e.gen != gens[ip]})
@@ -538,6 +568,9 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 			log.Info("re-announcing egress IP", "ip", r.ip, "interface", r.iface)
 		}
 		a.ann.Start(r.ip, r.iface)
+	}
+	if len(restarts) > 0 && a.checker != nil {
+		a.checker.Kick() // at start and after each bind (or return): probe for duplicates
 	}
 	return syncErr
 }

@@ -233,6 +233,9 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 		q.Add(key)
 		return nil
 	})
+	if err := mgr.Add(manager.RunnableFunc(a.runConflictChecks)); err != nil {
+		return fmt.Errorf("add the duplicate-IP checker: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		Watches(&v1alpha1.Egress{}, a.egressEvents(key)).

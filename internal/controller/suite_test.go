@@ -54,6 +54,17 @@ type fakeAgent struct {
 	// bind.
 	refuse map[netip.Addr]string
 	kernel *report.KernelStatus // served as the report's kernel finding
+	// conflicts and macs are served as the report's duplicate-IP
+	// conflicts and the Node's MACs.
+	conflicts []report.ConflictIP
+	macs      []string
+}
+
+// setConflicts sets the conflicts and Node MACs the agent serves.
+func (a *fakeAgent) setConflicts(cs []report.ConflictIP, macs []string) {
+	a.mu.Lock()
+	a.conflicts, a.macs = cs, macs
+	a.mu.Unlock()
 }
 
 // setRefused makes the agent refuse ip with msg ("" stops refusing).
@@ -101,7 +112,8 @@ func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel,
+		Conflicts: a.conflicts, MACs: a.macs}
 	for ip := range a.bound {
 		if msg, ok := a.refuse[ip]; ok {
 			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})

@@ -277,3 +277,44 @@ func (p *Prober) Probe(ctx context.Context, ifname string, ips []netip.Addr) ([]
 	}
 	return slices.Clone(answers), nil
 }
+
+// AddressedMACs returns, sorted and canonical, the MACs of the
+// namespace's interfaces that are up and have an IP address other than a
+// link-local one (at most max): the ones another Node's probe can see
+// answering. Interfaces without addresses (the host ends of Pod veths, for
+// instance) are left out, so the list stays short.
+func (p *Prober) AddressedMACs(maxMACs int) ([]string, error) {
+	var out []string
+	err := p.inNetNS(func() error {
+		ifs, err := net.Interfaces()
+		if err != nil {
+			return err
+		}
+		for _, i := range ifs {
+			if i.Flags&net.FlagUp == 0 || len(i.HardwareAddr) != 6 {
+				continue
+			}
+			addrs, err := i.Addrs()
+			if err != nil {
+				continue
+			}
+			for _, a := range addrs {
+				pfx, err := netip.ParsePrefix(a.String())
+				if err == nil && !pfx.Addr().IsLinkLocalUnicast() && !pfx.Addr().IsLoopback() {
+					out = append(out, strings.ToLower(i.HardwareAddr.String()))
+					break
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("conflict: list interfaces: %w", err)
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) > maxMACs {
+		out = out[:maxMACs]
+	}
+	return out, nil
+}
