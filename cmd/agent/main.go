@@ -166,7 +166,8 @@ func run(args []string, stderr io.Writer) int {
 	o.NodeName = node
 	switch {
 	case conflictInterval < 0:
-		_, _ = fmt.Fprintf(stderr, "egressip-agent: --conflict-check-interval %v is negative (0 turns the checks off)\n", conflictInterval)
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --conflict-check-interval %v is negative (0 turns the checks off)\n",
+			conflictInterval)
 		return 2
 	case conflictInterval == 0:
 		o.ConflictInterval = -1 // off

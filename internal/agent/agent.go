@@ -549,6 +549,15 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	for _, ip := range gone {
 		a.ann.Stop(ip) // desired but not bound (the bind failed), or released
 	}
+	a.restartBursts(ctx, restarts, isAdded, gens)
+	return syncErr
+}
+
+// restartBursts starts a new announcement burst for each of restarts (in
+// IP order), recording the arrival generation it is for, and asks for a
+// duplicate-IP probe round when there is any.
+func (a *Agent) restartBursts(ctx context.Context, restarts []restart, isAdded map[netip.Addr]bool, gens map[netip.Addr]uint64) {
+	log := ctrllog.FromContext(ctx)
 	slices.SortFunc(restarts, func(x, y restart) int { return x.ip.Compare(y.ip) })
 	for _, r := range restarts {
 		// Stop waits for the previous burst to end, so none of its events
@@ -572,5 +581,4 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	if len(restarts) > 0 && a.checker != nil {
 		a.checker.Kick() // at start and after each bind (or return): probe for duplicates
 	}
-	return syncErr
 }

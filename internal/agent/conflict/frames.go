@@ -165,7 +165,7 @@ func ParseNA(frame []byte) (Answer, bool) {
 	if !ok {
 		return Answer{}, false
 	}
-	mac := net.HardwareAddr(slices.Clone(f.Source))
+	mac := slices.Clone(f.Source)
 	for _, o := range na.Options {
 		if lla, ok := o.(*ndp.LinkLayerAddress); ok && lla.Direction == ndp.Target && len(lla.Addr) == 6 {
 			mac = slices.Clone(lla.Addr)

@@ -244,7 +244,7 @@ func (p *APIProxy) Addr() string { return p.ln.Addr().String() }
 func (p *APIProxy) Cut() {
 	p.mu.Lock()
 	p.cut = true
-	var open []net.Conn
+	open := make([]net.Conn, 0, len(p.conns))
 	for c := range p.conns {
 		open = append(open, c)
 	}
