@@ -73,8 +73,23 @@ test: verify-generated vet lint envtest-assets envtest-assets-oldest system-tool
 	$(MAKE) --no-print-directory test-oldest
 
 .PHONY: system-tools
-system-tools: ## Install iproute2 when ip is missing (the agent tests, the e2e suite and the demo use it).
+system-tools: ## Fail, naming the Debian package, when a system tool the tests and the demo call (ip) is missing.
 	hack/ensure-tools.sh
+
+## Test tiers (hack/test-tier.sh sorts packages by what their tests import).
+## `make test` runs all three and more; these run one tier each.
+.PHONY: test-unit
+test-unit: ## Run the tests that need no root, no kube-apiserver and no network namespaces (a few minutes from a warm cache).
+	pkgs="$$(hack/test-tier.sh unit)" && go test -count=1 $(GO_TEST_FLAGS) $$pkgs
+
+.PHONY: test-envtest
+test-envtest: envtest-assets helm kustomize ## Run the suites that use a real kube-apiserver (envtest), without root.
+	pkgs="$$(hack/test-tier.sh envtest)" && KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS_DIR)" go test -race -count=1 $(GO_TEST_FLAGS) $$pkgs
+
+.PHONY: test-netns
+test-netns: envtest-assets system-tools ## Run the suites that use network namespaces and netlink (root), the agent and end-to-end suites among them.
+	@if [ "$$(id -u)" != 0 ]; then echo "test-netns needs root (network namespaces, netlink)" >&2; exit 1; fi
+	pkgs="$$(hack/test-tier.sh netns)" && KUBEBUILDER_ASSETS="$(ENVTEST_ASSETS_DIR)" go test -race -count=1 $(GO_TEST_FLAGS) $$pkgs
 
 .PHONY: test-e2e
 test-e2e: ## Run only the end-to-end suite (root): real controller and agents in network namespaces; logs with E2E_VERBOSE=1.

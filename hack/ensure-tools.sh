@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Installs the system tools the tests and the demo call (ip from iproute2)
-# when they are missing. Needs root, as the tests themselves do.
+# Checks that the system tools the tests and the demo call are installed,
+# and names the Debian package of any that is missing. It installs nothing:
+# `make test` never runs apt-get.
 set -euo pipefail
-if ! command -v ip >/dev/null 2>&1; then
-	echo "ip (iproute2) not found: installing it with apt-get"
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2
+missing=()
+command -v ip >/dev/null 2>&1 || missing+=("ip: apt-get install iproute2")
+command -v git >/dev/null 2>&1 || missing+=("git: apt-get install git")
+if ((${#missing[@]})); then
+	echo "missing system tools (the agent tests, the e2e suite and the demo call them):" >&2
+	printf '  %s\n' "${missing[@]}" >&2
+	exit 1
 fi

@@ -2,11 +2,10 @@ package ipam
 
 import (
 	"errors"
-	"math/rand/v2"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
-
-	"pgregory.net/rapid"
 )
 
 // FuzzParseRanges feeds arbitrary strings to ParseRanges and NewPool. It
@@ -95,25 +94,132 @@ func FuzzParseRanges(f *testing.F) {
 	})
 }
 
-// FuzzAllocate runs the allocator state machine of TestPropertyAllocator on
-// fuzzer-chosen bytes (rapid turns them into pool shapes and operations).
-func FuzzAllocate(f *testing.F) {
-	// rapid reads the input as a stream of uint64 choices and discards (skips)
-	// a run whose input ends early, so the seeds are 4 KiB pseudo-random
-	// streams; these PCG seeds each draw a pool and 10 to 60 operations and
-	// run to completion. (Much longer inputs make the fuzzer's minimization
-	// crawl.)
-	for _, seed := range []uint64{1, 2, 4, 5, 7, 8, 11, 12, 15, 19} {
-		f.Add(pcgBytes(seed, 4<<10))
+// byteChooser makes choices from fuzz bytes: one byte per choice of up to
+// 256 values, two (big endian) for wider ones, taken modulo the number of
+// values; past the end every choice is its lowest value. Each byte is one
+// choice, so a mutation changes one decision of the pool or one operation.
+type byteChooser struct{ b []byte }
+
+func (c *byteChooser) next() int {
+	if len(c.b) == 0 {
+		return 0
 	}
-	f.Fuzz(rapid.MakeFuzz(allocatorMachine))
+	v := c.b[0]
+	c.b = c.b[1:]
+	return int(v)
 }
 
-func pcgBytes(seed uint64, n int) []byte {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	b := make([]byte, n)
-	for i := range b {
-		b[i] = byte(r.Uint32())
+func (c *byteChooser) intRange(lo, hi int, _ string) int {
+	n := hi - lo + 1
+	v := c.next()
+	if n > 256 {
+		v = v<<8 | c.next()
 	}
-	return b
+	return lo + v%n
+}
+
+// scriptChooser makes the choices listed in script, in order (past its end,
+// each choice's lowest value), and records the bytes with which
+// byteChooser makes the same choices: it turns a readable list of choices
+// into a fuzz seed.
+type scriptChooser struct {
+	script []int
+	out    []byte
+}
+
+func (s *scriptChooser) intRange(lo, hi int, label string) int {
+	v := lo
+	if len(s.script) > 0 {
+		v, s.script = s.script[0], s.script[1:]
+	}
+	if v < lo || v > hi {
+		panic(fmt.Sprintf("seed script: %s = %d is outside [%d, %d]", label, v, lo, hi))
+	}
+	if hi-lo+1 > 256 {
+		s.out = append(s.out, byte((v-lo)>>8))
+	}
+	s.out = append(s.out, byte(v-lo))
+	return v
+}
+
+// maxFuzzOps caps the operations of one FuzzAllocate input, so that a long
+// input costs no more than a few hundred operations.
+const maxFuzzOps = 256
+
+// runOps runs operations chosen by c on m, checking the model after each,
+// while more says there are choices left (at most maxFuzzOps).
+func runOps(c chooser, m *allocModel, more func() bool) {
+	m.check()
+	for ops := 0; more() && ops < maxFuzzOps; ops++ {
+		switch c.intRange(0, 3, "op") {
+		case 0:
+			m.allocate()
+		case 1:
+			m.reserve()
+		case 2:
+			m.reserveAll()
+		case 3:
+			m.release()
+		}
+		m.check()
+	}
+}
+
+// Operation codes of FuzzAllocate's seed scripts.
+const (
+	opAllocate = iota
+	opReserve
+	opReserveAll
+	opRelease
+)
+
+// FuzzAllocate runs the allocator model of TestPropertyAllocator (allocModel)
+// on fuzz bytes, one byte per choice (byteChooser): the first bytes choose
+// the pool (choosePool: family, block, ranges, their order, gateway,
+// subnet, exclusions), each later byte an operation (allocate, reserve,
+// reserveAll, release) followed by the bytes its choices need, with the
+// model checked after each. The seeds are scripts of choices in the order
+// choosePool and the operations make them.
+func FuzzAllocate(f *testing.F) {
+	const no, yes = 0, 1
+	for _, script := range [][]int{
+		// IPv4 10.0.0.0: one range (gap 0, a CIDR of 4 host bits: a /28);
+		// no subnet info, no exclusions. 15 allocations: the 14 usable
+		// addresses, then ErrExhausted.
+		append([]int{no, 0, 1, 0, yes, 4, no, 0}, slices.Repeat([]int{opAllocate}, 15)...),
+		// IPv6 across the 64-bit boundary: a /122 after a gap of 3 and 70
+		// addresses after a gap of 8, listed in reverse (swap 1 with 0);
+		// subnet info with the gateway at offset 5 and a prefix length.
+		// Allocate; reserve offset 66; release the lowest allocated;
+		// reserve offsets 70, 1025 (past the block) and the lowest
+		// allocated at once; allocate.
+		{yes, 1, 2, 3, yes, 6, 8, no, 70, 0, yes, yes, 5, yes, 0,
+			opAllocate, opReserve, no, 66, opRelease, yes, 0,
+			opReserveAll, 3, no, 70, no, 1025, yes, 0, opAllocate},
+		// IPv4 0.0.0.0 ("this network": nothing is allocatable): three
+		// ranges, reordered, two exclusions. Allocate (ErrExhausted),
+		// reserve just below the block, release just above it.
+		{no, 4, 3, 0, no, 10, 2, yes, 3, 5, no, 40, 1, 0, no, 2, 12, 30,
+			opAllocate, opReserve, -1, opRelease, 1024},
+		// IPv4 255.255.252.0, the top of the space: a /26 at the start of
+		// the block, subnet info with the gateway at offset 1 and a /22
+		// prefix. Allocate 3, release the lowest, allocate (it comes back).
+		{no, 3, 1, 0, yes, 6, yes, yes, 1, yes, 0,
+			opAllocate, opAllocate, opAllocate, opRelease, yes, 0, opAllocate},
+		// IPv6 fd00::400: a /123 and 20 addresses, no subnet info, four
+		// exclusions (offsets 10, 11, 40, 41). Reserve six at once
+		// (below the block, past it, two excluded, two in range), then
+		// release both of those and an address past the block.
+		{yes, 3, 2, 0, yes, 5, 1, no, 20, 1, no, 4, 10, 11, 40, 41,
+			opReserveAll, 6, -2, 1025, 10, 40, 2, no, 3,
+			opRelease, yes, 0, opRelease, yes, 0, opRelease, 1025},
+	} {
+		sc := &scriptChooser{script: script}
+		runOps(sc, newAllocModel(sc, f), func() bool { return len(sc.script) > 0 })
+		f.Add(sc.out)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := &byteChooser{b: data}
+		runOps(c, newAllocModel(c, t), func() bool { return len(c.b) > 0 })
+	})
 }

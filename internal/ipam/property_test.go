@@ -30,30 +30,66 @@ func addrAt(base netip.Addr, off int) netip.Addr {
 	return a
 }
 
+// chooser makes the choices of a random pool and of the operations on it:
+// rapid draws in the property tests (rapidChooser), fuzz bytes in
+// FuzzAllocate (byteChooser, fuzz_test.go), so both explore the same space.
+type chooser interface {
+	// intRange returns a choice in [lo, hi]; label names it in rapid's log.
+	intRange(lo, hi int, label string) int
+}
+
+// rapidChooser draws each choice with rapid.
+type rapidChooser struct{ t *rapid.T }
+
+func (c rapidChooser) intRange(lo, hi int, label string) int {
+	return rapid.IntRange(lo, hi).Draw(c.t, label)
+}
+
+func choose(c chooser, label string) bool { return c.intRange(0, 1, label) == 1 }
+
+func chooseFrom[T any](c chooser, xs []T, label string) T { return xs[c.intRange(0, len(xs)-1, label)] }
+
+// permute shuffles xs in place (Fisher-Yates) with c's choices.
+func permute[T any](c chooser, xs []T, label string) {
+	for i := len(xs) - 1; i > 0; i-- {
+		j := c.intRange(0, i, label)
+		xs[i], xs[j] = xs[j], xs[i]
+	}
+}
+
+// failer is what drawPool and allocModel need of a test: *rapid.T or
+// *testing.T.
+type failer interface {
+	Fatalf(format string, args ...any)
+}
+
 // drawPool draws 1..5 disjoint ranges (CIDRs up to /26-sized and start/end
 // ranges) inside a 1024-address block, in random order, an optional gateway
 // and an optional subnet equal to the block. IPv6 blocks sometimes straddle
 // the 64-bit boundary of the address to exercise carries.
-func drawPool(t *rapid.T) *genPool {
+func drawPool(t *rapid.T) *genPool { return choosePool(rapidChooser{t}, t) }
+
+// choosePool is drawPool with the choices made by c.
+func choosePool(c chooser, t failer) *genPool {
 	g := &genPool{}
-	is6 := rapid.Bool().Draw(t, "ipv6")
+	is6 := choose(c, "ipv6")
 	if is6 {
 		bases := []string{"2001:db8::", "2001:db8:0:0:ffff:ffff:ffff:fe00", "2001:db8:ffff:ffff:ffff:ffff:ffff:fc00", "fd00::400"}
-		g.base = netip.MustParseAddr(rapid.SampledFrom(bases).Draw(t, "base"))
+		g.base = netip.MustParseAddr(chooseFrom(c, bases, "base"))
 	} else {
 		bases := []string{"10.0.0.0", "192.0.2.0", "198.51.100.0", "255.255.252.0", "0.0.0.0"}
-		g.base = netip.MustParseAddr(rapid.SampledFrom(bases).Draw(t, "base"))
+		g.base = netip.MustParseAddr(chooseFrom(c, bases, "base"))
 	}
 	g.block = make([]netip.Addr, 1024)
 	for i, a := 0, g.base; i < 1024; i, a = i+1, a.Next() {
 		g.block[i] = a
 	}
 	cursor := 0
-	n := rapid.IntRange(1, 5).Draw(t, "ranges")
+	n := c.intRange(1, 5, "ranges")
 	for i := 0; i < n && cursor < 1024; i++ {
-		cursor += rapid.IntRange(0, 8).Draw(t, "gap")
-		if rapid.Bool().Draw(t, "cidr") {
-			hostBits := rapid.IntRange(0, 6).Draw(t, "hostBits")
+		cursor += c.intRange(0, 8, "gap")
+		if choose(c, "cidr") {
+			hostBits := c.intRange(0, 6, "hostBits")
 			size := 1 << hostBits
 			cursor = (cursor + size - 1) / size * size
 			if cursor+size > 1024 {
@@ -63,7 +99,7 @@ func drawPool(t *rapid.T) *genPool {
 			cursor += size
 			continue
 		}
-		size := rapid.IntRange(1, 70).Draw(t, "size")
+		size := c.intRange(1, 70, "size")
 		if cursor+size > 1024 {
 			break
 		}
@@ -73,16 +109,16 @@ func drawPool(t *rapid.T) *genPool {
 	if len(g.ranges) == 0 {
 		g.ranges = []Range{{Start: g.block[0].String(), End: g.block[0].String()}}
 	}
-	g.ranges = rapid.Permutation(g.ranges).Draw(t, "order")
+	permute(c, g.ranges, "order")
 
 	var gw netip.Addr
-	if rapid.Bool().Draw(t, "subnetInfo") {
+	if choose(c, "subnetInfo") {
 		g.sub = &SubnetInfo{}
-		if rapid.Bool().Draw(t, "gateway") {
-			gw = g.block[rapid.IntRange(0, cursor+1).Draw(t, "gatewayOffset")%1024]
+		if choose(c, "gateway") {
+			gw = g.block[c.intRange(0, cursor+1, "gatewayOffset")%1024]
 			g.sub.Gateway = gw.String()
 		}
-		if rapid.Bool().Draw(t, "prefixLength") {
+		if choose(c, "prefixLength") {
 			g.sub.PrefixLength = g.base.BitLen() - 10
 		}
 	}
@@ -94,11 +130,11 @@ func drawPool(t *rapid.T) *genPool {
 	g.allowed = bruteAllocatable(p.Ranges(), gw, p.Subnet())
 	// Sometimes exclude a few addresses of the block (as the controller
 	// excludes Node addresses); the model drops them too.
-	if n := rapid.IntRange(0, 4).Draw(t, "exclusions"); n > 0 {
+	if n := c.intRange(0, 4, "exclusions"); n > 0 {
 		var ex []Exclusion
 		drop := map[netip.Addr]bool{}
 		for range n {
-			a := g.block[rapid.IntRange(0, 1023).Draw(t, "excludedOffset")]
+			a := g.block[c.intRange(0, 1023, "excludedOffset")]
 			ex = append(ex, Exclusion{Addr: a, Reason: "is excluded by the test"})
 			drop[a] = true
 		}
@@ -139,118 +175,147 @@ func TestPropertyPoolMatchesBruteForce(t *testing.T) {
 	})
 }
 
-// allocatorMachine drives an Allocator with random operations and compares
-// it with a model (a set of allocated addresses over the brute-force list).
+// allocModel drives an Allocator and compares it with a model (a set of
+// allocated addresses over the brute-force list). Its operations make
+// their choices with c and report a mismatch with t.Fatalf.
+type allocModel struct {
+	c    chooser
+	t    failer
+	g    *genPool
+	a    *Allocator
+	used map[netip.Addr]bool
+	gw   netip.Addr
+}
+
+func newAllocModel(c chooser, t failer) *allocModel {
+	g := choosePool(c, t)
+	return &allocModel{c: c, t: t, g: g, a: NewAllocator(g.pool), used: map[netip.Addr]bool{}, gw: g.pool.Gateway()}
+}
+
+func (m *allocModel) allowed(ip netip.Addr) bool {
+	_, ok := slices.BinarySearchFunc(m.g.allowed, ip, netip.Addr.Compare)
+	return ok
+}
+
+// pick chooses an address: one allocated now, or one of the block or just
+// outside it.
+func (m *allocModel) pick() netip.Addr {
+	if len(m.used) > 0 && choose(m.c, "pickUsed") {
+		var us []netip.Addr
+		for ip := range m.used {
+			us = append(us, ip)
+		}
+		slices.SortFunc(us, netip.Addr.Compare)
+		return chooseFrom(m.c, us, "used")
+	}
+	off := m.c.intRange(-2, 1025, "offset")
+	switch {
+	case off < 0:
+		if p := m.g.base.Prev(); p.IsValid() {
+			return p
+		}
+		return m.g.base
+	case off > 1023:
+		if n := m.g.block[1023].Next(); n.IsValid() {
+			return n
+		}
+		return m.g.block[1023]
+	}
+	return m.g.block[off]
+}
+
+func (m *allocModel) allocate() {
+	ip, err := m.a.Allocate()
+	var want netip.Addr
+	for _, c := range m.g.allowed {
+		if !m.used[c] {
+			want = c
+			break
+		}
+	}
+	if !want.IsValid() {
+		if !errors.Is(err, ErrExhausted) {
+			m.t.Fatalf("Allocate() = %v, %v on a full pool", ip, err)
+		}
+		return
+	}
+	switch {
+	case err != nil:
+		m.t.Fatalf("Allocate() error %v with %s free", err, want)
+	case !m.g.pool.Contains(ip):
+		m.t.Fatalf("Allocate() = %s, not Contained", ip)
+	case m.gw.IsValid() && ip == m.gw:
+		m.t.Fatalf("Allocate() handed out the gateway %s", ip)
+	case m.used[ip]:
+		m.t.Fatalf("Allocate() = %s, already allocated", ip)
+	case ip != want:
+		m.t.Fatalf("Allocate() = %s, lowest free is %s", ip, want)
+	}
+	m.used[ip] = true
+}
+
+func (m *allocModel) reserve() {
+	ip := m.pick()
+	err := m.a.Reserve(ip)
+	if (err == nil) != m.allowed(ip) {
+		m.t.Fatalf("Reserve(%s) = %v, brute force allows it: %v", ip, err, m.allowed(ip))
+	}
+	if err == nil {
+		m.used[ip] = true
+	}
+}
+
+func (m *allocModel) reserveAll() {
+	n := m.c.intRange(0, 6, "n")
+	var ips []netip.Addr
+	wantErr := false
+	for range n {
+		ip := m.pick()
+		ips = append(ips, ip)
+		if m.allowed(ip) {
+			m.used[ip] = true
+		} else {
+			wantErr = true
+		}
+	}
+	if err := m.a.ReserveAll(ips); (err != nil) != wantErr {
+		m.t.Fatalf("ReserveAll(%v) = %v, want error: %v", ips, err, wantErr)
+	}
+}
+
+func (m *allocModel) release() {
+	ip := m.pick()
+	if got := m.a.Release(ip); got != m.used[ip] {
+		m.t.Fatalf("Release(%s) = %v, model says allocated: %v", ip, got, m.used[ip])
+	}
+	delete(m.used, ip)
+}
+
+// check compares the Allocator's counts and allocations with the model.
+func (m *allocModel) check() {
+	if m.a.Used() != uint64(len(m.used)) {
+		m.t.Fatalf("Used() = %d, model %d", m.a.Used(), len(m.used))
+	}
+	if m.a.Used()+m.a.Free() != m.a.Total() || m.a.Total() != uint64(len(m.g.allowed)) {
+		m.t.Fatalf("Used %d + Free %d != Total %d (brute force %d)", m.a.Used(), m.a.Free(), m.a.Total(), len(m.g.allowed))
+	}
+	for ip := range m.used {
+		if !m.a.IsAllocated(ip) {
+			m.t.Fatalf("IsAllocated(%s) = false", ip)
+		}
+	}
+}
+
+// allocatorMachine runs allocModel's operations in an order rapid draws,
+// checking the model after each.
 func allocatorMachine(t *rapid.T) {
-	g := drawPool(t)
-	a := NewAllocator(g.pool)
-	used := map[netip.Addr]bool{}
-	gw := g.pool.Gateway()
-	allowed := func(ip netip.Addr) bool {
-		_, ok := slices.BinarySearchFunc(g.allowed, ip, netip.Addr.Compare)
-		return ok
-	}
-	pick := func(t *rapid.T) netip.Addr {
-		if len(used) > 0 && rapid.Bool().Draw(t, "pickUsed") {
-			var us []netip.Addr
-			for ip := range used {
-				us = append(us, ip)
-			}
-			slices.SortFunc(us, netip.Addr.Compare)
-			return rapid.SampledFrom(us).Draw(t, "used")
-		}
-		off := rapid.IntRange(-2, 1025).Draw(t, "offset")
-		switch {
-		case off < 0:
-			if p := g.base.Prev(); p.IsValid() {
-				return p
-			}
-			return g.base
-		case off > 1023:
-			if n := g.block[1023].Next(); n.IsValid() {
-				return n
-			}
-			return g.block[1023]
-		}
-		return g.block[off]
-	}
+	m := newAllocModel(rapidChooser{t}, t)
 	t.Repeat(map[string]func(*rapid.T){
-		"allocate": func(t *rapid.T) {
-			ip, err := a.Allocate()
-			var want netip.Addr
-			for _, c := range g.allowed {
-				if !used[c] {
-					want = c
-					break
-				}
-			}
-			if !want.IsValid() {
-				if !errors.Is(err, ErrExhausted) {
-					t.Fatalf("Allocate() = %v, %v on a full pool", ip, err)
-				}
-				return
-			}
-			switch {
-			case err != nil:
-				t.Fatalf("Allocate() error %v with %s free", err, want)
-			case !g.pool.Contains(ip):
-				t.Fatalf("Allocate() = %s, not Contained", ip)
-			case gw.IsValid() && ip == gw:
-				t.Fatalf("Allocate() handed out the gateway %s", ip)
-			case used[ip]:
-				t.Fatalf("Allocate() = %s, already allocated", ip)
-			case ip != want:
-				t.Fatalf("Allocate() = %s, lowest free is %s", ip, want)
-			}
-			used[ip] = true
-		},
-		"reserve": func(t *rapid.T) {
-			ip := pick(t)
-			err := a.Reserve(ip)
-			if (err == nil) != allowed(ip) {
-				t.Fatalf("Reserve(%s) = %v, brute force allows it: %v", ip, err, allowed(ip))
-			}
-			if err == nil {
-				used[ip] = true
-			}
-		},
-		"reserveAll": func(t *rapid.T) {
-			n := rapid.IntRange(0, 6).Draw(t, "n")
-			var ips []netip.Addr
-			wantErr := false
-			for range n {
-				ip := pick(t)
-				ips = append(ips, ip)
-				if allowed(ip) {
-					used[ip] = true
-				} else {
-					wantErr = true
-				}
-			}
-			if err := a.ReserveAll(ips); (err != nil) != wantErr {
-				t.Fatalf("ReserveAll(%v) = %v, want error: %v", ips, err, wantErr)
-			}
-		},
-		"release": func(t *rapid.T) {
-			ip := pick(t)
-			if got := a.Release(ip); got != used[ip] {
-				t.Fatalf("Release(%s) = %v, model says allocated: %v", ip, got, used[ip])
-			}
-			delete(used, ip)
-		},
-		"": func(t *rapid.T) {
-			if a.Used() != uint64(len(used)) {
-				t.Fatalf("Used() = %d, model %d", a.Used(), len(used))
-			}
-			if a.Used()+a.Free() != a.Total() || a.Total() != uint64(len(g.allowed)) {
-				t.Fatalf("Used %d + Free %d != Total %d (brute force %d)", a.Used(), a.Free(), a.Total(), len(g.allowed))
-			}
-			for ip := range used {
-				if !a.IsAllocated(ip) {
-					t.Fatalf("IsAllocated(%s) = false", ip)
-				}
-			}
-		},
+		"allocate":   func(*rapid.T) { m.allocate() },
+		"reserve":    func(*rapid.T) { m.reserve() },
+		"reserveAll": func(*rapid.T) { m.reserveAll() },
+		"release":    func(*rapid.T) { m.release() },
+		"":           func(*rapid.T) { m.check() },
 	})
 }
 

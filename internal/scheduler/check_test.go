@@ -25,6 +25,9 @@ type unitID struct {
 	ip   netip.Addr
 }
 
+// String is "pool/IP", for the checker's messages.
+func (u unitID) String() string { return u.pool + "/" + u.ip.String() }
+
 type checkUnit struct {
 	id      unitID
 	members []int // indexes into Input.Egresses, oldest first
@@ -411,6 +414,20 @@ func (ck *checker) checkBalance() error {
 		load[u.node]++
 		poolLoad[key(p, u.node)]++
 		placed[p]++
+	}
+	return nil
+}
+
+// checkOrderIndependent reports whether schedule gives byte-identical
+// results for in and for in with every slice reordered (reversed, then
+// rotated by 0 to 3 places; see reorder): a Result must depend only on the
+// input values, never on their order.
+func checkOrderIndependent(schedule func(Input) Result, in Input) error {
+	want := dump(schedule(in))
+	for k := range 4 {
+		if got := dump(schedule(reorder(in, k))); got != want {
+			return fmt.Errorf("input reversed and rotated by %d gives a different result:\n got %s\nwant %s", k, got, want)
+		}
 	}
 	return nil
 }

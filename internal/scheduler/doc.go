@@ -77,4 +77,66 @@
 // A pass whose units all keep their Node builds no ring. Allocations are a
 // fixed number of slices and maps per pass, plus one message string per
 // invalid Egress.
+//
+// # How to read this package
+//
+// The rules above fit in under 300 lines, and reference_test.go has them
+// that way: referenceSchedule, a plain restatement with maps, sorts and
+// linear scans, one method per step (index, static, group, keep, place,
+// result, moveReason). Read it first. [Schedule] gives the same Result
+// (TestDifferential* compare the two on random, wide, benchmark and named
+// inputs); it is longer only because it is fast.
+//
+// Where each rule lives in Schedule (schedule.go unless named):
+//
+//   - Repeated Node names, merged to the most restrictive view:
+//     state.indexNodes.
+//   - Pools: repeated names and unknown families are invalid; a pool's
+//     members are its listed Nodes that are eligible with capacity > 0:
+//     state.indexPools.
+//   - Repeated Egress names (DuplicateEgress): state.sortNames.
+//   - The other reasons an Egress cannot be scheduled (PoolNotFound,
+//     PoolInvalid, IPNotAllocated, IPInvalid), the fitness of its current
+//     Node and of its Preferred Node: state.buildUnits.
+//   - Priority order (creation time, then name): priorityKeys, sorted in
+//     state.buildUnits.
+//   - Units of Egresses sharing an IP, with the Node to keep and the
+//     Preferred Node of the oldest member that names a fit one:
+//     groupUnits.
+//   - Phase 1, keep: state.keep.
+//   - Phase 2, place, with Preferred Nodes and the unplaced reasons
+//     (NoEligibleNode, CapacityExhausted): state.place; the bound
+//     ceil(c·k/n): state.boundAt; the first Node clockwise below the bound,
+//     or else the first with the fewest units of the pool among those with
+//     room: ring.pick (ring.go).
+//   - The ring: hashString, pointHash and unitHash (ring.go) place the
+//     points and units; state.buildRing orders points by position, ties by
+//     Node name.
+//   - Placements, their messages and the Moves with their reasons:
+//     state.result, state.poolMessage, ipInvalidMessage, state.moves,
+//     state.moveReason.
+//   - The capacity annotation: ParseCapacity (capacity.go).
+//
+// The rest is speed machinery, which decides nothing: the radix sorts of
+// sort.go (radixSort and its helpers) and the key layout of nameKey and
+// priorityKeys; the open-addressing tables of state.lookupNode and
+// groupUnits; the flat pool-member slots (slotNode, state.slotsByNode,
+// state.slotOf); the pool's room counter in state.place, which stands for
+// a scan of its members; the bound cache (state.bound, state.nextBound);
+// the ring's bucket index (ring.lowerBound), the probe of the first
+// probeLimit points in ring.pick and the segment tree behind it
+// (ring.ensureTree, ring.update, ring.firstBelow); the ring's build loops
+// (ringValues, ringPositions, prefixSum, ringScatter, ringLeaves, kept out
+// of line with //go:noinline); the message caches (state.moveReasons,
+// poolRec.msg); and the recycled working memory (statePool, grow, reuse).
+//
+// The tests, by what they show: check_test.go is an independent checker
+// of the rules (checkResult, checkOrderIndependent), shown able to fail by
+// TestChecker*; property_test.go draws random clusters (genInput) for it
+// and for TestDifferential*; schedule_test.go has the named cases and
+// golden_test.go a few whole Results written out; fuzz_test.go decodes
+// arbitrary bytes into inputs for both the checker and the reference;
+// bench_test.go holds the speed targets. A change to the rules changes
+// reference_test.go and check_test.go first; TestDifferential* then shows
+// where Schedule still differs.
 package scheduler

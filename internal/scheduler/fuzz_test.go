@@ -48,8 +48,8 @@ func (r *bytesReader) str(prefix string, n byte) string {
 
 // decodeInput builds an Input from fuzz data. Every field can take odd
 // values: repeated and empty names, negative and huge capacities, unknown
-// families, missing pools, zero, zoned and wrong-family IPs, any balance
-// factor.
+// families, missing pools, zero, zoned and wrong-family IPs, current and
+// Preferred Nodes (known or not), any balance factor.
 func decodeInput(data []byte) Input {
 	r := &bytesReader{data}
 	var in Input
@@ -107,8 +107,12 @@ func decodeInput(data []byte) Input {
 		default:
 			e.IP = netip.AddrFrom4([4]byte{10, 0, 0, x % 32})
 		}
-		if b := r.byte(); b%3 != 0 {
+		b := r.byte()
+		if b%3 != 0 {
 			e.CurrentNode = r.str("n", 15) // n14 is never a Node name above
+		}
+		if b&0x80 != 0 {
+			e.Preferred = r.str("n", 15)
 		}
 		in.Egresses = append(in.Egresses, e)
 	}
@@ -136,9 +140,9 @@ func reorder(in Input, k int) Input {
 }
 
 // FuzzSchedule checks every rule of the pass (checkResult), that Schedule
-// leaves its input alone, that it is idempotent on its own result, and that
-// its result does not depend on input order, on inputs decoded from
-// arbitrary bytes.
+// agrees with the reference scheduler (reference_test.go), leaves its input
+// alone, is idempotent on its own result, and that its result does not
+// depend on input order, on inputs decoded from arbitrary bytes.
 func FuzzSchedule(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte("\x00\x03n0\x01\x02n1\x01\x02n2\x01\x02\x01p0\x00\xff\xff\x05e0p0\x00\x01\x00\x04\x01\x00"))
@@ -157,6 +161,16 @@ func FuzzSchedule(f *testing.F) {
 		4, 5, 0, 2, 99, 0, 0, 1, 14, // e4 missing pool, no IP, on a removed Node
 	})
 	f.Add([]byte{3, 11, 250, 0, 0x80, 1, 2, 3, 4, 5, 6, 7, 8, 1, 1, 1, 3, 0, 4, 0xff, 0xff, 39})
+	f.Add([]byte{
+		0, 3, // c default; 3 Nodes
+		0, 1, 5, 1, 1, 5, 2, 1, 5, // n0..n2 capacity 5
+		1,             // 1 pool
+		0, 0, 0x00, 7, // p0 IPv4 on n0..n2
+		3,                             // 3 Egresses
+		0, 0, 0, 0, 99, 4, 1, 0x81, 2, // e0 p0 10.0.0.1, preferring n2
+		1, 0, 0, 1, 99, 4, 2, 0x80, 0, 2, // e1 p0 10.0.0.2 on n0, preferring n2 (kept: ignored)
+		2, 0, 0, 2, 99, 4, 3, 0x81, 14, // e2 p0 10.0.0.3, preferring n14 (no such Node)
+	})
 	f.Add([]byte{4, 0x3f, 0xf4, 0, 0, 0, 0, 0, 0, 5, 0, 1, 3, 1, 2, 1, 3, 1, 4, 1, 2, 0, 4, 0xff, 0xff, 20})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := decodeInput(data)
@@ -168,6 +182,7 @@ func FuzzSchedule(f *testing.F) {
 		if err := checkResult(in, out); err != nil {
 			t.Fatalf("%v\ninput: %+v\nresult: %+v", err, in, out)
 		}
+		checkReference(t, in)
 		want := dump(out)
 		if got := dump(Schedule(reorder(in, len(data)))); got != want {
 			t.Fatalf("reordered input changed the result:\n got %s\nwant %s", got, want)

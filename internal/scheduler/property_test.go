@@ -24,7 +24,8 @@ var (
 // capacity (some repeated), pools over random subsets of them (some
 // repeated, some of an unknown family, some naming unknown Nodes), and
 // Egresses with random ages (many ties), pools, IPs (often shared, sometimes
-// missing or of the wrong family) and current Nodes (sometimes unknown).
+// missing or of the wrong family), current Nodes (sometimes unknown) and
+// Preferred Nodes (sometimes unknown).
 func genInput(t *rapid.T, sz genSize) Input {
 	var in Input
 	nn := rapid.IntRange(0, sz.nodes).Draw(t, "nodes")
@@ -110,6 +111,13 @@ func genInput(t *rapid.T, sz genSize) Input {
 			e.CurrentNode = "gone"
 		default:
 			e.CurrentNode = rapid.SampledFrom(names).Draw(t, "currentNode")
+		}
+		switch k := rapid.IntRange(0, 9).Draw(t, "preferred"); {
+		case k < 7 || len(names) == 0:
+		case k == 7:
+			e.Preferred = "gone"
+		default:
+			e.Preferred = rapid.SampledFrom(names).Draw(t, "preferredNode")
 		}
 		in.Egresses = append(in.Egresses, e)
 	}

@@ -38,8 +38,9 @@ func pool4(name string, nodes ...string) Pool {
 	return Pool{Name: name, Family: IPv4, EligibleNodes: nodes}
 }
 
-// run schedules in, checks every rule with checkResult and that in is left
-// unchanged, and returns the result.
+// run schedules in, checks every rule with checkResult, that in is left
+// unchanged and that the reference scheduler (reference_test.go) gives the
+// same Result, and returns the result.
 func run(t *testing.T, in Input) Result {
 	t.Helper()
 	before := cloneInput(in)
@@ -50,6 +51,7 @@ func run(t *testing.T, in Input) Result {
 	if !sameInput(before, in) {
 		t.Fatalf("Schedule modified its input")
 	}
+	checkReference(t, in)
 	return out
 }
 

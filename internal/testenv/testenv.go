@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -126,6 +127,13 @@ func Start(opts ...Option) (*Env, error) {
 		BinaryAssetsDirectory: assets,
 		CRDDirectoryPaths:     []string{filepath.Join(root, "config", "crd", "bases")},
 		ErrorIfCRDPathMissing: true,
+		// envtest's default (20 s, for each of its 5 attempts) is too
+		// short for kube-apiserver to become ready on a loaded 2-core
+		// machine: the sweep of issue 13 saw 2 of 10 test/packaging runs
+		// fail to start at load average 33. A healthy start takes 3-8 s,
+		// so this only lengthens the wait for a slow one.
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
 	}
 	for _, o := range opts {
 		o(e, root)

@@ -120,20 +120,31 @@ func TestDatapathFailurePolicy(t *testing.T) {
 	ctx := context.Background()
 	other := c.PodsIn("e2e-other")
 	selectingEgress(t, "dp-fail", "e2e-other", "no-such-pool", v1.FailurePolicyFail)
+	// The check is that the connection is rejected (EHOSTUNREACH: the
+	// datapath answers the SYN), not dropped: a dropped SYN would retry
+	// until Who's 3 s budget ends with a timeout. How fast the answer comes
+	// is logged, not asserted (it is a few milliseconds on an idle machine;
+	// the issue 13 sweep saw 1.02 s at load average 45, when the agent
+	// answering the reject queue was not scheduled sooner).
 	var last string
+	var slowest time.Duration
 	if !harness.WaitFor(ctx, 20*time.Second, func() bool {
+		slowest = 0
 		for _, p := range other {
 			start := time.Now()
 			_, err := c.Who(ctx, p, false)
-			if !errors.Is(err, syscall.EHOSTUNREACH) || time.Since(start) > time.Second {
-				last = fmt.Sprintf("%s: err %v after %v", p, err, time.Since(start))
+			took := time.Since(start)
+			if !errors.Is(err, syscall.EHOSTUNREACH) {
+				last = fmt.Sprintf("%s: err %v after %v", p, err, took)
 				return false
 			}
+			slowest = max(slowest, took)
 		}
 		return true
 	}) {
-		t.Fatalf("Fail: want EHOSTUNREACH within 1 s from every Pod: %s", last)
+		t.Fatalf("Fail: want EHOSTUNREACH (rejected, not dropped) from every Pod: %s", last)
 	}
+	t.Logf("Fail: every Pod's connection rejected with EHOSTUNREACH, the slowest after %v", slowest)
 	// A merge patch of the one field: the controller writes the status
 	// meanwhile, so a read-modify-update could conflict.
 	e := &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "dp-fail"}}

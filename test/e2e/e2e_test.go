@@ -309,13 +309,17 @@ func TestAgentSurgeUpdate(t *testing.T) {
 
 // agentReplacedInPlace creates Egress name, waits until it is Ready, runs
 // replace on its Node while watching ARP for its IP every 20 ms, and checks
-// that only that Node answered, with no gap over 500 ms, and that the
-// Egress kept its Node and IP. what names the replacement in messages.
+// that only that Node answered, that at most 500 ms worth of requests went
+// unanswered, and that the Egress kept its Node and IP. what names the
+// replacement in messages.
 func agentReplacedInPlace(t *testing.T, name, what string, replace func(n *harness.Node)) {
 	t.Helper()
 	newEgress(t, name, "office-egress", "")
 	replacedInPlace(t, waitReady(t, name)[name], what, replace)
 }
+
+// arpInterval is how often replacedInPlace asks for the IP.
+const arpInterval = 20 * time.Millisecond
 
 // replacedInPlace is agentReplacedInPlace for an Egress e that is Ready.
 func replacedInPlace(t *testing.T, e *v1.Egress, what string, replace func(n *harness.Node)) {
@@ -323,7 +327,7 @@ func replacedInPlace(t *testing.T, e *v1.Egress, what string, replace func(n *ha
 	name := e.Name
 	ip := netip.MustParseAddr(e.Status.EgressIP)
 	n := c.Node(e.Status.EgressNode)
-	w, err := c.WatchARP(ip, 20*time.Millisecond)
+	w, err := c.WatchARP(ip, arpInterval)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,14 +343,19 @@ func replacedInPlace(t *testing.T, e *v1.Egress, what string, replace func(n *ha
 			maxGap = max(maxGap, r.At.Sub(replies[i-1].At))
 		}
 	}
-	if maxGap > 500*time.Millisecond {
-		t.Errorf("ARP answers stopped for %v during the %s", maxGap, what)
+	// The bound is on requests that went unanswered (each is 20 ms of
+	// silence a client would see), not on the time between two replies read:
+	// that also grows when this process is descheduled on a loaded machine,
+	// which is not an interruption of the IP.
+	lost := w.Unanswered(n.MAC.String())
+	if silent := time.Duration(lost) * arpInterval; silent > 500*time.Millisecond {
+		t.Errorf("%d of %d ARP requests went unanswered during the %s (%v of silence)", lost, w.Sent(), what, silent)
 	}
 	after := waitReady(t, name)[name]
 	if after.Status.EgressNode != n.Name || after.Status.EgressIP != e.Status.EgressIP {
 		t.Fatalf("%s moved the IP: %s", what, harness.Describe(after))
 	}
-	t.Logf("%s: %d ARP answers, all from %s, longest gap %v", what, len(replies), n.Name, maxGap)
+	t.Logf("%s: %d ARP answers to %d requests, all from %s, %d unanswered, longest time between replies read %v", what, len(replies), w.Sent(), n.Name, lost, maxGap)
 }
 
 // TestControllerRestart kills the controller and starts a new one: no

@@ -144,13 +144,20 @@ type ARPReply struct {
 
 // ARPWatcher asks for one IPv4 address from the client namespace every
 // interval (an ARP request, as a host whose cache expired would) and keeps
-// every reply: which MACs answered and when.
+// every reply: which MACs answered and when, and how many requests it sent.
 type ARPWatcher struct {
 	mu      sync.Mutex
 	replies []ARPReply
+	sent    int
 	stop    context.CancelFunc
+	sending chan struct{}
 	done    chan struct{}
 }
+
+// arpDrain is how long an ARPWatcher keeps reading after its last request:
+// a reply to a request sent on a veth pair arrives within microseconds, so
+// this only has to cover the reader's scheduling delay on a loaded machine.
+const arpDrain = 300 * time.Millisecond
 
 // WatchARP starts an ARPWatcher for ip.
 func (c *Cluster) WatchARP(ip netip.Addr, interval time.Duration) (*ARPWatcher, error) {
@@ -169,12 +176,17 @@ func (c *Cluster) WatchARP(ip netip.Addr, interval time.Duration) (*ARPWatcher, 
 		return nil, fmt.Errorf("open ARP client: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &ARPWatcher{stop: cancel, done: make(chan struct{})}
+	w := &ARPWatcher{stop: cancel, sending: make(chan struct{}), done: make(chan struct{})}
 	go func() {
+		defer close(w.sending)
 		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
-			_ = cl.Request(ip)
+			if cl.Request(ip) == nil {
+				w.mu.Lock()
+				w.sent++
+				w.mu.Unlock()
+			}
 			select {
 			case <-ctx.Done():
 				return
@@ -185,7 +197,17 @@ func (c *Cluster) WatchARP(ip netip.Addr, interval time.Duration) (*ARPWatcher, 
 	go func() {
 		defer close(w.done)
 		defer func() { _ = cl.Close() }()
-		for ctx.Err() == nil {
+		var drainUntil time.Time
+		for {
+			if ctx.Err() != nil {
+				if drainUntil.IsZero() {
+					<-w.sending
+					drainUntil = time.Now().Add(arpDrain)
+				}
+				if time.Now().After(drainUntil) {
+					return
+				}
+			}
 			_ = cl.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 			p, _, err := cl.Read()
 			if err != nil {
@@ -201,13 +223,40 @@ func (c *Cluster) WatchARP(ip netip.Addr, interval time.Duration) (*ARPWatcher, 
 	return w, nil
 }
 
-// Stop ends the watch and returns every reply seen.
+// Stop ends the watch and returns every reply seen. It stops sending,
+// then keeps reading for arpDrain so that every request sent has had its
+// chance to be answered.
 func (w *ARPWatcher) Stop() []ARPReply {
 	w.stop()
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]ARPReply(nil), w.replies...)
+}
+
+// Sent returns how many ARP requests the watcher has sent so far.
+func (w *ARPWatcher) Sent() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sent
+}
+
+// Unanswered returns, after Stop, how many of the requests sent got no
+// reply from mac. Each request on this segment gets exactly one reply from
+// each host holding the address, so this counts the requests sent while
+// mac did not hold it. Unlike the time between two replies read, it does
+// not grow when the watcher itself is descheduled on a loaded machine:
+// requests not sent are not counted.
+func (w *ARPWatcher) Unanswered(mac string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	got := 0
+	for _, r := range w.replies {
+		if r.MAC == mac {
+			got++
+		}
+	}
+	return max(0, w.sent-got)
 }
 
 // Replies returns the replies seen so far.
