@@ -39,6 +39,14 @@ const (
 	// valid. Admission rejects such selectors (CEL, and the webhook when
 	// enabled); the condition covers objects admitted before.
 	ConditionSelectorValid = "SelectorValid"
+	// ConditionConflict is True while the agent of the egress Node reports
+	// that another host answers ARP (IPv4) or Neighbor Solicitations (IPv6)
+	// for the egress IP on its link (reason ReasonDuplicateIP; the message
+	// names the other MACs and, when a MAC is another Node's, that Node).
+	// It turns False (ReasonNoConflict) when a probe round of the agent no
+	// longer sees the other host, and is absent on Egresses that never had
+	// a conflict. The Egress keeps its Node meanwhile.
+	ConditionConflict = "Conflict"
 )
 
 // EgressNodeField is the field path of the egress Node, selectable in list

@@ -70,3 +70,17 @@ const (
 	// maxInterfacesPerNode.
 	ReasonInterfaceLimit = "InterfaceLimitReached"
 )
+
+// Reasons of the Egress condition Conflict (duplicate-IP detection; see
+// docs/troubleshooting.md).
+const (
+	// ReasonDuplicateIP is the Conflict=True reason, and the Warning Event
+	// reason, while the agent of the egress Node sees another host answer
+	// for the Egress's IP (an RFC 5227 ARP probe or a DAD-style Neighbor
+	// Solicitation). The message names the other MACs and, for a MAC of a
+	// Node of this cluster, that Node.
+	ReasonDuplicateIP = "DuplicateIP"
+	// ReasonNoConflict is the Conflict=False reason once the agent's probes
+	// no longer see another host answer for the IP.
+	ReasonNoConflict = "NoConflict"
+)

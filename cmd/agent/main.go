@@ -24,6 +24,7 @@ import (
 
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/bind"
+	"github.com/egressip/egressip/internal/agent/conflict"
 	"github.com/egressip/egressip/internal/agent/datapath"
 	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/agent/kernel"
@@ -58,6 +59,11 @@ func run(args []string, stderr io.Writer) int {
 			"else that of the default route.")
 	fs.DurationVar(&o.AnnounceInterval, "announce-interval", 0,
 		"Re-announce every bound egress IP this often after its initial burst (0 s, 1 s, 2 s, 4 s). 0 turns it off.")
+	var conflictInterval time.Duration
+	fs.DurationVar(&conflictInterval, "conflict-check-interval", conflict.DefaultInterval,
+		"Probe every bound egress IP this often for another host answering for it on the wire (an RFC 5227 ARP "+
+			"probe, a DAD-style IPv6 Neighbor Solicitation), besides at start and after each bind; a conflict is "+
+			"reported (the Egress condition Conflict), the address is kept. 0 turns the checks off.")
 	fs.DurationVar(&o.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod,
 		"Re-check the bindings this often without any change (restores addresses removed by hand); "+
 			"also the longest retry backoff.")
@@ -183,6 +189,16 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	o.NodeName = node
+	switch {
+	case conflictInterval < 0:
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --conflict-check-interval %v is negative (0 turns the checks off)\n",
+			conflictInterval)
+		return 2
+	case conflictInterval == 0:
+		o.ConflictInterval = -1 // off
+	default:
+		o.ConflictInterval = conflictInterval
+	}
 	if o.Ownership, err = bind.ParseOwnership(ownership); err != nil {
 		_, _ = fmt.Fprintf(stderr, "egressip-agent: --address-ownership: %v\n", err)
 		return 2

@@ -26,6 +26,7 @@ import (
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/announce"
 	"github.com/egressip/egressip/internal/agent/bind"
+	"github.com/egressip/egressip/internal/agent/conflict"
 	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/report"
 )
@@ -85,6 +86,14 @@ type Config struct {
 	// addresses about when the controller moves them. 0 means
 	// DefaultControllerDeadAfter.
 	ControllerDeadAfter time.Duration
+	// ConflictInterval is how often every bound egress IP is probed for
+	// duplicates on the wire (package conflict), besides at start and after
+	// each bind. 0 means conflict.DefaultInterval (10 s); negative turns
+	// the checks off.
+	ConflictInterval time.Duration
+	// ConflictProbe shapes one probe round; the zero value takes the
+	// package's defaults.
+	ConflictProbe conflict.ProbeConfig
 }
 
 // Defaults of the address lifetime (docs/failover.md, "Agent gone").
@@ -132,6 +141,11 @@ type entry struct {
 	started bool
 	// announced: an announcement of that burst was sent.
 	announced bool
+	// gen is the arrival generation (assign.go) the current burst was
+	// started for; a larger one restarts the burst.
+	gen uint64
+	// want: the IP is assigned here (probed for duplicates).
+	want bool
 }
 
 // Agent binds and announces the egress IPs assigned to one Node. It
@@ -155,6 +169,16 @@ type Agent struct {
 	refused []report.RefusedIP
 
 	synced atomic.Bool // a reconcile has completed
+
+	// Assignment arrivals (assign.go): assignGen is each IP's arrival
+	// generation, from the counter assignSeq; seenEpoch is, per Egress,
+	// the gap epoch of the last event seen; gapEpoch counts the Egress
+	// informer's watch errors.
+	assignMu  sync.Mutex
+	assignSeq uint64
+	assignGen map[netip.Addr]uint64
+	seenEpoch map[types.UID]uint64
+	gapEpoch  atomic.Uint64
 
 	// dpStatus is the datapath finding served in the report (nil: none).
 	dpStatus atomic.Pointer[report.DatapathStatus]
@@ -189,6 +213,12 @@ type Agent struct {
 	// fenceStatus is the fence state served in the report (nil: never
 	// fenced).
 	fenceStatus atomic.Pointer[report.FenceStatus]
+	// Duplicate-IP detection (conflicts.go): nil checker when off.
+	prober  *conflict.Prober
+	checker *conflict.Checker
+	// conflicts and macs are served in the report.
+	conflicts atomic.Pointer[[]report.ConflictIP]
+	macs      atomic.Pointer[[]string]
 }
 
 // heldRelease is one release instruction the agent honours.
@@ -393,13 +423,15 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: instance id: %w", err)
 	}
 	a := &Agent{
-		cfg:      cfg,
-		instance: hex.EncodeToString(id),
-		log:      ctrllog.Log.WithName("agent").WithValues("node", cfg.NodeName),
-		hints:    map[netip.Addr]bind.Hint{},
-		state:    map[netip.Addr]*entry{},
-		kick:     make(chan event.GenericEvent, 1),
-		started:  time.Now(),
+		cfg:       cfg,
+		instance:  hex.EncodeToString(id),
+		log:       ctrllog.Log.WithName("agent").WithValues("node", cfg.NodeName),
+		hints:     map[netip.Addr]bind.Hint{},
+		state:     map[netip.Addr]*entry{},
+		assignGen: map[netip.Addr]uint64{},
+		seenEpoch: map[types.UID]uint64{},
+		kick:      make(chan event.GenericEvent, 1),
+		started:   time.Now(),
 	}
 	b, err := bind.New(ns, bind.Config{Interface: cfg.Interface, HintFor: a.hintFor, Proto: cfg.Proto,
 		Ownership: cfg.Ownership, RecordPath: cfg.RecordPath, Lifetime: cfg.AddressLifetime})
@@ -416,6 +448,13 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.binder, a.ann = b, an
+	if cfg.ConflictInterval >= 0 {
+		if a.prober, err = conflict.NewProber(ns, cfg.ConflictProbe); err != nil {
+			_ = a.Close()
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+		a.checker = conflict.NewChecker(a.prober, a.conflictTargets, cfg.ConflictInterval, a.onConflictRound, a.log.WithName("conflict"))
+	}
 
 	owned, err := b.Owned()
 	if errors.Is(err, bind.ErrRecordUnreadable) {
@@ -450,6 +489,9 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Close() error {
 	err := a.ann.Close()
 	a.binder.Close()
+	if a.prober != nil {
+		err = errors.Join(err, a.prober.Close())
+	}
 	return err
 }
 
@@ -561,6 +603,7 @@ func (a *Agent) Report() report.Report {
 		c := *st
 		r.Fence = &c
 	}
+	a.reportConflicts(&r)
 	r.Sort()
 	return r
 }
@@ -769,6 +812,9 @@ func (a *Agent) rejoin(ctx context.Context, cached desiredState, pools []v1alpha
 type restart struct {
 	ip    netip.Addr
 	iface string
+	// arrived: the burst restarts only because an assignment of the IP
+	// arrived again (assign.go).
+	arrived bool
 }
 
 // apply syncs the bindings to d and starts or stops announcements.
@@ -844,6 +890,7 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	for _, ip := range a.ann.Running() {
 		running[ip] = true
 	}
+	gens := a.arrivals(d.want)
 
 	a.mu.Lock()
 	next := make(map[netip.Addr]*entry, len(byIP))
@@ -862,9 +909,10 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 		if old := a.state[ip]; old != nil && old.iface == iface {
 			*e = *old
 		}
+		e.want = d.want[ip]
 		next[ip] = e
-		if d.want[ip] && (!e.started || isAdded[ip] || (!e.announced && !running[ip])) {
-			restarts = append(restarts, restart{ip, iface})
+		if d.want[ip] && (!e.started || isAdded[ip] || (!e.announced && !running[ip]) || e.gen != gens[ip]) {
+			restarts = append(restarts, restart{ip, iface, e.started && !isAdded[ip] && e.gen != gens[ip]})
 		}
 	}
 	for ip := range a.state {
@@ -879,6 +927,15 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	for _, ip := range gone {
 		a.ann.Stop(ip) // desired but not bound (the bind failed), or released
 	}
+	a.restartBursts(ctx, restarts, isAdded, gens)
+	return syncErr
+}
+
+// restartBursts starts a new announcement burst for each of restarts (in
+// IP order), recording the arrival generation it is for, and asks for a
+// duplicate-IP probe round when there is any.
+func (a *Agent) restartBursts(ctx context.Context, restarts []restart, isAdded map[netip.Addr]bool, gens map[netip.Addr]uint64) {
+	log := ctrllog.FromContext(ctx)
 	slices.SortFunc(restarts, func(x, y restart) int { return x.ip.Compare(y.ip) })
 	for _, r := range restarts {
 		// Stop waits for the previous burst to end, so none of its events
@@ -886,15 +943,20 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 		a.ann.Stop(r.ip)
 		a.mu.Lock()
 		if e := a.state[r.ip]; e != nil {
-			e.started, e.announced = true, false
+			e.started, e.announced, e.gen = true, false, gens[r.ip]
 		}
 		a.mu.Unlock()
-		if isAdded[r.ip] {
+		switch {
+		case isAdded[r.ip]:
 			log.Info("bound egress IP", "ip", r.ip, "interface", r.iface)
-		} else {
+		case r.arrived:
+			log.Info("re-announcing egress IP: its assignment to this Node arrived again", "ip", r.ip, "interface", r.iface)
+		default:
 			log.Info("re-announcing egress IP", "ip", r.ip, "interface", r.iface)
 		}
 		a.ann.Start(r.ip, r.iface)
 	}
-	return syncErr
+	if len(restarts) > 0 && a.checker != nil {
+		a.checker.Kick() // at start and after each bind (or return): probe for duplicates
+	}
 }

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
@@ -158,6 +159,7 @@ func startAgent(t *testing.T, cfg *rest.Config, node string, a *agent.Agent) *ru
 	mgr, err := agent.NewManager(cfg, node, manager.Options{
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultWatchErrorHandler: a.WatchErrorHandler},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -171,7 +171,10 @@ func restMapper(withDatapath bool) meta.RESTMapper {
 // NewManager returns a controller-runtime manager for the agent of node: the
 // egressip scheme (unless opts.Scheme is set), the cache of CacheOptions,
 // RESTMapper (unless opts.MapperProvider is set), so creating it needs no
-// API server, and no leader election (every Node runs its own agent). Other fields of opts
+// API server, and no leader election (every Node runs its own agent).
+// opts.Cache is replaced but for its DefaultWatchErrorHandler (pass
+// Agent.WatchErrorHandler, so that arrivals after a watch error are seen).
+// Other fields of opts
 // (metrics, health probes, logger) are used as given. It fails when the
 // scheme cannot be built or the manager cannot be created from cfg.
 func NewManager(cfg *rest.Config, node string, opts manager.Options) (manager.Manager, error) {
@@ -192,10 +195,12 @@ func newManager(cfg *rest.Config, node string, withDatapath bool, opts manager.O
 		}
 		opts.Scheme = s
 	}
+	weh := opts.Cache.DefaultWatchErrorHandler // the one field of opts.Cache kept (Agent.WatchErrorHandler)
 	opts.Cache = CacheOptions(node)
 	if withDatapath {
 		opts.Cache = DatapathCacheOptions(node)
 	}
+	opts.Cache.DefaultWatchErrorHandler = weh
 	opts.LeaderElection = false
 	if opts.MapperProvider == nil {
 		opts.MapperProvider = func(*rest.Config, *http.Client) (meta.RESTMapper, error) { return restMapper(withDatapath), nil }
@@ -237,9 +242,12 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 		q.Add(key)
 		return nil
 	})
+	if err := mgr.Add(manager.RunnableFunc(a.runConflictChecks)); err != nil {
+		return fmt.Errorf("add the duplicate-IP checker: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		Watches(&v1alpha1.Egress{}, toNode).
+		Watches(&v1alpha1.Egress{}, a.egressEvents(key)).
 		Watches(&v1alpha1.ExternalIPPool{}, toNode).
 		WatchesRawSource(kick).
 		WatchesRawSource(source.Channel(a.kick, toNode)).
@@ -432,6 +440,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	mgr, err := newMgr(o.REST, o.NodeName, manager.Options{
 		Metrics:                metricsserver.Options{BindAddress: off(o.MetricsBindAddress), ListenConfig: reusePort},
 		HealthProbeBindAddress: "0",
+		Cache:                  cache.Options{DefaultWatchErrorHandler: a.WatchErrorHandler},
 	})
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)

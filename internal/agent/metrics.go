@@ -63,6 +63,21 @@ var (
 		Help: "Kernel features probed at start: 1 present, 0 missing (docs/agent.md lists them and what happens without each). The feature label is one of package kernel's Feature names.",
 	}, []string{"feature"})
 
+	conflictIPs = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "egressip_agent_ip_conflicts",
+		Help: "Egress IPs bound on this Node that another host answered for in the last duplicate-IP probe round (ARP probe / DAD-style Neighbor Solicitation), by IP family.",
+	}, []string{labelFamily})
+
+	conflictsDetected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "egressip_agent_ip_conflicts_detected_total",
+		Help: "Duplicate-IP conflicts that started (a probe round saw another host answer for an egress IP bound here that had no conflict), by IP family.",
+	}, []string{labelFamily})
+
+	conflictProbeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "egressip_agent_conflict_probe_errors_total",
+		Help: "Duplicate-IP probe rounds of one interface that failed (interface gone, socket error); its IPs keep their previous conflict state.",
+	})
+
 	reconcileDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "egressip_agent_reconcile_duration_seconds",
 		Help: "Duration of one agent reconcile (read the cache, sync the bindings, start announcements), in seconds.",
@@ -72,7 +87,8 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, renewErrors, refusedIPs, kernelFeature, reconcileDuration)
+	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, renewErrors, refusedIPs, kernelFeature, reconcileDuration,
+		conflictIPs, conflictsDetected, conflictProbeErrors)
 	for _, c := range []string{refusedStatus, refusedBind} {
 		refusedIPs.WithLabelValues(c)
 	}
@@ -81,5 +97,7 @@ func init() {
 		boundIPs.WithLabelValues(f)
 		announcements.WithLabelValues(f)
 		announceErrors.WithLabelValues(f)
+		conflictIPs.WithLabelValues(f)
+		conflictsDetected.WithLabelValues(f)
 	}
 }

@@ -78,10 +78,18 @@ var (
 		Name: "egressip_controller_invalid_capacity_annotations",
 		Help: "Nodes whose egressip.io/max-egress-ips annotation is invalid (the default capacity applies).",
 	})
+	conflictEgresses = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "egressip_controller_ip_conflicts",
+		Help: "Egresses whose condition Conflict is True after the last pass: the agent of the egress Node sees another host answer for the egress IP.",
+	})
+	conflictEvents = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "egressip_controller_ip_conflict_events_total",
+		Help: "DuplicateIP Warning Events recorded on Egresses (a conflict started, or the other MACs changed).",
+	})
 )
 
 func init() {
-	metrics.Registry.MustRegister(passDuration, movesTotal, unplacedEgresses, statusWrites, invalidCapacity)
+	metrics.Registry.MustRegister(passDuration, movesTotal, unplacedEgresses, statusWrites, invalidCapacity, conflictEgresses, conflictEvents)
 	// Start the common series at zero so dashboards see them before the
 	// first move or write.
 	for _, r := range []string{scheduler.MoveNodeRemoved, scheduler.MoveNodeIneligible, scheduler.MoveNodeNotInPool, scheduler.MoveCapacityReduced} {
@@ -182,6 +190,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	for reason, n := range out.Unplaced {
 		unplacedEgresses.WithLabelValues(reason).Set(float64(n))
 	}
+	conflictEgresses.Set(float64(out.Conflicts))
 
 	type write struct {
 		obj client.Object
@@ -212,6 +221,10 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			}
 			if ch.SelectorEvent != "" {
 				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
+			}
+			if ch.ConflictEvent != "" {
+				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1.ReasonDuplicateIP, "Probe", "%s", ch.ConflictEvent)
+				conflictEvents.Inc()
 			}
 			if ch.MoveReason != "" {
 				movesTotal.WithLabelValues(ch.MoveReason).Inc()

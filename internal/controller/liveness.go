@@ -312,6 +312,14 @@ func sameBound(a, b report.Report) bool {
 			return false
 		}
 	}
+	// A duplicate-IP conflict that starts, ends or names other MACs is
+	// news for the Egress's Conflict condition; so are the Node's MACs,
+	// which name the Node behind another's conflict.
+	if !slices.Equal(a.MACs, b.MACs) || !slices.EqualFunc(a.Conflicts, b.Conflicts, func(x, y report.ConflictIP) bool {
+		return x.IP == y.IP && slices.Equal(x.MACs, y.MACs)
+	}) {
+		return false
+	}
 	// A new or changed refusal is news too: the Egress's Ready condition
 	// says why it is not bound.
 	return slices.EqualFunc(a.Refused, b.Refused, func(x, y report.RefusedIP) bool {

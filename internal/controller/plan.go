@@ -127,6 +127,9 @@ type egressChange struct {
 	// IPChangedNote, when set, is the note of the EgressIPChanged Warning
 	// Event: status.egressIP changes from one address to another.
 	IPChangedNote string
+	// ConflictEvent, when set, is the note of a Warning Event
+	// (v1.ReasonDuplicateIP): another host answers for the Egress's IP.
+	ConflictEvent string
 }
 
 // passOutput is what a pass decides.
@@ -150,6 +153,8 @@ type passOutput struct {
 	Finalize map[string]bool
 	// Cloud is what the pass asks of the cloud; nil without a provider.
 	Cloud *cloudOutput
+	// Conflicts counts the Egresses whose condition Conflict is True.
+	Conflicts int
 }
 
 // PoolFinalizer keeps an ExternalIPPool that Egresses still use from being
@@ -484,6 +489,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 	}
 
 	refused := refusalsOf(in.Nodes, in.Agents)
+	owners := macOwners(in.Nodes, in.Agents)
 
 	// Statuses.
 	attach := map[string][]netip.Addr{}
@@ -645,6 +651,9 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, ReasonNoEgressNode, rc.Message
 		}
 		meta.SetStatusCondition(&st.Conditions, rc)
+		if applyConflict(e, &st, &ch, in.Agents, owners) {
+			out.Conflicts++
+		}
 		if err := selectorError(e); err != nil {
 			msg := "spec.appliedTo selects no Pod: " + err.Error()
 			if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionSelectorValid); prev == nil || prev.Message != msg {

@@ -61,6 +61,10 @@ type fakeAgent struct {
 	// real one does; polls keeps the instructions received.
 	obey  bool
 	polls [][]report.Release
+	// conflicts and macs are served as the report's duplicate-IP
+	// conflicts and the Node's MACs.
+	conflicts []report.ConflictIP
+	macs      []string
 }
 
 // onPoll serves a poll: it keeps its release instructions and, when obey
@@ -92,6 +96,13 @@ func (a *fakeAgent) releases() [][]report.Release {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return append([][]report.Release(nil), a.polls...)
+}
+
+// setConflicts sets the conflicts and Node MACs the agent serves.
+func (a *fakeAgent) setConflicts(cs []report.ConflictIP, macs []string) {
+	a.mu.Lock()
+	a.conflicts, a.macs = cs, macs
+	a.mu.Unlock()
 }
 
 // setRefused makes the agent refuse ip with msg ("" stops refusing).
@@ -139,7 +150,8 @@ func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel}
+	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel,
+		Conflicts: a.conflicts, MACs: a.macs}
 	for ip := range a.bound {
 		if msg, ok := a.refuse[ip]; ok {
 			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})

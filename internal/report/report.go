@@ -79,6 +79,17 @@ type Report struct {
 	// Fence is the agent's self-fencing state (internal/agent/fence);
 	// nil while it has not fenced since it started, or fencing is off.
 	Fence *FenceStatus `json:"fence,omitempty"`
+	// Conflicts lists, sorted by IP, the egress IPs bound on the Node that
+	// something else answered for in the agent's last duplicate-IP probe
+	// (an ARP probe or a DAD-style Neighbor Solicitation, package
+	// internal/agent/conflict); at most one entry per bound IP. An entry
+	// stays until a probe round sees no foreign answer. The controller sets
+	// the Egress condition Conflict from it.
+	Conflicts []ConflictIP `json:"conflicts,omitempty"`
+	// MACs are the hardware addresses of the Node's interfaces that are up
+	// and have an address (canonical, sorted, at most MaxMACs), so that the
+	// controller can name the Node a conflicting MAC belongs to.
+	MACs []string `json:"macs,omitempty"`
 }
 
 // FenceStatus is whether an agent has released its Node's egress IPs on
@@ -98,6 +109,33 @@ type FenceStatus struct {
 	Message string `json:"message,omitempty"`
 	// Since is when the state last changed (the agent's clock).
 	Since time.Time `json:"since"`
+}
+
+// MaxMACs bounds Report.MACs and ConflictIP.MACs, in entries.
+const MaxMACs = 32
+
+// ConflictIP is an egress IP bound on the agent's Node that another host
+// answers for on the wire.
+type ConflictIP struct {
+	// IP is the egress IP in canonical form.
+	IP netip.Addr `json:"ip"`
+	// Interface is the interface it was probed on.
+	Interface string `json:"interface"`
+	// MACs are the other hosts' MACs (canonical, sorted, at most MaxMACs)
+	// seen answering in the last round that saw any.
+	MACs []string `json:"macs"`
+	// Since is when a probe round first saw this conflict.
+	Since time.Time `json:"since"`
+}
+
+// LookupConflict returns the conflict reported for ip and whether there
+// is one.
+func (r *Report) LookupConflict(ip netip.Addr) (ConflictIP, bool) {
+	i, ok := slices.BinarySearchFunc(r.Conflicts, ip, func(c ConflictIP, ip netip.Addr) int { return c.IP.Compare(ip) })
+	if !ok {
+		return ConflictIP{}, false
+	}
+	return r.Conflicts[i], true
 }
 
 // MaxRefusedMessage bounds RefusedIP.Message, in bytes.
@@ -239,9 +277,10 @@ func (r *Report) Lookup(ip netip.Addr) (BoundIP, bool) {
 	return r.Bound[i], true
 }
 
-// Sort orders Bound and Refused by IP, as Lookup and LookupRefused
-// require.
+// Sort orders Bound, Refused and Conflicts by IP, as Lookup,
+// LookupRefused and LookupConflict require.
 func (r *Report) Sort() {
+	slices.SortFunc(r.Conflicts, func(a, b ConflictIP) int { return a.IP.Compare(b.IP) })
 	slices.SortFunc(r.Bound, func(a, b BoundIP) int { return a.IP.Compare(b.IP) })
 	slices.SortFunc(r.Refused, func(a, b RefusedIP) int { return a.IP.Compare(b.IP) })
 }

@@ -88,6 +88,10 @@ type Node struct {
 	// ForcedFallback: the agent runs with --address-ownership=record
 	// (Config.RecordNodes).
 	ForcedFallback bool
+	// Kubeconfig, when set, is the kubeconfig the agent starts with instead
+	// of the cluster's agent kubeconfig (an API server reached through an
+	// APIProxy, see RouteAgentVia).
+	Kubeconfig string
 
 	mu        sync.Mutex
 	agent     *exec.Cmd
@@ -355,8 +359,12 @@ func (c *Cluster) StopController() {
 func (c *Cluster) StartAgent(n *Node) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	kubeconfig := c.agentConfig
+	if n.Kubeconfig != "" {
+		kubeconfig = n.Kubeconfig
+	}
 	cmd := exec.Command("ip", "netns", "exec", n.Name, filepath.Join(c.Config.BinDir, "egressip-agent"),
-		"--kubeconfig", c.agentConfig, "--node-name", n.Name, "--health-probe-bind-address", "0",
+		"--kubeconfig", kubeconfig, "--node-name", n.Name, "--health-probe-bind-address", "0",
 		"--metrics-bind-address", fmt.Sprintf(":%d", AgentMetricsPort))
 	cmd.Args = append(cmd.Args, "--ownership-record="+n.Record)
 	if n.ForcedFallback {
