@@ -62,7 +62,7 @@ const (
 const icmpPktFiltered = 13
 
 // roleWord is the role as written in the ids set's comments.
-var roleWord = map[Role]string{RoleSource: "source", RoleEgress: "egress", RoleFailed: "failed"}
+var roleWord = map[Role]string{RoleSource: "source", RoleEgress: "egress", RoleFailed: "failed", RoleDrain: "drain"}
 
 // fam4/fam6 parameterise the IPv4 and IPv6 twins.
 type famSpec struct {

@@ -79,4 +79,11 @@ type State struct {
 	// ClusterCIDRs are Pod and Service CIDRs and any configured exclusions:
 	// traffic to them never takes an egress path.
 	ClusterCIDRs []netip.Prefix
+	// Pods are the Pods running on this Node (host-network Pods excepted),
+	// one element per IP, sorted by IP. A local member that leaves an
+	// Egress while the same Pod (by UID) still holds its IP keeps the
+	// flows it opened under that Egress on their path until they end (a
+	// drain); without its Pod here, its entries are deleted at once (the
+	// IP may already be another Pod's).
+	Pods []LocalPod
 }
