@@ -67,7 +67,7 @@ func TestComputeState(t *testing.T) {
 		dpPod("pay", "p1", "n1", "192.0.2.11", "10.1.0.5"),
 		dpPod("web", "w1", "n1", "192.0.2.11", "10.1.0.7"),
 		dpPod("ops", "o1", "n1", "192.0.2.11", "10.1.0.9"),
-		dpPod("pay", "elsewhere", "n2", "192.0.2.12", "10.2.0.5"), // not this Node's: ignored even if cached
+		dpPod("pay", "elsewhere", "n2", "192.0.2.12", "10.2.0.5"),  // not this Node's: ignored even if cached
 		dpPod("idle", "done", "n1", "192.0.2.11", "10.1.0.13"),     // finished: not a running Pod
 		dpPod("idle", "hostnet", "n1", "192.0.2.11", "192.0.2.11"), // host network: not a Pod IP
 	}
