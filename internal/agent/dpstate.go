@@ -87,6 +87,16 @@ func computeState(in stateInput) datapath.State {
 			st.NodeIPs = append(st.NodeIPs, ip.Unmap())
 			if n.Name == in.Node {
 				myIPs[ip.Unmap()] = true
+				continue
+			}
+			pr := datapath.Peer{IP: ip.Unmap()}
+			for _, c := range n.Spec.PodCIDRs {
+				if p, err := netip.ParsePrefix(c); err == nil {
+					pr.PodCIDRs = append(pr.PodCIDRs, p.Masked())
+				}
+			}
+			if len(pr.PodCIDRs) > 0 {
+				st.Peers = append(st.Peers, pr)
 			}
 		}
 		if in.CIDRs.ClusterCIDRs == nil {
@@ -105,6 +115,8 @@ func computeState(in stateInput) datapath.State {
 	}
 	slices.SortFunc(st.ClusterCIDRs, comparePrefix)
 	st.ClusterCIDRs = slices.Compact(st.ClusterCIDRs)
+	slices.SortFunc(st.Peers, func(a, b datapath.Peer) int { return a.IP.Compare(b.IP) })
+	st.Peers = slices.CompactFunc(st.Peers, func(a, b datapath.Peer) bool { return a.IP == b.IP })
 	slices.SortFunc(st.NodeIPs, netip.Addr.Compare)
 	st.NodeIPs = slices.Compact(st.NodeIPs)
 
@@ -211,6 +223,7 @@ func comparePrefix(a, b netip.Prefix) int {
 // stateEqual reports whether two normalized States are the same.
 func stateEqual(a, b datapath.State) bool {
 	return slices.Equal(a.NodeIPs, b.NodeIPs) && slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) && slices.Equal(a.Pods, b.Pods) &&
+		slices.EqualFunc(a.Peers, b.Peers, func(x, y datapath.Peer) bool { return x.IP == y.IP && slices.Equal(x.PodCIDRs, y.PodCIDRs) }) &&
 		slices.EqualFunc(a.Egresses, b.Egresses, func(x, y datapath.Egress) bool {
 			return x.Name == y.Name && x.IP == y.IP && x.Role == y.Role && x.FailurePolicy == y.FailurePolicy && x.Assigning == y.Assigning &&
 				slices.Equal(x.Local, y.Local) && slices.Equal(x.Remote, y.Remote)

@@ -98,7 +98,11 @@ func TestComputeState(t *testing.T) {
 		},
 		NodeIPs:      []netip.Addr{a("192.0.2.11"), a("192.0.2.12"), a("192.0.2.13")},
 		ClusterCIDRs: []netip.Prefix{p("10.1.0.0/24"), p("10.2.0.0/24"), p("10.3.0.0/24"), p("10.96.0.0/12"), p("172.16.0.0/12"), p("fd00:3::/64")},
-		Pods:         []datapath.LocalPod{{IP: a("10.1.0.5"), UID: "uid-p1"}, {IP: a("10.1.0.7"), UID: "uid-w1"}, {IP: a("10.1.0.9"), UID: "uid-o1"}},
+		Peers: []datapath.Peer{
+			{IP: a("192.0.2.12"), PodCIDRs: []netip.Prefix{p("10.2.0.0/24")}},
+			{IP: a("192.0.2.13"), PodCIDRs: []netip.Prefix{p("10.3.0.0/24"), p("fd00:3::/64")}},
+		},
+		Pods: []datapath.LocalPod{{IP: a("10.1.0.5"), UID: "uid-p1"}, {IP: a("10.1.0.7"), UID: "uid-w1"}, {IP: a("10.1.0.9"), UID: "uid-o1"}},
 	}
 	got := computeState(in)
 	if diff := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{})); diff != "" {

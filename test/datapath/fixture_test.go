@@ -38,6 +38,8 @@ type fixture struct {
 	uids map[*dp.Pod]string
 	// cfg is the datapath configuration open uses (Uplink is set there).
 	cfg datapath.Config
+	// noPeers leaves State.Peers empty (no Pod CIDRs of other Nodes).
+	noPeers bool
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -90,6 +92,12 @@ func (f *fixture) open(n *dp.Node) {
 // Node with members gets RoleSource (RoleFailed when no Node holds it).
 func (f *fixture) stateFor(n *dp.Node, specs []spec) datapath.State {
 	st := datapath.State{NodeIPs: f.c.NodeIPs(), ClusterCIDRs: f.c.ClusterCIDRs()}
+	for _, m := range f.c.Nodes {
+		if m != n && !f.noPeers {
+			st.Peers = append(st.Peers, datapath.Peer{IP: m.IPv4, PodCIDRs: []netip.Prefix{m.PodV4, m.PodV6}},
+				datapath.Peer{IP: m.IPv6, PodCIDRs: []netip.Prefix{m.PodV4, m.PodV6}})
+		}
+	}
 	for _, p := range n.Pods {
 		uid := f.uids[p]
 		if uid == "" {

@@ -241,7 +241,7 @@ func buildPlan(cfg Config, st State, prev IDs, drains []drain) (Plan, error) {
 	}
 	p.NFT = buildRuleset(cfg, st, plans)
 	p.Members = membersOf(p.NFT.Sets)
-	p.Routes, p.Rules = buildRouting(cfg, plans)
+	p.Routes, p.Rules = buildRouting(cfg, st, plans)
 	if len(left) > 0 {
 		return p, fmt.Errorf("build datapath: %w: %d left without a datapath: %v", ErrTooManyEgresses, len(left), left)
 	}
@@ -249,7 +249,7 @@ func buildPlan(cfg Config, st State, prev IDs, drains []drain) (Plan, error) {
 }
 
 // buildRouting derives the encapsulating routes and policy rules.
-func buildRouting(cfg Config, plans []egressPlan) ([]EncapRoute, []PolicyRule) {
+func buildRouting(cfg Config, st State, plans []egressPlan) ([]EncapRoute, []PolicyRule) {
 	mtu6 := 0
 	if cfg.UplinkMTU != 0 {
 		mtu6 = cfg.UplinkMTU - overheadV6
@@ -283,6 +283,22 @@ func buildRouting(cfg Config, plans []egressPlan) ([]EncapRoute, []PolicyRule) {
 			for _, dr := range e.drains {
 				if k := netip.PrefixFrom(dr.IP, dr.IP.BitLen()); dr.Host.IsValid() && dr.IP.Is6() == e.v6 && !ret[k].IsValid() {
 					ret[k] = dr.Host
+				}
+			}
+		}
+	}
+	// An egress Node also routes replies to every peer's Pod CIDR back
+	// to that peer: members admitted before their slice arrived (a
+	// member's /32 or /128, when known, is more specific).
+	if slices.ContainsFunc(plans, func(e egressPlan) bool { return e.role == RoleEgress }) {
+		for _, pr := range st.Peers {
+			ip := pr.IP.Unmap()
+			for _, c := range pr.PodCIDRs {
+				if !ip.IsValid() || !c.IsValid() || c.Addr().Unmap().Is6() != ip.Is6() || c.Addr().Is4In6() {
+					continue
+				}
+				if c = c.Masked(); !ret[c].IsValid() {
+					ret[c] = ip
 				}
 			}
 		}

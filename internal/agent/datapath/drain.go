@@ -3,6 +3,7 @@ package datapath
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -99,59 +100,20 @@ type drainInput struct {
 // member that rejoins the Egress is no longer draining.
 func planDrains(in drainInput) (keep map[drainKey]drain, ended []drain) {
 	keep = map[drainKey]drain{}
-	egs := make(map[string]*Egress, len(in.st.Egresses))
-	for i := range in.st.Egresses {
-		egs[in.st.Egresses[i].Name] = &in.st.Egresses[i]
-	}
-	uids := make(map[netip.Addr]string, len(in.st.Pods))
-	for _, p := range in.st.Pods {
-		uids[p.IP.Unmap()] = p.UID
-	}
-	member := func(name string, ip netip.Addr) bool {
-		e := egs[name]
-		if e == nil {
-			return false
-		}
-		for _, a := range e.Local {
-			if a.Unmap() == ip {
-				return true
-			}
-		}
-		for _, m := range e.Remote {
-			if m.IP.Unmap() == ip {
-				return true
-			}
-		}
-		return false
-	}
-	servable := func(dr drain) bool {
-		e := egs[dr.Egress]
-		if dr.Host.IsValid() || dr.OnEgress {
-			if !dr.Host.IsValid() && (dr.UID == "" || uids[dr.IP] != dr.UID) {
-				return false
-			}
-			return e != nil && e.Role == RoleEgress && e.IP.Unmap() == dr.EIP
-		}
-		if dr.UID == "" || uids[dr.IP] != dr.UID {
-			return false
-		}
-		if e == nil {
-			return true // no other part here: the drain keeps the route
-		}
-		// Sourced here (or nothing else here) with the same egress IP;
-		// failed, held here, or moved to another IP: the old path is gone.
-		return (e.Role == RoleSource || e.Role == RoleNone) && (e.IP.Unmap() == dr.EIP || (e.Role == RoleNone && !e.IP.IsValid()))
-	}
+	v := newDrainView(in.st)
 	for k, dr := range in.drains {
 		switch {
-		case member(dr.Egress, dr.IP):
+		case v.member(dr.Egress, dr.IP):
 			// A member again: its entries are its Egress's as before.
-		case !servable(dr), in.now.Sub(dr.Since) >= in.timeout,
+		case !v.servable(dr), in.now.Sub(dr.Since) >= in.timeout,
 			in.live != nil && in.live[liveKey{dr.IP, dr.Mark & in.cfg.IDMask}] == 0:
 			ended = append(ended, dr)
 		default:
 			keep[k] = dr
 		}
+	}
+	if in.prevRoutes == nil {
+		return keep, ended
 	}
 	byMark := make(map[uint32]string, len(in.prevIDs))
 	for n, id := range in.prevIDs {
@@ -160,41 +122,89 @@ func planDrains(in drainInput) (keep map[drainKey]drain, ended []drain) {
 	for ip, mark := range in.prevMembers {
 		name := byMark[mark&in.cfg.IDMask]
 		k := drainKey{name, ip}
-		if _, ok := keep[k]; name == "" || ok || member(name, ip) || in.prevRoutes == nil {
+		if _, ok := keep[k]; name == "" || ok || v.member(name, ip) {
 			continue
 		}
-		dr := drain{Egress: name, IP: ip, Mark: mark, Since: in.now}
-		switch {
-		case mark&in.cfg.FromTunnel != 0:
-			if in.prevRoles[name] != RoleEgress {
-				continue
-			}
-			dr.EIP = in.prevEIPs[name]
-			dr.Host = routeOuter(in.prevRoutes, in.cfg.ReturnTable(), netip.PrefixFrom(ip, ip.BitLen()))
-			if !dr.Host.IsValid() {
-				continue
-			}
-		case in.prevUIDs[ip] == "" || uids[ip] != in.prevUIDs[ip]:
-			continue // the Pod went away, or another Pod has its IP
-		case in.prevRoles[name] == RoleEgress:
-			dr.UID, dr.OnEgress, dr.EIP = uids[ip], true, in.prevEIPs[name]
-		case in.prevRoles[name] == RoleSource || in.prevRoles[name] == RoleDrain:
-			dr.UID = uids[ip]
-			var def netip.Prefix
-			if ip.Is6() {
-				def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
-			} else {
-				def = netip.PrefixFrom(netip.IPv4Unspecified(), 0)
-			}
-			dr.EIP = routeOuter(in.prevRoutes, in.cfg.SourceTable(in.prevIDs[name]), def)
-		default:
-			continue
-		}
-		if dr.EIP.IsValid() && servable(dr) {
+		if dr, ok := in.startDrain(v, name, ip, mark); ok {
 			keep[k] = dr
 		}
 	}
 	return keep, ended
+}
+
+// startDrain returns the drain of member ip (whose entries carry mark)
+// that has just left Egress name, and whether it drains at all.
+func (in drainInput) startDrain(v drainView, name string, ip netip.Addr, mark uint32) (drain, bool) {
+	dr := drain{Egress: name, IP: ip, Mark: mark, Since: in.now}
+	switch {
+	case mark&in.cfg.FromTunnel != 0:
+		if in.prevRoles[name] != RoleEgress {
+			return dr, false
+		}
+		dr.EIP = in.prevEIPs[name]
+		dr.Host = routeOuter(in.prevRoutes, in.cfg.ReturnTable(), netip.PrefixFrom(ip, ip.BitLen()))
+		if !dr.Host.IsValid() {
+			return dr, false
+		}
+	case in.prevUIDs[ip] == "" || v.uids[ip] != in.prevUIDs[ip]:
+		return dr, false // the Pod went away, or another Pod has its IP
+	case in.prevRoles[name] == RoleEgress:
+		dr.UID, dr.OnEgress, dr.EIP = v.uids[ip], true, in.prevEIPs[name]
+	case in.prevRoles[name] == RoleSource || in.prevRoles[name] == RoleDrain:
+		dr.UID = v.uids[ip]
+		def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+		if ip.Is6() {
+			def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+		}
+		dr.EIP = routeOuter(in.prevRoutes, in.cfg.SourceTable(in.prevIDs[name]), def)
+	default:
+		return dr, false
+	}
+	return dr, dr.EIP.IsValid() && v.servable(dr)
+}
+
+// drainView is the State as planDrains reads it.
+type drainView struct {
+	egs  map[string]*Egress
+	uids map[netip.Addr]string
+}
+
+func newDrainView(st State) drainView {
+	v := drainView{egs: make(map[string]*Egress, len(st.Egresses)), uids: make(map[netip.Addr]string, len(st.Pods))}
+	for i := range st.Egresses {
+		v.egs[st.Egresses[i].Name] = &st.Egresses[i]
+	}
+	for _, p := range st.Pods {
+		v.uids[p.IP.Unmap()] = p.UID
+	}
+	return v
+}
+
+// member reports whether ip is a member (local or remote) of Egress name.
+func (v drainView) member(name string, ip netip.Addr) bool {
+	e := v.egs[name]
+	if e == nil {
+		return false
+	}
+	return slices.ContainsFunc(e.Local, func(a netip.Addr) bool { return a.Unmap() == ip }) ||
+		slices.ContainsFunc(e.Remote, func(m Member) bool { return m.IP.Unmap() == ip })
+}
+
+// servable reports whether the old path of dr still exists.
+func (v drainView) servable(dr drain) bool {
+	e := v.egs[dr.Egress]
+	if !dr.Host.IsValid() && (dr.UID == "" || v.uids[dr.IP] != dr.UID) {
+		return false // the Pod is gone, or its IP is another Pod's
+	}
+	if dr.Host.IsValid() || dr.OnEgress {
+		return e != nil && e.Role == RoleEgress && e.IP.Unmap() == dr.EIP
+	}
+	if e == nil {
+		return true // no other part here: the drain keeps the route
+	}
+	// Sourced here (or nothing else here) with the same egress IP;
+	// failed, held here, or moved to another IP: the old path is gone.
+	return (e.Role == RoleSource || e.Role == RoleNone) && (e.IP.Unmap() == dr.EIP || (e.Role == RoleNone && !e.IP.IsValid()))
 }
 
 // routeOuter is the outer destination of the route to dst in table t of
@@ -266,7 +276,7 @@ func (d *Datapath) Draining() int {
 // entries first when drains are in progress.
 func (d *Datapath) planDrains(st State) (map[drainKey]drain, []drain, error) {
 	if d.cfg.DrainTimeout < 0 {
-		var ended []drain
+		ended := make([]drain, 0, len(d.drains))
 		for _, dr := range d.drains {
 			ended = append(ended, dr)
 		}

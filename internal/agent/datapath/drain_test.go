@@ -144,3 +144,71 @@ func TestPlanDrains(t *testing.T) {
 		t.Error("sameRole: only source <-> drain keeps entries")
 	}
 }
+
+// TestBuildPeerPods: an egress Node gets, per family and Pod CIDR length,
+// a set of (peer IP . Pod network) pairs and a return route to each
+// peer's Pod CIDR; a Node that holds no egress IP gets neither.
+func TestBuildPeerPods(t *testing.T) {
+	cfg := Config{UplinkMTU: 1500}
+	st := State{
+		Egresses: []Egress{{Name: "e1", IP: ap("192.0.2.100"), Role: RoleEgress}},
+		Peers: []Peer{
+			{IP: ap("192.0.2.11"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:1::/64")}},
+			{IP: ap("2001:db8::11"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("fd00:1::/64")}},
+			{IP: ap("192.0.2.12"), PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.2.0/26")}},
+		},
+	}
+	p, err := Build(cfg, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets := map[string]SetContent{}
+	for _, s := range p.NFT.Sets {
+		sets[s.Set.Name] = s
+	}
+	for name, want := range map[string][]byte{
+		"peerpods4-24": {192, 0, 2, 11, 10, 244, 1, 0},
+		"peerpods4-26": {192, 0, 2, 12, 10, 244, 2, 0},
+	} {
+		if s, ok := sets[name]; !ok || len(s.Elements) != 1 || !reflect.DeepEqual(s.Elements[0].Key, want) {
+			t.Errorf("set %s: %+v, want one element %v", name, s.Elements, want)
+		}
+	}
+	if s, ok := sets["peerpods6-64"]; !ok || len(s.Elements) != 1 {
+		t.Errorf("set peerpods6-64: %+v, want one element", s.Elements)
+	}
+	if s := sets["eipid4"]; len(s.Elements) != 1 || !reflect.DeepEqual(s.Elements[0].Val, native(cfg.withDefaultsMust().Mark(1))) {
+		t.Errorf("eipid4: %+v, want 192.0.2.100 -> e1's mark", s.Elements)
+	}
+	for dst, outer := range map[string]string{"10.244.1.0/24": "192.0.2.11", "10.244.2.0/26": "192.0.2.12", "fd00:1::/64": "2001:db8::11"} {
+		if got := routeOuter(p.Routes, 49999, netip.MustParsePrefix(dst)); got != ap(outer) {
+			t.Errorf("return route to %s via %v, want %s (routes %v)", dst, got, outer, p.Routes)
+		}
+	}
+	// A source Node: no peer sets, no peer routes.
+	st.Egresses[0].Role, st.Egresses[0].Local = RoleSource, []netip.Addr{ap("10.244.0.5")}
+	p, err = Build(cfg, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range p.NFT.Sets {
+		if len(s.Set.Name) > len(setPeerPods) && s.Set.Name[:len(setPeerPods)] == setPeerPods {
+			t.Errorf("source Node has set %s", s.Set.Name)
+		}
+	}
+	for _, r := range p.Routes {
+		if r.Table == 49999 {
+			t.Errorf("source Node has return route %+v", r)
+		}
+	}
+}
+
+// withDefaultsMust is withDefaults for configurations known to be valid
+// (tests); it panics otherwise.
+func (c Config) withDefaultsMust() Config {
+	c, err := c.withDefaults()
+	if err != nil {
+		panic(err)
+	}
+	return c
+}

@@ -86,4 +86,21 @@ type State struct {
 	// drain); without its Pod here, its entries are deleted at once (the
 	// IP may already be another Pod's).
 	Pods []LocalPod
+	// Peers are the other Nodes, one element per internal IP, with their
+	// Pod CIDRs (spec.podCIDRs). An egress Node admits a tunnelled flow
+	// of a member it does not know yet (its EgressMemberSlice is not
+	// there yet) when the outer source is a peer's IP, the inner source
+	// lies in that peer's Pod CIDR, and the outer destination is an
+	// egress IP held here; it routes replies to a peer's Pod CIDR back
+	// through the tunnel to that peer.
+	Peers []Peer
+}
+
+// Peer is another Node by one of its internal IPs.
+type Peer struct {
+	// IP is one of the Node's internal IPs (status.addresses).
+	IP netip.Addr
+	// PodCIDRs are the Node's Pod CIDRs (spec.podCIDRs); those of IP's
+	// family are used.
+	PodCIDRs []netip.Prefix
 }
