@@ -269,8 +269,10 @@ func (d *Datapath) IDs() IDs {
 // Apply programs st: the tunnel device, the nftables table (replaced in one
 // transaction when its content changed), the encapsulating routes, the
 // policy rules, and conntrack cleanup for every Egress whose role here
-// changed and every egress IP released here. Applying the same State
-// again changes nothing. When IDs run out it programs the Egresses that
+// changed and every egress IP released here. A member that leaves an
+// Egress while its Pod still runs keeps its open flows on the old path
+// until they end (see planDrains; call Apply again while Draining is not
+// 0). Applying the same State again changes nothing else. When IDs run out it programs the Egresses that
 // have one and returns an error wrapping ErrTooManyEgresses.
 //
 // When the kernel refuses the table, Apply finds the Egresses whose part
@@ -807,7 +809,9 @@ func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 // failurePolicy Fail with no Node, or whose Egress just became so (only
 // their unmarked flows to destinations outside the cluster: the next
 // packet of such a flow is classified afresh and rejected, instead of
-// leaving with the Node IP). It returns how many were deleted.
+// leaving with the Node IP). Members that left an Egress but drain
+// (drains) keep their entries; the entries of drains that ended are
+// deleted. It returns how many were deleted.
 func (d *Datapath) cleanConntrack(plan Plan, st State, drains map[drainKey]drain, ended []drain) (uint, error) {
 	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}, left: map[liveKey]bool{}, joinedFailed: map[netip.Addr]bool{}}
 	draining := map[liveKey]bool{}
