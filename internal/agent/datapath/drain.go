@@ -125,6 +125,9 @@ func planDrains(in drainInput) (keep map[drainKey]drain, ended []drain) {
 		if _, ok := keep[k]; name == "" || ok || v.member(name, ip) {
 			continue
 		}
+		if in.live != nil && in.live[liveKey{ip, mark & in.cfg.IDMask}] == 0 {
+			continue // no open flow: nothing to drain
+		}
 		if dr, ok := in.startDrain(v, name, ip, mark); ok {
 			keep[k] = dr
 		}
@@ -229,13 +232,10 @@ func sameRole(a, b Role) bool {
 	return src(a) && src(b)
 }
 
-// liveEntries counts the conntrack entries of the drains' member IPs by ID
-// mark, leaving out TCP entries that have ended (TIME_WAIT, CLOSE).
-func (d *Datapath) liveEntries() (map[liveKey]int, error) {
-	ips := map[netip.Addr]bool{}
-	for _, dr := range d.drains {
-		ips[dr.IP] = true
-	}
+// liveEntries counts the conntrack entries whose original source is one
+// of ips by ID mark, leaving out TCP entries that have ended (TIME_WAIT,
+// CLOSE).
+func (d *Datapath) liveEntries(ips map[netip.Addr]bool) (map[liveKey]int, error) {
 	live := map[liveKey]int{}
 	for _, fam := range []netlink.InetFamily{unix.AF_INET, unix.AF_INET6} {
 		flows, err := d.nl.ConntrackTableList(netlink.ConntrackTable, fam)
@@ -292,13 +292,25 @@ func (d *Datapath) planDrains(st State) (map[drainKey]drain, []drain, error) {
 			in.prevRoutes = []EncapRoute{}
 		}
 	}
-	if len(d.drains) > 0 {
-		live, err := d.liveEntries()
-		if err != nil {
-			return nil, nil, err
-		}
-		in.live = live
-	}
+	// A first pass finds the candidates; when there are any, the second
+	// counts their live entries (a member without open flows under the
+	// Egress it left has nothing to drain).
 	keep, ended := planDrains(in)
+	ips := map[netip.Addr]bool{}
+	for _, dr := range keep {
+		ips[dr.IP] = true
+	}
+	for _, dr := range d.drains {
+		ips[dr.IP] = true
+	}
+	if len(ips) == 0 {
+		return keep, ended, nil
+	}
+	live, err := d.liveEntries(ips)
+	if err != nil {
+		return nil, nil, err
+	}
+	in.live = live
+	keep, ended = planDrains(in)
 	return keep, ended, nil
 }

@@ -52,6 +52,17 @@ func TestPlanDrains(t *testing.T) {
 		t.Fatalf("app's new flows: mark %#x, want e2's %#x", p.Members[app], cfg.Mark(2))
 	}
 
+	// Without an open flow under e1 there is nothing to drain.
+	in.live = map[liveKey]int{{app, cfg.Mark(2)}: 1}
+	if keep, _ := planDrains(in); len(keep) != 0 {
+		t.Errorf("no live entry under e1: drains %v, want none", keep)
+	}
+	in.live = map[liveKey]int{{app, cfg.Mark(1)}: 1}
+	if keep, _ := planDrains(in); len(keep) != 1 {
+		t.Errorf("a live entry under e1: drains %v, want one", keep)
+	}
+	in.live = nil
+
 	// Another Pod has app's IP now, or app went away: no drain.
 	in.st.Pods = []LocalPod{{IP: app, UID: "u-new"}}
 	if keep, _ := planDrains(in); len(keep) != 0 {
