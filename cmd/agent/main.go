@@ -101,6 +101,7 @@ func run(args []string, stderr io.Writer) int {
 		clusterCIDRs, svcCIDRs, excls cidrList
 		dpUplink                      string
 		rejectQueue                   int
+		drainTimeout                  time.Duration
 		hostStackCheck                bool
 		cniSocket, cniConfDir         string
 		cniKeep                       bool
@@ -129,6 +130,10 @@ func run(args []string, stderr io.Writer) int {
 			"so that TCP connects fail at once with EHOSTUNREACH (IPv6 otherwise waits for the retransmitted SYN, about 1 s). "+
 			"-1 turns it off. "+
 			"Change it if other software on the Node uses that queue.")
+	fs.DurationVar(&drainTimeout, "datapath-drain-timeout", datapath.DefaultDrainTimeout,
+		"How long at most the open flows of a Pod that leaves an Egress (its labels or the Egress's selectors changed) "+
+			"keep the path of that Egress when they do not end by themselves; then their conntrack entries are deleted. "+
+			"A negative value turns draining off: such flows are cut when the Pod leaves.")
 	fs.StringVar(&cniSocket, "cni-socket", "",
 		"With --datapath, serve the egressip-cni plugin on this unix socket (the DaemonSet uses "+cniapi.DefaultSocket+
 			"): a new Pod is classified before its sandbox's network setup returns, so its first packet already "+
@@ -262,6 +267,10 @@ func run(args []string, stderr io.Writer) int {
 			return 2
 		}
 		dc.RejectQueue = rejectQueue
+		dc.DrainTimeout = drainTimeout
+		if drainTimeout == 0 {
+			dc.DrainTimeout = -1
+		}
 		eng, err := agent.NewEngine(o.NetNSPath, dc)
 		if err != nil {
 			log.Error(err, "cannot start the datapath")

@@ -229,6 +229,26 @@ type DatapathReconciler struct {
 	lastRefused []report.RefusedEgress
 }
 
+// drainRecheck is the period of re-applying an unchanged State while the
+// engine drains flows of members that left an Egress.
+const drainRecheck = 5 * time.Second
+
+// drainer is implemented by engines that keep flows on an Egress's path
+// after their member left it (package datapath's Draining).
+type drainer interface{ Draining() int }
+
+// draining reports whether the engine has drains in progress.
+func (r *DatapathReconciler) draining() bool {
+	d, ok := r.DP.(drainer)
+	return ok && d.Draining() > 0
+}
+
+func (r *DatapathReconciler) lastApplyTime() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastApply
+}
+
 func (r *DatapathReconciler) lastNames() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -294,12 +314,18 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 	in.Egresses, in.Pools, in.Namespaces, in.Pods, in.Slices, in.Nodes = egs.Items, pools.Items, nss.Items, pods.Items, sls.Items, nodes.Items
 	st := computeState(in)
 
+	// While flows drain (a member left its Egress with open flows), the
+	// State is applied again every drainRecheck so that the drains that
+	// are over end and release their routes.
+	if r.draining() {
+		resync = min(resync, drainRecheck)
+	}
 	r.mu.Lock()
 	same := r.last != nil && stateEqual(*r.last, st) && time.Since(r.lastApply) < resync
 	r.mu.Unlock()
 	if same {
 		r.resolveAnnounced(st, covered, redundant)
-		return reconcile.Result{RequeueAfter: resync}, nil
+		return reconcile.Result{RequeueAfter: resync - time.Since(r.lastApplyTime())}, nil
 	}
 	start := time.Now()
 	err := r.DP.Apply(ctx, st)
@@ -318,6 +344,9 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 		datapathApplies.WithLabelValues("ok").Inc()
 	}
 	r.resolveAnnounced(st, covered, redundant)
+	if r.draining() {
+		resync = min(resync, drainRecheck)
+	}
 	r.mu.Lock()
 	changed := r.last == nil || !stateEqual(*r.last, st)
 	r.last, r.lastApply = &st, time.Now()

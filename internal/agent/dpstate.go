@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"strings"
@@ -71,6 +72,7 @@ func computeState(in stateInput) datapath.State {
 	})
 
 	var st datapath.State
+	st.Pods = podsOf(local)
 	myIPs := map[netip.Addr]bool{}
 	for i := range in.Nodes {
 		n := &in.Nodes[i]
@@ -85,6 +87,16 @@ func computeState(in stateInput) datapath.State {
 			st.NodeIPs = append(st.NodeIPs, ip.Unmap())
 			if n.Name == in.Node {
 				myIPs[ip.Unmap()] = true
+				continue
+			}
+			pr := datapath.Peer{IP: ip.Unmap()}
+			for _, c := range n.Spec.PodCIDRs {
+				if p, err := netip.ParsePrefix(c); err == nil {
+					pr.PodCIDRs = append(pr.PodCIDRs, p.Masked())
+				}
+			}
+			if len(pr.PodCIDRs) > 0 {
+				st.Peers = append(st.Peers, pr)
 			}
 		}
 		if in.CIDRs.ClusterCIDRs == nil {
@@ -103,6 +115,8 @@ func computeState(in stateInput) datapath.State {
 	}
 	slices.SortFunc(st.ClusterCIDRs, comparePrefix)
 	st.ClusterCIDRs = slices.Compact(st.ClusterCIDRs)
+	slices.SortFunc(st.Peers, func(a, b datapath.Peer) int { return a.IP.Compare(b.IP) })
+	st.Peers = slices.CompactFunc(st.Peers, func(a, b datapath.Peer) bool { return a.IP == b.IP })
 	slices.SortFunc(st.NodeIPs, netip.Addr.Compare)
 	st.NodeIPs = slices.Compact(st.NodeIPs)
 
@@ -167,6 +181,29 @@ func computeState(in stateInput) datapath.State {
 	return st
 }
 
+// podsOf lists the IPs of the running Pods among pods (host-network and
+// finished Pods excepted) with their UIDs, sorted by IP: how the datapath
+// tells a member that moved to another Egress (same Pod, its flows drain)
+// from an IP that went to another Pod.
+func podsOf(pods []corev1.Pod) []datapath.LocalPod {
+	var out []datapath.LocalPod
+	for i := range pods {
+		p := &pods[i]
+		if p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		for _, pip := range p.Status.PodIPs {
+			if ip, err := netip.ParseAddr(pip.IP); err == nil {
+				out = append(out, datapath.LocalPod{IP: ip.Unmap(), UID: string(p.UID)})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b datapath.LocalPod) int {
+		return cmp.Or(a.IP.Compare(b.IP), strings.Compare(a.UID, b.UID))
+	})
+	return slices.Compact(out)
+}
+
 // unmapBits is 96 for an IPv4-mapped IPv6 prefix (so ::ffff:10.0.0.0/104
 // becomes 10.0.0.0/8), else 0.
 func unmapBits(p netip.Prefix) int {
@@ -185,7 +222,8 @@ func comparePrefix(a, b netip.Prefix) int {
 
 // stateEqual reports whether two normalized States are the same.
 func stateEqual(a, b datapath.State) bool {
-	return slices.Equal(a.NodeIPs, b.NodeIPs) && slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) &&
+	return slices.Equal(a.NodeIPs, b.NodeIPs) && slices.Equal(a.ClusterCIDRs, b.ClusterCIDRs) && slices.Equal(a.Pods, b.Pods) &&
+		slices.EqualFunc(a.Peers, b.Peers, func(x, y datapath.Peer) bool { return x.IP == y.IP && slices.Equal(x.PodCIDRs, y.PodCIDRs) }) &&
 		slices.EqualFunc(a.Egresses, b.Egresses, func(x, y datapath.Egress) bool {
 			return x.Name == y.Name && x.IP == y.IP && x.Role == y.Role && x.FailurePolicy == y.FailurePolicy && x.Assigning == y.Assigning &&
 				slices.Equal(x.Local, y.Local) && slices.Equal(x.Remote, y.Remote)

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/datapath"
@@ -26,7 +27,7 @@ func dpEgress(name string, age int, ip, node string, policy v1alpha1.FailurePoli
 }
 
 func dpPod(ns, name, node, hostIP string, ips ...string) corev1.Pod {
-	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: corev1.PodSpec{NodeName: node}}
+	p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID("uid-" + name)}, Spec: corev1.PodSpec{NodeName: node}}
 	p.Status.Phase = corev1.PodRunning
 	p.Status.HostIPs = []corev1.HostIP{{IP: hostIP}}
 	for _, ip := range ips {
@@ -66,8 +67,12 @@ func TestComputeState(t *testing.T) {
 		dpPod("pay", "p1", "n1", "192.0.2.11", "10.1.0.5"),
 		dpPod("web", "w1", "n1", "192.0.2.11", "10.1.0.7"),
 		dpPod("ops", "o1", "n1", "192.0.2.11", "10.1.0.9"),
-		dpPod("pay", "elsewhere", "n2", "192.0.2.12", "10.2.0.5"), // not this Node's: ignored even if cached
+		dpPod("pay", "elsewhere", "n2", "192.0.2.12", "10.2.0.5"),  // not this Node's: ignored even if cached
+		dpPod("idle", "done", "n1", "192.0.2.11", "10.1.0.13"),     // finished: not a running Pod
+		dpPod("idle", "hostnet", "n1", "192.0.2.11", "192.0.2.11"), // host network: not a Pod IP
 	}
+	pods[4].Status.Phase = corev1.PodSucceeded
+	pods[5].Spec.HostNetwork = true
 	slices := []v1alpha1.EgressMemberSlice{
 		{Egress: "held", Members: []v1alpha1.EgressMember{
 			{PodIP: "10.2.0.5", HostIP: "192.0.2.12"},
@@ -93,6 +98,11 @@ func TestComputeState(t *testing.T) {
 		},
 		NodeIPs:      []netip.Addr{a("192.0.2.11"), a("192.0.2.12"), a("192.0.2.13")},
 		ClusterCIDRs: []netip.Prefix{p("10.1.0.0/24"), p("10.2.0.0/24"), p("10.3.0.0/24"), p("10.96.0.0/12"), p("172.16.0.0/12"), p("fd00:3::/64")},
+		Peers: []datapath.Peer{
+			{IP: a("192.0.2.12"), PodCIDRs: []netip.Prefix{p("10.2.0.0/24")}},
+			{IP: a("192.0.2.13"), PodCIDRs: []netip.Prefix{p("10.3.0.0/24"), p("fd00:3::/64")}},
+		},
+		Pods: []datapath.LocalPod{{IP: a("10.1.0.5"), UID: "uid-p1"}, {IP: a("10.1.0.7"), UID: "uid-w1"}, {IP: a("10.1.0.9"), UID: "uid-o1"}},
 	}
 	got := computeState(in)
 	if diff := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{})); diff != "" {
@@ -100,6 +110,15 @@ func TestComputeState(t *testing.T) {
 	}
 	if !stateEqual(got, computeState(in)) {
 		t.Error("stateEqual: the same input gives unequal States")
+	}
+
+	// Another Pod with the same IP (a new UID) is another State: the
+	// datapath must not drain the old Pod's flows for it.
+	reused := in
+	reused.Pods = append([]corev1.Pod(nil), in.Pods...)
+	reused.Pods[0].UID = "uid-p1-again"
+	if stateEqual(got, computeState(reused)) {
+		t.Error("stateEqual: an IP given to another Pod went unnoticed")
 	}
 
 	// Flags given: the Nodes' podCIDRs are not used.

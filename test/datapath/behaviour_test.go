@@ -206,9 +206,11 @@ func TestFailurePolicy(t *testing.T) {
 }
 
 // TestGuards: tunnel packets from a non-Node and packets with an unknown
-// inner source are dropped (a well-formed one from a Node with a member's
-// source passes, proving the crafted packets are valid); an egress IP
-// answers no new inbound connection, not even with a RST.
+// inner source (neither a member nor in the sending Node's Pod CIDR) are
+// dropped (a well-formed one from a Node with a member's source passes,
+// proving the crafted packets are valid, and so does one from the sending
+// Node's Pod CIDR, SNATed to the egress IP); an egress IP answers no new
+// inbound connection, not even with a RST.
 func TestGuards(t *testing.T) {
 	for _, fm := range families {
 		t.Run(fm.name, func(t *testing.T) {
@@ -232,13 +234,19 @@ func TestGuards(t *testing.T) {
 					}
 				}
 			}
-			unknown := netip.MustParseAddr("203.0.113.60")
+			// Not a member, and not in n3's Pod CIDR (n1's other Pod).
+			unknown := n1.Pods[1].IP(fm.v6)
+			// Not a member (yet), but in n3's Pod CIDR: admitted as a
+			// member whose slice has not arrived (docs/datapath.md, "Pod
+			// start").
+			peerPod := netip.MustParseAddr("203.0.113.60")
 			if fm.v6 {
-				unknown = netip.MustParseAddr("2001:db8:1:3::60")
+				peerPod = netip.MustParseAddr("2001:db8:1:3::60")
 			}
 			send(f.c.Rtr, member.IP(fm.v6), "spoofed")   // outer source not a Node
-			send(&n3.NS, unknown, "unknown")             // inner source not a member
+			send(&n3.NS, unknown, "unknown")             // inner source neither a member nor the sender's Pod
 			send(&n3.NS, member.IP(fm.v6), "wellformed") // control
+			send(&n3.NS, peerPod, "peerpod")             // the sender's Pod, not in the slice yet
 			time.Sleep(500 * time.Millisecond)
 			if _, n := f.c.Server.MaxGap("wellformed"); n == 0 {
 				t.Fatalf("the well-formed tunnel packet did not reach the server: the negatives prove nothing")
@@ -248,12 +256,18 @@ func TestGuards(t *testing.T) {
 					t.Errorf("%s tunnel packet reached the server (%d)", s, n)
 				}
 			}
+			if _, n := f.c.Server.MaxGap("peerpod"); n == 0 {
+				t.Errorf("a tunnel packet from the sending Node's Pod CIDR to its egress IP was dropped (the slice gap)")
+			}
+			if got := f.c.Server.Sources()[peerPod]; got != 0 {
+				t.Errorf("the peer Pod's packets left unSNATed (%d)", got)
+			}
 			cs, err := f.dps[n2].Counters(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cs["@spoofed-tunnel"] == 0 || cs["@unknown-source"] == 0 {
-				t.Errorf("drop counters on the egress Node: %v", cs)
+			if cs["@spoofed-tunnel"] == 0 || cs["@unknown-source"] == 0 || cs["@peer-pod-source"] == 0 {
+				t.Errorf("drop and admission counters on the egress Node: %v", cs)
 			}
 
 			// No RST from the egress IP; the Node IP (control) does answer.

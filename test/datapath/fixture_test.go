@@ -32,12 +32,27 @@ type fixture struct {
 	bound map[netip.Addr]*dp.Node
 	// stopQueue stops a Node's reject-queue reader (as an agent exit would).
 	stopQueue map[*dp.Node]func()
+	// uids are the Pod UIDs stateFor reports (State.Pods) where a test
+	// changed them (another Pod given the same IP); the default is the
+	// Pod's namespace name.
+	uids map[*dp.Pod]string
+	// cfg is the datapath configuration open uses (Uplink is set there).
+	cfg datapath.Config
+	// noPeers leaves State.Peers empty (no Pod CIDRs of other Nodes).
+	noPeers bool
 }
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
+	return newFixtureWith(t, datapath.Config{})
+}
+
+// newFixtureWith is newFixture with a datapath configuration for every
+// Node (Uplink is filled in).
+func newFixtureWith(t *testing.T, cfg datapath.Config) *fixture {
+	t.Helper()
 	c := dp.New(t, dp.Options{})
-	f := &fixture{t: t, c: c, dps: map[*dp.Node]*datapath.Datapath{}, bound: map[netip.Addr]*dp.Node{}, stopQueue: map[*dp.Node]func(){}}
+	f := &fixture{cfg: cfg, t: t, c: c, dps: map[*dp.Node]*datapath.Datapath{}, bound: map[netip.Addr]*dp.Node{}, stopQueue: map[*dp.Node]func(){}, uids: map[*dp.Pod]string{}}
 	for _, n := range c.Nodes {
 		f.open(n)
 	}
@@ -51,7 +66,9 @@ func (f *fixture) open(n *dp.Node) {
 		f.stopQueue[n]()
 		_ = old.Close()
 	}
-	d, err := datapath.New(datapath.Config{Uplink: n.Uplink}, n.Handle)
+	cfg := f.cfg
+	cfg.Uplink = n.Uplink
+	d, err := datapath.New(cfg, n.Handle)
 	if err != nil {
 		f.t.Fatalf("datapath.New on %s: %v", n.Name, err)
 	}
@@ -75,6 +92,19 @@ func (f *fixture) open(n *dp.Node) {
 // Node with members gets RoleSource (RoleFailed when no Node holds it).
 func (f *fixture) stateFor(n *dp.Node, specs []spec) datapath.State {
 	st := datapath.State{NodeIPs: f.c.NodeIPs(), ClusterCIDRs: f.c.ClusterCIDRs()}
+	for _, m := range f.c.Nodes {
+		if m != n && !f.noPeers {
+			st.Peers = append(st.Peers, datapath.Peer{IP: m.IPv4, PodCIDRs: []netip.Prefix{m.PodV4, m.PodV6}},
+				datapath.Peer{IP: m.IPv6, PodCIDRs: []netip.Prefix{m.PodV4, m.PodV6}})
+		}
+	}
+	for _, p := range n.Pods {
+		uid := f.uids[p]
+		if uid == "" {
+			uid = p.Name
+		}
+		st.Pods = append(st.Pods, datapath.LocalPod{IP: p.IPv4, UID: uid}, datapath.LocalPod{IP: p.IPv6, UID: uid})
+	}
 	for _, s := range specs {
 		v6 := s.v6 || (s.ip.IsValid() && s.ip.Is6())
 		e := datapath.Egress{Name: s.name, IP: s.ip, FailurePolicy: s.policy}

@@ -1,6 +1,7 @@
 package dpharness_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,8 +32,14 @@ import (
 var withoutPlugin = flag.Bool("podstart.without-plugin", false,
 	"TestPodStartFirstPacket: do not chain egressip-cni (the behaviour before it, to show the fault)")
 
-// podStarts is the number of Pod starts per family.
-const podStarts = 50
+// withoutPeers runs the Pod starts with the egress Node knowing no peer
+// Pod CIDRs (State.Peers empty): it admits a remote member only once its
+// slice arrives, the behaviour before the peer-Pod-CIDR admission.
+var withoutPeers = flag.Bool("podstart.without-peers", false,
+	"TestPodStartFirstPacket*: give the Nodes no peer Pod CIDRs (the behaviour before, to show the remote-member gap)")
+
+// podStartCount is the number of Pod starts per family.
+const podStartCount = 50
 
 // buildPlugin builds cmd/cni into dir as egressip-cni.
 func buildPlugin(t *testing.T, dir string) {
@@ -163,9 +171,13 @@ type startResult struct {
 	udpSrc, tcpSrc netip.Addr
 	udpErr, tcpErr error
 	// udpFirst and tcpFirst are the times from the Pod's creation to the
-	// first datagram's arrival at the server and to the TCP reply.
+	// first datagram's arrival at the server and to the TCP reply;
+	// udpLost is the datagrams sent before the first that arrived.
 	udpFirst, tcpFirst time.Duration
 	udpLost            int
+	// tcpRetrans is the connection's retransmitted segments (TCP_INFO
+	// tcpi_total_retrans) once answered: 1 when the first SYN was lost.
+	tcpRetrans uint32
 }
 
 // appTraffic is the Pod's process: at once a TCP connection and a UDP
@@ -178,8 +190,8 @@ func appTraffic(ctx context.Context, srv *dp.Server, p *dp.Pod, ext netip.Addr, 
 	var once sync.Once
 	defer once.Do(func() { sent(0) })
 	wg.Go(func() {
-		got, err := dp.TCPWho(ctx, &p.NS, ext)
-		r.tcpSrc, r.tcpErr, r.tcpFirst = got, err, time.Since(t0)
+		got, retrans, err := tcpWhoRetrans(ctx, &p.NS, ext)
+		r.tcpSrc, r.tcpErr, r.tcpFirst, r.tcpRetrans = got, err, time.Since(t0), retrans
 	})
 	wg.Go(func() {
 		c, err := dp.Dial(ctx, &p.NS, "udp", ext, dp.ServerPort)
@@ -199,7 +211,14 @@ func appTraffic(ctx context.Context, srv *dp.Server, p *dp.Pod, ext netip.Addr, 
 			n, err := c.Read(buf)
 			if err == nil {
 				r.udpSrc, _ = netip.ParseAddr(string(buf[:n]))
-				r.udpLost = seq
+				// Lost: the datagrams sent before the first one that
+				// reached the server (several may be queued at once
+				// while the Pod's first ARP is answered, proxy_delay).
+				if seqs := srv.ProbeSeqs(stream); len(seqs) > 0 {
+					r.udpLost = slices.Min(seqs)
+				} else {
+					r.udpLost = seq
+				}
 				if ts := srv.Probes(stream); len(ts) > 0 {
 					r.udpFirst = ts[0].Sub(t0)
 				}
@@ -214,6 +233,63 @@ func appTraffic(ctx context.Context, srv *dp.Server, p *dp.Pod, ext netip.Addr, 
 	})
 	wg.Wait()
 	return r
+}
+
+// tcpWhoRetrans is dp.TCPWho that also returns the connection's
+// retransmission count once the reply has arrived.
+func tcpWhoRetrans(ctx context.Context, ns *dp.NS, dst netip.Addr) (netip.Addr, uint32, error) {
+	c, err := dp.Dial(ctx, ns, "tcp", dst, dp.ServerPort)
+	if err != nil {
+		return netip.Addr{}, 0, err
+	}
+	defer func() { _ = c.Close() }()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	if _, err := fmt.Fprintf(c, "WHO\n"); err != nil {
+		return netip.Addr{}, 0, err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return netip.Addr{}, 0, fmt.Errorf("read WHO reply: %w", err)
+	}
+	var info *unix.TCPInfo
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err == nil {
+		cerr := raw.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+		err = errors.Join(err, cerr)
+	}
+	if err != nil {
+		return netip.Addr{}, 0, fmt.Errorf("TCP_INFO: %w", err)
+	}
+	ip, err := netip.ParseAddr(strings.TrimSpace(line))
+	return ip, info.Total_retrans, err
+}
+
+// TestPodStartFirstPacketRemote (issue 23, the remote-member gap): the
+// starts of TestPodStartFirstPacket, 20 per family, where the Pod runs on
+// Node src and e1's egress Node gw learns it from the member slice only
+// after the Pod's first packet has left src. gw admits the tunnelled flow
+// anyway (the outer source is src, the inner source in src's Pod CIDR,
+// the outer destination e1's IP held by gw), so the first datagram is
+// answered (none lost), the first SYN gets its SYN-ACK without a
+// retransmission, and nothing leaves with the Node IP. With
+// -podstart.without-peers (gw knows no Pod CIDRs: the behaviour before)
+// the same starts lose the first datagram and retransmit the SYN.
+func TestPodStartFirstPacketRemote(t *testing.T) {
+	bin := t.TempDir()
+	buildPlugin(t, bin)
+	for _, fm := range families {
+		t.Run(fm.name, func(t *testing.T) {
+			r := podStarts(t, bin, fm, 20)
+			if r.leaked != 0 || r.bad != 0 {
+				t.Errorf("%d connections and datagrams from the Node IP, %d starts with a wrong source or an error", r.leaked, r.bad)
+			}
+			if r.lost != 0 || r.retrans != 0 {
+				t.Errorf("the egress Node dropped first packets of new remote members: %d datagrams lost, %d of 20 TCP connections retransmitted", r.lost, r.retrans)
+			}
+		})
+	}
 }
 
 // TestPodStartFirstPacket (issue 23, fault 2): Egress e1 is Ready on Node
@@ -234,100 +310,124 @@ func TestPodStartFirstPacket(t *testing.T) {
 	buildPlugin(t, bin)
 	for _, fm := range families {
 		t.Run(fm.name, func(t *testing.T) {
-			f := newFixture(t)
-			src, gw := f.c.Nodes[0], f.c.Nodes[1]
-			a := &agentDouble{f: f, src: src, gw: gw, v6: fm.v6, members: map[string]*dp.Pod{},
-				e1: spec{name: "e1", ip: fm.eip, node: gw}}
-			f.apply(a.specs())
-
-			confDir := t.TempDir()
-			orig, err := dp.WriteConflist(confDir)
-			if err != nil {
-				t.Fatal(err)
+			r := podStarts(t, bin, fm, podStartCount)
+			if r.leaked != 0 {
+				t.Errorf("%d connections and datagrams reached the server from the Node IP", r.leaked)
 			}
-			sock := filepath.Join(t.TempDir(), "agent.sock")
-			sctx, stop := context.WithCancel(context.Background())
-			served := make(chan error, 1)
-			ready := make(chan struct{})
-			go func() {
-				_, err := podstart.Serve(sctx, sock, podstart.Handler(a), false, func() { close(ready) })
-				served <- err
-			}()
-			t.Cleanup(func() {
-				stop()
-				if err := <-served; err != nil {
-					t.Errorf("serve: %v", err)
-				}
-			})
-			<-ready
-			if !*withoutPlugin {
-				if _, _, err := podstart.Install(confDir, podstart.Entry{Socket: sock}); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if b, _ := os.ReadFile(orig); true {
-				t.Logf("conflist:\n%s", b)
-			}
-			rt := &dp.Runtime{Cluster: f.c, ConfDir: confDir, BinDir: bin}
-			ctx := ctxT(t, 10*time.Minute)
-			nodeIP := src.NodeIP(fm.v6)
-			before := f.c.Server.Sources()[nodeIP]
-
-			var udpT, tcpT []time.Duration
-			lost, bad := 0, 0
-			for i := range podStarts {
-				// Alternate the policy: e1 is Ready, so neither may matter.
-				a.mu.Lock()
-				a.e1.policy = []datapath.FailurePolicy{datapath.FailurePolicyFail, datapath.FailurePolicyIgnore}[i%2]
-				a.mu.Unlock()
-				ref := dp.PodRef{Namespace: "pay", Name: fmt.Sprintf("app-%d", i), UID: fmt.Sprintf("uid-%d", i)}
-				t0 := time.Now()
-				p, err := rt.Add(ctx, src, 3+i%12, ref)
-				if err != nil {
-					t.Fatalf("start %d: sandbox: %v", i, err)
-				}
-				// The Pod's process starts at once; the status the kubelet
-				// writes reaches the agents through the API server after
-				// the process's first packet has left the Node (20 of 20
-				// in the issue's runs): taken here as the moment src's
-				// conntrack holds the first datagram's flow, its NAT
-				// decided.
-				statusDone := make(chan error, 1)
-				r := appTraffic(ctx, f.c.Server, p, fm.ext, fmt.Sprintf("%s-%d", fm.name, i), t0, func(port uint16) {
-					go func() {
-						if err := flowLeft(ctx, src, p.IP(fm.v6), port, fm.ext); err != nil {
-							statusDone <- err
-							return
-						}
-						statusDone <- a.status(ctx, p, ref)
-					}()
-				})
-				if err := <-statusDone; err != nil {
-					t.Fatalf("start %d: status: %v", i, err)
-				}
-				if r.udpErr != nil || r.udpSrc != fm.eip || r.tcpErr != nil || r.tcpSrc != fm.eip {
-					bad++
-					t.Errorf("start %d (%s): UDP from %v (err %v), TCP from %v (err %v); want both from %s",
-						i, a.e1.policy, r.udpSrc, r.udpErr, r.tcpSrc, r.tcpErr, fm.eip)
-				}
-				udpT, tcpT = append(udpT, r.udpFirst), append(tcpT, r.tcpFirst)
-				lost += r.udpLost
-				if err := rt.Del(ctx, p, ref); err != nil {
-					t.Fatalf("start %d: delete: %v", i, err)
-				}
-				if err := a.applyTo(ctx, gw); err != nil {
-					t.Fatal(err)
-				}
-			}
-			leaked := f.c.Server.Sources()[nodeIP] - before
-			if leaked != 0 {
-				t.Errorf("%d connections and datagrams reached the server from the Node IP %s", leaked, nodeIP)
-			}
-			slices.Sort(udpT)
-			slices.Sort(tcpT)
-			t.Logf("%d starts: %d with a wrong source or an error, %d from the Node IP, %d datagrams lost before the first answer; "+
-				"Pod creation to first datagram at the server: median %v, max %v; to the TCP reply: median %v, max %v",
-				podStarts, bad, leaked, lost, udpT[len(udpT)/2], udpT[len(udpT)-1], tcpT[len(tcpT)/2], tcpT[len(tcpT)-1])
 		})
 	}
+}
+
+// podStartStats is what a series of Pod starts observed.
+type podStartStats struct {
+	// bad counts starts with a wrong source or an error; leaked the
+	// connections and datagrams from the Node IP; lost the datagrams
+	// sent before the first answered one; retrans the starts whose TCP
+	// connection needed a retransmission (the SYN, in practice).
+	bad, leaked, lost, retrans int
+	// udpT and tcpT are the times from each Pod's creation to its first
+	// datagram at the server and to its TCP reply, sorted.
+	udpT, tcpT []time.Duration
+}
+
+// podStarts starts n Pods in namespace pay on Node src, one after the
+// other, each e1's only member there, with e1 Ready on Node gw (see
+// TestPodStartFirstPacket), and returns what they observed.
+func podStarts(t *testing.T, bin string, fm fam, n int) podStartStats {
+	t.Helper()
+	var st podStartStats
+	f := newFixture(t)
+	f.noPeers = *withoutPeers
+	src, gw := f.c.Nodes[0], f.c.Nodes[1]
+	a := &agentDouble{f: f, src: src, gw: gw, v6: fm.v6, members: map[string]*dp.Pod{},
+		e1: spec{name: "e1", ip: fm.eip, node: gw}}
+	f.apply(a.specs())
+
+	confDir := t.TempDir()
+	orig, err := dp.WriteConflist(confDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	sctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	ready := make(chan struct{})
+	go func() {
+		_, err := podstart.Serve(sctx, sock, podstart.Handler(a), false, func() { close(ready) })
+		served <- err
+	}()
+	t.Cleanup(func() {
+		stop()
+		if err := <-served; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	<-ready
+	if !*withoutPlugin {
+		if _, _, err := podstart.Install(confDir, podstart.Entry{Socket: sock}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, _ := os.ReadFile(orig); true {
+		t.Logf("conflist:\n%s", b)
+	}
+	rt := &dp.Runtime{Cluster: f.c, ConfDir: confDir, BinDir: bin}
+	ctx := ctxT(t, 10*time.Minute)
+	nodeIP := src.NodeIP(fm.v6)
+	before := f.c.Server.Sources()[nodeIP]
+
+	for i := range n {
+		// Alternate the policy: e1 is Ready, so neither may matter.
+		a.mu.Lock()
+		a.e1.policy = []datapath.FailurePolicy{datapath.FailurePolicyFail, datapath.FailurePolicyIgnore}[i%2]
+		a.mu.Unlock()
+		ref := dp.PodRef{Namespace: "pay", Name: fmt.Sprintf("app-%d", i), UID: fmt.Sprintf("uid-%d", i)}
+		t0 := time.Now()
+		p, err := rt.Add(ctx, src, 3+i%12, ref)
+		if err != nil {
+			t.Fatalf("start %d: sandbox: %v", i, err)
+		}
+		// The Pod's process starts at once; the status the kubelet
+		// writes reaches the agents through the API server after
+		// the process's first packet has left the Node (20 of 20
+		// in the issue's runs): taken here as the moment src's
+		// conntrack holds the first datagram's flow, its NAT
+		// decided.
+		statusDone := make(chan error, 1)
+		r := appTraffic(ctx, f.c.Server, p, fm.ext, fmt.Sprintf("%s-%d", fm.name, i), t0, func(port uint16) {
+			go func() {
+				if err := flowLeft(ctx, src, p.IP(fm.v6), port, fm.ext); err != nil {
+					statusDone <- err
+					return
+				}
+				statusDone <- a.status(ctx, p, ref)
+			}()
+		})
+		if err := <-statusDone; err != nil {
+			t.Fatalf("start %d: status: %v", i, err)
+		}
+		if r.udpErr != nil || r.udpSrc != fm.eip || r.tcpErr != nil || r.tcpSrc != fm.eip {
+			st.bad++
+			t.Errorf("start %d (%s): UDP from %v (err %v), TCP from %v (err %v); want both from %s",
+				i, a.e1.policy, r.udpSrc, r.udpErr, r.tcpSrc, r.tcpErr, fm.eip)
+		}
+		st.udpT, st.tcpT = append(st.udpT, r.udpFirst), append(st.tcpT, r.tcpFirst)
+		st.lost += r.udpLost
+		if r.tcpRetrans > 0 {
+			st.retrans++
+		}
+		if err := rt.Del(ctx, p, ref); err != nil {
+			t.Fatalf("start %d: delete: %v", i, err)
+		}
+		if err := a.applyTo(ctx, gw); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.leaked = f.c.Server.Sources()[nodeIP] - before
+	slices.Sort(st.udpT)
+	slices.Sort(st.tcpT)
+	t.Logf("%d starts: %d with a wrong source or an error, %d from the Node IP, %d datagrams lost before the first answer, %d TCP connections retransmitted; "+
+		"Pod creation to first datagram at the server: median %v, max %v; to the TCP reply: median %v, max %v",
+		n, st.bad, st.leaked, st.lost, st.retrans, st.udpT[len(st.udpT)/2], st.udpT[len(st.udpT)-1], st.tcpT[len(st.tcpT)/2], st.tcpT[len(st.tcpT)-1])
+	return st
 }

@@ -80,7 +80,9 @@ func entriesFrom(t *testing.T, n *dp.Node, src netip.Addr, id uint32) int {
 // its IP), the Node deletes the conntrack entries that IP opened under
 // that Egress's mark, so a new flow with the very same 5-tuple is
 // classified by the new State: unselected (Node IP) or another Egress
-// (its egress IP). The Egress's role on the Node does not change (another
+// (its egress IP). The Nodes that run the Pods know it is another Pod
+// (State.Pods: another UID); the egress Node of a remote member does not
+// and drains its entries (TestMoveBetweenEgresses). The Egress's role on the Node does not change (another
 // member stays), so only the member-based cleanup can do this; the
 // entries of the member that stays are kept.
 func TestReusedPodIP(t *testing.T) {
@@ -111,6 +113,8 @@ func TestReusedPodIP(t *testing.T) {
 			}
 			keptB := entriesFrom(t, n1, bIP, id1n1)
 
+			// a's and c's IPs now belong to other Pods (new UIDs).
+			f.uids[a], f.uids[c] = "reused-a", "reused-c"
 			f.apply([]spec{
 				{name: "e1", ip: fm.eip, node: n2, members: []*dp.Pod{b}},
 				{name: "e2", ip: fm.eip2, node: n3, members: []*dp.Pod{c}},
@@ -122,10 +126,17 @@ func TestReusedPodIP(t *testing.T) {
 				node *dp.Node
 				ip   netip.Addr
 				id   uint32
-			}{{n1, aIP, id1n1}, {n2, aIP, id1n2}, {n2, cIP, id1n2}} {
+			}{{n1, aIP, id1n1}, {n2, cIP, id1n2}} {
 				if n := entriesFrom(t, tc.node, tc.ip, tc.id); n != 0 {
 					t.Errorf("%s still holds %d conntrack entries from %s with e1's ID %d", tc.node.Name, n, tc.ip, tc.id)
 				}
+			}
+			// The egress Node cannot tell a remote Pod that went away from
+			// one that moved to another Egress (the member slice only
+			// drops it): it drains a's entries (their replies go back to
+			// n1, which has deleted its own and drops them), bounded.
+			if n := entriesFrom(t, n2, aIP, id1n2); n == 0 {
+				t.Errorf("n2 deleted the entries of the remote member a that left e1: they drain")
 			}
 			if n := entriesFrom(t, n1, bIP, id1n1); n != keptB {
 				t.Errorf("entries of the member that stayed changed on n1: %d -> %d", keptB, n)

@@ -37,12 +37,13 @@ type Server struct {
 	mu      sync.Mutex
 	sources map[netip.Addr]int
 	probes  map[string][]time.Time
+	seqs    map[string][]int
 	wg      sync.WaitGroup
 }
 
 // StartServer starts a Server in ns.
 func StartServer(ns *NS) (*Server, error) {
-	s := &Server{sources: map[netip.Addr]int{}, probes: map[string][]time.Time{}}
+	s := &Server{sources: map[netip.Addr]int{}, probes: map[string][]time.Time{}, seqs: map[string][]int{}}
 	if err := ns.Do(func() (err error) {
 		if s.tcp, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", ServerPort)); err != nil {
 			return err
@@ -104,6 +105,14 @@ func (s *Server) Probes(stream string) []time.Time {
 	return slices.Clone(s.probes[stream])
 }
 
+// ProbeSeqs returns the sequence numbers of a probe stream's datagrams in
+// their order of arrival.
+func (s *Server) ProbeSeqs(stream string) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.seqs[stream])
+}
+
 func (s *Server) serveTCP() {
 	defer s.wg.Done()
 	for {
@@ -158,6 +167,9 @@ func (s *Server) serveUDP() {
 		if f := strings.Fields(string(buf[:n])); len(f) == 3 && f[0] == "probe" {
 			s.mu.Lock()
 			s.probes[f[1]] = append(s.probes[f[1]], now)
+			if seq, err := strconv.Atoi(f[2]); err == nil {
+				s.seqs[f[1]] = append(s.seqs[f[1]], seq)
+			}
 			s.mu.Unlock()
 		}
 		_, _ = s.udp.WriteTo([]byte(ip.String()), from)

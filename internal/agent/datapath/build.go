@@ -106,6 +106,8 @@ type egressPlan struct {
 	id   uint16
 	role Role
 	v6   bool
+	// drains are the flows of members that left it, still on its path.
+	drains []drain
 }
 
 // family reports whether an Egress is IPv6, from its IP or else from its
@@ -174,6 +176,14 @@ func AssignIDs(names []string, prev IDs, max uint16) (IDs, []string) {
 // It fails on an invalid cfg, on duplicate Egress names, and (wrapping
 // ErrTooManyEgresses, with a usable Plan for the others) when IDs run out.
 func Build(cfg Config, st State, prev IDs) (Plan, error) {
+	return buildPlan(cfg, st, prev, nil)
+}
+
+// buildPlan is Build with the drains in progress (see planDrains): a
+// draining Egress keeps its ID (RoleDrain when it has no other part here),
+// a local member's drain keeps the source route and rule of its Egress,
+// a remote member's drain its return route.
+func buildPlan(cfg Config, st State, prev IDs, drains []drain) (Plan, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return Plan{}, err
@@ -189,16 +199,39 @@ func Build(cfg Config, st State, prev IDs) (Plan, error) {
 			names = append(names, e.Name)
 		}
 	}
+	// Drains by Egress; a draining Egress without another part here is
+	// programmed as RoleDrain.
+	drainsOf := map[string][]drain{}
+	for _, dr := range drains {
+		drainsOf[dr.Egress] = append(drainsOf[dr.Egress], dr)
+	}
+	named := map[string]bool{}
+	for _, n := range names {
+		named[n] = true
+	}
+	drainOnly := map[string]netip.Addr{}
+	for n, ds := range drainsOf {
+		if !named[n] {
+			names = append(names, n)
+			drainOnly[n] = ds[0].EIP
+		}
+	}
 	ids, left := AssignIDs(names, prev, cfg.maxID())
 	var plans []egressPlan
 	for _, e := range egs {
 		id, ok := ids[e.Name]
-		if !ok {
+		if !ok || drainOnly[e.Name].IsValid() {
 			continue
 		}
 		v6, _ := family(e)
-		plans = append(plans, egressPlan{Egress: e, id: id, role: effectiveRole(e), v6: v6})
+		plans = append(plans, egressPlan{Egress: e, id: id, role: effectiveRole(e), v6: v6, drains: drainsOf[e.Name]})
 	}
+	for n, eip := range drainOnly {
+		if id, ok := ids[n]; ok {
+			plans = append(plans, egressPlan{Egress: Egress{Name: n, IP: eip}, id: id, role: RoleDrain, v6: eip.Is6(), drains: drainsOf[n]})
+		}
+	}
+	slices.SortFunc(plans, func(a, b egressPlan) int { return cmp.Compare(a.Name, b.Name) })
 	p := Plan{IDs: ids, Roles: map[string]Role{}, EIPs: map[string]netip.Addr{}}
 	for _, e := range plans {
 		p.Roles[e.Name] = e.role
@@ -208,7 +241,7 @@ func Build(cfg Config, st State, prev IDs) (Plan, error) {
 	}
 	p.NFT = buildRuleset(cfg, st, plans)
 	p.Members = membersOf(p.NFT.Sets)
-	p.Routes, p.Rules = buildRouting(cfg, plans)
+	p.Routes, p.Rules = buildRouting(cfg, st, plans)
 	if len(left) > 0 {
 		return p, fmt.Errorf("build datapath: %w: %d left without a datapath: %v", ErrTooManyEgresses, len(left), left)
 	}
@@ -216,7 +249,7 @@ func Build(cfg Config, st State, prev IDs) (Plan, error) {
 }
 
 // buildRouting derives the encapsulating routes and policy rules.
-func buildRouting(cfg Config, plans []egressPlan) ([]EncapRoute, []PolicyRule) {
+func buildRouting(cfg Config, st State, plans []egressPlan) ([]EncapRoute, []PolicyRule) {
 	mtu6 := 0
 	if cfg.UplinkMTU != 0 {
 		mtu6 = cfg.UplinkMTU - overheadV6
@@ -226,8 +259,8 @@ func buildRouting(cfg Config, plans []egressPlan) ([]EncapRoute, []PolicyRule) {
 	ret := map[netip.Prefix]netip.Addr{}
 	for _, e := range plans {
 		switch e.role {
-		case RoleSource:
-			if len(e.Local) == 0 {
+		case RoleSource, RoleDrain:
+			if len(e.Local) == 0 && len(e.drains) == 0 {
 				continue
 			}
 			r := EncapRoute{Table: cfg.SourceTable(e.id), Outer: e.IP.Unmap()}
@@ -246,6 +279,27 @@ func buildRouting(cfg Config, plans []egressPlan) ([]EncapRoute, []PolicyRule) {
 					continue
 				}
 				ret[netip.PrefixFrom(ip, ip.BitLen())] = host
+			}
+			for _, dr := range e.drains {
+				if k := netip.PrefixFrom(dr.IP, dr.IP.BitLen()); dr.Host.IsValid() && dr.IP.Is6() == e.v6 && !ret[k].IsValid() {
+					ret[k] = dr.Host
+				}
+			}
+		}
+	}
+	// An egress Node also routes replies to every peer's Pod CIDR back
+	// to that peer: members admitted before their slice arrived (a
+	// member's /32 or /128, when known, is more specific).
+	if slices.ContainsFunc(plans, func(e egressPlan) bool { return e.role == RoleEgress }) {
+		for _, pr := range st.Peers {
+			ip := pr.IP.Unmap()
+			for _, c := range pr.PodCIDRs {
+				if !ip.IsValid() || !c.IsValid() || c.Addr().Unmap().Is6() != ip.Is6() || c.Addr().Is4In6() {
+					continue
+				}
+				if c = c.Masked(); !ret[c].IsValid() {
+					ret[c] = ip
+				}
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/bits"
 	"net/netip"
+	"time"
 
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
@@ -64,6 +65,11 @@ type Config struct {
 	// TableBase-1 holds the return routes toward remote members. Default
 	// 50000 (tables 49999..54095 with the default IDMask).
 	TableBase int
+	// DrainTimeout bounds how long the flows of a member that left an
+	// Egress keep their old path when they do not end by themselves
+	// (docs/datapath.md); 0 means DefaultDrainTimeout, a negative value
+	// turns drains off (the entries are deleted when the member leaves).
+	DrainTimeout time.Duration
 }
 
 // Tunnel overheads in bytes: outer IPv4 (20) or IPv6 (40) header, UDP (8)
@@ -113,6 +119,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.RulePriority == 0 {
 		c.RulePriority = d.RulePriority
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = DefaultDrainTimeout
 	}
 	if c.TableBase == 0 {
 		c.TableBase = d.TableBase

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/google/nftables"
@@ -62,6 +63,15 @@ type Datapath struct {
 	// rulesetHook, when set (tests only), edits every Ruleset before it is
 	// sent to the kernel: the way to make the kernel refuse one Egress.
 	rulesetHook func(*Ruleset)
+	// drains are the member flows kept on the path of an Egress their
+	// member left (in memory only: a restarted agent ends them), and
+	// pending those the Apply in progress programs (read by build).
+	drains  map[drainKey]drain
+	pending []drain
+	// uids are the Pods' UIDs by IP as of the last Apply (State.Pods).
+	uids map[netip.Addr]string
+	// now is the clock of drains (time.Now; tests may replace it).
+	now func() time.Time
 }
 
 // New opens the datapath of the namespace ns (netns.None(): the current
@@ -99,7 +109,7 @@ func New(cfg Config, ns netns.NsHandle) (*Datapath, error) {
 		h.Close()
 		return nil, err
 	}
-	d := &Datapath{cfg: cfg, ns: ns, nl: h, rejected: map[string]uint64{}}
+	d := &Datapath{cfg: cfg, ns: ns, nl: h, rejected: map[string]uint64{}, now: time.Now}
 	if err := d.readBack(); err != nil {
 		h.Close()
 		return nil, err
@@ -259,8 +269,10 @@ func (d *Datapath) IDs() IDs {
 // Apply programs st: the tunnel device, the nftables table (replaced in one
 // transaction when its content changed), the encapsulating routes, the
 // policy rules, and conntrack cleanup for every Egress whose role here
-// changed and every egress IP released here. Applying the same State
-// again changes nothing. When IDs run out it programs the Egresses that
+// changed and every egress IP released here. A member that leaves an
+// Egress while its Pod still runs keeps its open flows on the old path
+// until they end (see planDrains; call Apply again while Draining is not
+// 0). Applying the same State again changes nothing else. When IDs run out it programs the Egresses that
 // have one and returns an error wrapping ErrTooManyEgresses.
 //
 // When the kernel refuses the table, Apply finds the Egresses whose part
@@ -278,11 +290,17 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 	// are left out (or reduced to their rejection) up front; a changed
 	// one is tried again.
 	kept, refused := d.withoutRefused(st)
+	keep, ended, err := d.planDrains(st)
+	if err != nil {
+		return err
+	}
+	d.pending = slices.Collect(maps.Values(keep))
+	defer func() { d.pending = nil }()
 	plan, buildErr := d.build(kept)
 	if buildErr != nil && !errors.Is(buildErr, ErrTooManyEgresses) {
 		return buildErr
 	}
-	err := d.program(ctx, plan)
+	err = d.program(ctx, plan)
 	if _, isTable := errors.AsType[*tableError](err); isTable {
 		// One Egress's part may be what the kernel refuses: find the
 		// Egresses whose part fails on its own, program the others.
@@ -311,13 +329,26 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 		d.applied = nil
 		return err
 	}
-	n, err := d.cleanConntrack(plan, st)
+	n, err := d.cleanConntrack(plan, st, keep, ended)
 	if err != nil {
 		d.applied = nil
 		return err
 	}
 	if n > 0 {
 		logger.Info("conntrack entries deleted after role changes", "entries", n)
+	}
+	for k, dr := range keep {
+		if _, ok := d.drains[k]; !ok {
+			logger.V(1).Info("member left its Egress: its open flows keep their path until they end", "egress", dr.Egress, "member", dr.IP)
+		}
+	}
+	if len(ended) > 0 {
+		logger.V(1).Info("drains ended", "drains", len(ended))
+	}
+	d.drains = keep
+	d.uids = map[netip.Addr]string{}
+	for _, p := range st.Pods {
+		d.uids[p.IP.Unmap()] = p.UID
 	}
 	d.ids, d.roles, d.eips, d.members, d.applied = plan.IDs, plan.Roles, plan.EIPs, plan.Members, &plan
 	d.assigning = assigningOf(st)
@@ -735,9 +766,10 @@ type ctFilter struct {
 	mask  uint32
 	marks map[uint32]bool
 	ips   map[netip.Addr]bool
-	// left maps a member IP that no longer belongs to an Egress here to
-	// the ID mark (masked) its old entries carry.
-	left map[netip.Addr]uint32
+	// left holds member IPs that no longer belong to an Egress here (or
+	// whose drain ended) with the ID mark (masked) their old entries
+	// carry.
+	left map[liveKey]bool
 	// joinedFailed holds member IPs that have just joined an Egress whose
 	// traffic is rejected (RoleFailed), or whose Egress has just become
 	// so: their unmarked flows to destinations outside cluster, opened
@@ -755,7 +787,7 @@ func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 		return true
 	}
 	if a, ok := netip.AddrFromSlice(flow.Forward.SrcIP); ok && id != 0 {
-		if m, ok := f.left[a.Unmap()]; ok && m == id {
+		if f.left[liveKey{a.Unmap(), id}] {
 			return true
 		}
 	}
@@ -777,9 +809,20 @@ func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 // failurePolicy Fail with no Node, or whose Egress just became so (only
 // their unmarked flows to destinations outside the cluster: the next
 // packet of such a flow is classified afresh and rejected, instead of
-// leaving with the Node IP). It returns how many were deleted.
-func (d *Datapath) cleanConntrack(plan Plan, st State) (uint, error) {
-	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}, left: map[netip.Addr]uint32{}, joinedFailed: map[netip.Addr]bool{}}
+// leaving with the Node IP). Members that left an Egress but drain
+// (drains) keep their entries; the entries of drains that ended are
+// deleted. It returns how many were deleted.
+func (d *Datapath) cleanConntrack(plan Plan, st State, drains map[drainKey]drain, ended []drain) (uint, error) {
+	f := &ctFilter{mask: d.cfg.IDMask, marks: map[uint32]bool{}, ips: map[netip.Addr]bool{}, left: map[liveKey]bool{}, joinedFailed: map[netip.Addr]bool{}}
+	draining := map[liveKey]bool{}
+	for _, dr := range drains {
+		draining[liveKey{dr.IP, dr.Mark & d.cfg.IDMask}] = true
+	}
+	for _, dr := range ended {
+		if k := (liveKey{dr.IP, dr.Mark & d.cfg.IDMask}); !draining[k] {
+			f.left[k] = true
+		}
+	}
 	// failed: marks of Egresses rejected here, true when that began now.
 	// An Egress waiting for its first assignment does not count: flows
 	// that predate it are not cut (they are once it is failed for good).
@@ -802,7 +845,7 @@ func (d *Datapath) cleanConntrack(plan Plan, st State) (uint, error) {
 		}
 	}
 	for name, id := range d.ids {
-		if nid, ok := plan.IDs[name]; !ok || nid != id || plan.Roles[name] != d.roles[name] {
+		if nid, ok := plan.IDs[name]; !ok || nid != id || !sameRole(plan.Roles[name], d.roles[name]) {
 			f.marks[d.cfg.Mark(id)] = true
 		}
 	}
@@ -813,8 +856,8 @@ func (d *Datapath) cleanConntrack(plan Plan, st State) (uint, error) {
 	}
 	for ip, mark := range d.members {
 		if nm, ok := plan.Members[ip]; !ok || nm != mark {
-			if id := mark & d.cfg.IDMask; id != 0 && !f.marks[id] {
-				f.left[ip] = id
+			if id := mark & d.cfg.IDMask; id != 0 && !f.marks[id] && !draining[liveKey{ip, id}] {
+				f.left[liveKey{ip, id}] = true
 			}
 		}
 	}
@@ -890,5 +933,6 @@ func (d *Datapath) Teardown(ctx context.Context) error {
 		}
 	}
 	d.applied, d.ids, d.roles, d.eips, d.members, d.refused = nil, IDs{}, map[string]Role{}, map[string]netip.Addr{}, map[netip.Addr]uint32{}, nil
+	d.drains, d.uids = nil, nil
 	return errors.Join(errs...)
 }

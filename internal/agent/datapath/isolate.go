@@ -63,7 +63,7 @@ func refusedError(rs map[string]refusal) error {
 
 // build is Build with d's configuration and IDs, and the test hook.
 func (d *Datapath) build(st State) (Plan, error) {
-	p, err := Build(d.cfg, st, d.ids)
+	p, err := buildPlan(d.cfg, st, d.ids, d.pending)
 	if d.rulesetHook != nil {
 		d.rulesetHook(&p.NFT)
 	}

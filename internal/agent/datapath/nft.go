@@ -29,6 +29,11 @@ const (
 	mapRemote  = "remote"  // remote member IP -> ct mark (ID|FromTunnel)
 	mapSNAT    = "snat"    // ct mark (ID) -> egress IP held here
 	setFailed  = "failed"  // ct marks (ID) of Egresses whose traffic is rejected
+	mapEIPID   = "eipid"   // egress IP held here -> ct mark (ID) of an Egress holding it
+	// setPeerPods + family + "-" + prefix length: peer Node IP . its Pod
+	// network, masked to that length (the sources an egress Node admits
+	// from a peer before the member slice names them).
+	setPeerPods = "peerpods"
 	// setIDs holds every assigned ID's mark with the comment "<role>/<key>"
 	// (idComment: the name, or a digest of a name too long for a comment):
 	// how a restarted agent reads its IDs back.
@@ -52,6 +57,9 @@ const (
 	counterSpoofed = "spoofed-tunnel"
 	// counterEIPDrop counts new inbound packets dropped at an egress IP.
 	counterEIPDrop = "eip-inbound"
+	// counterPeerPod counts tunnelled flows admitted from a peer's Pod
+	// CIDR before the member slice named their source.
+	counterPeerPod = "peer-pod-source"
 	// rejectedPrefix + ID names the counter of one failed Egress's rejected
 	// packets.
 	rejectedPrefix = "rejected-"
@@ -62,7 +70,7 @@ const (
 const icmpPktFiltered = 13
 
 // roleWord is the role as written in the ids set's comments.
-var roleWord = map[Role]string{RoleSource: "source", RoleEgress: "egress", RoleFailed: "failed"}
+var roleWord = map[Role]string{RoleSource: "source", RoleEgress: "egress", RoleFailed: "failed", RoleDrain: "drain"}
 
 // fam4/fam6 parameterise the IPv4 and IPv6 twins.
 type famSpec struct {
@@ -107,7 +115,19 @@ func ifname(n string) []byte {
 type builder struct {
 	cfg  Config
 	sets map[string]*SetContent
+	// peerLens are the Pod CIDR prefix lengths of the peerpods sets, by
+	// family suffix, sorted.
+	peerLens map[string][]int
 }
+
+// gpeOff is the offset of the inner IP header in a tunnel packet's UDP
+// payload (UDP header 8, VXLAN-GPE header 8), and gpeNextOff that of the
+// GPE header's next-protocol field (draft-ietf-nvo3-vxlan-gpe: 1 IPv4,
+// 2 IPv6), both from the start of the UDP header.
+const (
+	gpeOff     = 16
+	gpeNextOff = 8 + 3
+)
 
 func (b *builder) set(name string) *nftables.Set {
 	s, ok := b.sets[name]
@@ -185,7 +205,7 @@ func one(e ...expr.Any) []expr.Any { return e }
 
 // buildRuleset derives the table's content. plans are sorted by name.
 func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
-	b := &builder{cfg: cfg, sets: map[string]*SetContent{}}
+	b := &builder{cfg: cfg, sets: map[string]*SetContent{}, peerLens: map[string][]int{}}
 	b.addSets(st, plans)
 	// Stable batch-local set IDs.
 	sets := make([]SetContent, 0, len(b.sets))
@@ -211,6 +231,37 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 		add(nftables.Set{Name: mapLocal + f.suffix, KeyType: f.keyType, IsMap: true, DataType: markType})
 		add(nftables.Set{Name: mapRemote + f.suffix, KeyType: f.keyType, IsMap: true, DataType: markType})
 		add(nftables.Set{Name: mapSNAT + f.suffix, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian, IsMap: true, DataType: f.keyType})
+	}
+	holds := slices.ContainsFunc(plans, func(e egressPlan) bool { return e.role == RoleEgress })
+	for _, f := range families {
+		add(nftables.Set{Name: mapEIPID + f.suffix, KeyType: f.keyType, IsMap: true, DataType: markType})
+		if !holds {
+			continue
+		}
+		// Peer Pod networks by prefix length: one set (and rule) per
+		// length, usually one (--node-cidr-mask-size).
+		byLen := map[int][]nftables.SetElement{}
+		for _, pr := range st.Peers {
+			if !f.owns(pr.IP) {
+				continue
+			}
+			for _, c := range pr.PodCIDRs {
+				if !c.IsValid() || !f.owns(c.Addr()) {
+					continue
+				}
+				if c.Addr().Is4In6() {
+					c = netip.PrefixFrom(c.Addr().Unmap(), max(c.Bits()-96, 0))
+				}
+				c = c.Masked()
+				byLen[c.Bits()] = append(byLen[c.Bits()], nftables.SetElement{Key: slices.Concat(f.addr(pr.IP.Unmap()), f.addr(c.Addr()))})
+			}
+		}
+		for _, l := range slices.Sorted(maps.Keys(byLen)) {
+			name := setPeerPods + f.suffix + "-" + strconv.Itoa(l)
+			add(nftables.Set{Name: name, KeyType: nftables.MustConcatSetType(f.keyType, f.keyType)})
+			b.sets[name].Elements = byLen[l]
+			b.peerLens[f.suffix] = append(b.peerLens[f.suffix], l)
+		}
 	}
 	add(nftables.Set{Name: setFailed, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian})
 	add(nftables.Set{Name: setIDs, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian})
@@ -243,6 +294,11 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 		}
 		elem(setEIPs+f.suffix, f.addr(e.IP.Unmap()), nil)
 		elem(mapSNAT+f.suffix, native(mark), f.addr(e.IP.Unmap()))
+		// Egresses sharing an IP: the first in name order names it (the
+		// SNAT address is the same whichever it is).
+		if !slices.ContainsFunc(b.sets[mapEIPID+f.suffix].Elements, func(x nftables.SetElement) bool { return slices.Equal(x.Key, f.addr(e.IP.Unmap())) }) {
+			elem(mapEIPID+f.suffix, f.addr(e.IP.Unmap()), native(mark))
+		}
 		for _, m := range e.Remote {
 			ip := m.IP.Unmap()
 			if f.owns(ip) && !seenRemote[ip] && !seenLocal[ip] {
@@ -299,6 +355,18 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		classify = append(classify, rule(iif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW),
 			one(payload(f.saddrOff, f.addrLen), b.mapTo(mapRemote+f.suffix), &expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})))
 	}
+	// A member not in remote yet, whose outer packet input found to come
+	// from a peer's Pod CIDR to an egress IP held here (the hint: that
+	// Egress's ID in the packet mark, kept through decapsulation).
+	classify = append(classify,
+		rule(iif(tun), ctState(expr.CtStateBitNEW), ctMarkMasked(cfg.IDMask), one(eq(native(0))),
+			one(loadMeta(expr.MetaKeyMARK), and32(cfg.IDMask), neq(native(0)),
+				&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterPeerPod},
+				loadMeta(expr.MetaKeyMARK),
+				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: native(cfg.IDMask), Xor: native(cfg.FromTunnel)},
+				&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})),
+		// The hint never reaches routing.
+		rule(iif(tun), one(loadMeta(expr.MetaKeyMARK), and32(^cfg.IDMask), &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})))
 	classify = append(classify, rule(iif(tun), ctState(expr.CtStateBitNEW), ctMarkMasked(cfg.IDMask), one(eq(native(0)),
 		&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterUnknown}, verdict(expr.VerdictDrop, ""))))
 	for _, f := range families {
@@ -403,6 +471,24 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		input = append(input, rule(nfproto(f.nfproto), udpDport(cfg.TunnelPort), one(payload(f.saddrOff, f.addrLen), b.lookup(setNodes+f.suffix, true),
 			&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterSpoofed}, verdict(expr.VerdictDrop, ""))))
 	}
+	// The hint for a member the slice has not named yet: a tunnel packet
+	// (from a Node, checked above) to an egress IP held here whose inner
+	// source lies in the sending Node's Pod CIDR gets that Egress's ID in
+	// its packet mark; classify reads it after decapsulation.
+	for i, f := range families {
+		next := byte(1 + i) // GPE next protocol: 1 IPv4, 2 IPv6
+		reg2 := 8 + f.addrLen/4
+		for _, l := range b.peerLens[f.suffix] {
+			input = append(input, rule(nfproto(f.nfproto), udpDport(cfg.TunnelPort),
+				one(&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: gpeNextOff, Len: 1}, eq([]byte{next})),
+				one(&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 8, Base: expr.PayloadBaseNetworkHeader, Offset: f.saddrOff, Len: f.addrLen},
+					&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: reg2, Base: expr.PayloadBaseTransportHeader, Offset: gpeOff + f.saddrOff, Len: f.addrLen},
+					&expr.Bitwise{SourceRegister: reg2, DestRegister: reg2, Len: f.addrLen, Mask: prefixMask(l, f.addrLen), Xor: make([]byte, f.addrLen)},
+					&expr.Lookup{SourceRegister: 8, SetName: setPeerPods + f.suffix + "-" + strconv.Itoa(l), SetID: b.set(setPeerPods + f.suffix + "-" + strconv.Itoa(l)).ID},
+					payload(f.daddrOff, f.addrLen), b.mapTo(mapEIPID+f.suffix),
+					&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})))
+		}
+	}
 	for _, f := range families {
 		input = append(input, rule(nfproto(f.nfproto), one(payload(f.daddrOff, f.addrLen), b.lookup(setEIPs+f.suffix, false), verdict(expr.VerdictJump, chainEIPGuard))))
 	}
@@ -413,7 +499,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		rule(l4proto(unix.IPPROTO_ICMPV6), one(verdict(expr.VerdictAccept, ""))),
 		rule(one(&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterEIPDrop}, verdict(expr.VerdictDrop, ""))),
 	}
-	counters = append(counters, counterUnknown, counterSpoofed, counterEIPDrop)
+	counters = append(counters, counterUnknown, counterSpoofed, counterEIPDrop, counterPeerPod)
 	slices.Sort(counters)
 
 	filter, nat := nftables.ChainTypeFilter, nftables.ChainTypeNAT
@@ -494,6 +580,20 @@ func intervalElements(f famSpec, ps []netip.Prefix) []nftables.SetElement {
 		}
 	}
 	return out
+}
+
+// prefixMask is the network mask of a /bits prefix in n bytes.
+func prefixMask(bits int, n uint32) []byte {
+	m := make([]byte, n)
+	for i := range m {
+		switch {
+		case bits >= 8:
+			m[i], bits = 0xff, bits-8
+		case bits > 0:
+			m[i], bits = byte(0xff<<(8-bits)), 0
+		}
+	}
+	return m
 }
 
 // markOf decodes a mark element key.

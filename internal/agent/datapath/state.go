@@ -79,4 +79,28 @@ type State struct {
 	// ClusterCIDRs are Pod and Service CIDRs and any configured exclusions:
 	// traffic to them never takes an egress path.
 	ClusterCIDRs []netip.Prefix
+	// Pods are the Pods running on this Node (host-network Pods excepted),
+	// one element per IP, sorted by IP. A local member that leaves an
+	// Egress while the same Pod (by UID) still holds its IP keeps the
+	// flows it opened under that Egress on their path until they end (a
+	// drain); without its Pod here, its entries are deleted at once (the
+	// IP may already be another Pod's).
+	Pods []LocalPod
+	// Peers are the other Nodes, one element per internal IP, with their
+	// Pod CIDRs (spec.podCIDRs). An egress Node admits a tunnelled flow
+	// of a member it does not know yet (its EgressMemberSlice is not
+	// there yet) when the outer source is a peer's IP, the inner source
+	// lies in that peer's Pod CIDR, and the outer destination is an
+	// egress IP held here; it routes replies to a peer's Pod CIDR back
+	// through the tunnel to that peer.
+	Peers []Peer
+}
+
+// Peer is another Node by one of its internal IPs.
+type Peer struct {
+	// IP is one of the Node's internal IPs (status.addresses).
+	IP netip.Addr
+	// PodCIDRs are the Node's Pod CIDRs (spec.podCIDRs); those of IP's
+	// family are used.
+	PodCIDRs []netip.Prefix
 }
