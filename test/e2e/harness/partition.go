@@ -20,8 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// partitionTable names the nftables tables a Partition adds (family inet,
-// and arp for an isolation).
+// partitionTable names the nftables table a Partition adds (family inet).
 const partitionTable = "e2e-partition"
 
 // Partition is a network fault made with nftables rules in one namespace:
@@ -32,6 +31,9 @@ type Partition struct {
 	// namespace this process runs in).
 	NS     string
 	tables []*nftables.Table
+	// bridgePort is the bridge port an isolation took off br0 ("" for
+	// none); Heal puts it back.
+	bridgePort string
 }
 
 // conn opens nftables in namespace ns ("" for the current one).
@@ -54,6 +56,14 @@ func nftConn(ns string) (*nftables.Conn, func(), error) {
 
 // Heal deletes the partition's tables: traffic flows again.
 func (p *Partition) Heal() error {
+	if p.bridgePort != "" {
+		if err := run("ip", "link", "set", p.bridgePort, "master", "br0"); err != nil {
+			return fmt.Errorf("heal partition of %q: %w", p.NS, err)
+		}
+		if len(p.tables) == 0 {
+			return nil
+		}
+	}
 	conn, done, err := nftConn(p.NS)
 	if err != nil {
 		return err
@@ -138,23 +148,20 @@ func (c *Cluster) CutOffControlPlane(n *Node) (*Partition, error) {
 // addresses stay where the agent leaves them, so the test can see what
 // the agent does).
 func (c *Cluster) Isolate(n *Node) (*Partition, error) {
-	conn, done, err := nftConn(n.Name)
-	if err != nil {
-		return nil, err
+	// The bridge side of n's veth pair leaves br0: n's eth0 stays up, with
+	// its addresses and routes, but no frame reaches or leaves it (ARP
+	// included). nftables' arp family would do the same inside n's
+	// namespace, but this kernel has no nf_tables_arp ("operation not
+	// supported").
+	i := slices.Index(c.Nodes, n)
+	if i < 0 {
+		return nil, fmt.Errorf("isolate: %s is not a Node of this cluster", n.Name)
 	}
-	defer done()
-	var tables []*nftables.Table
-	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyARP} {
-		t := &nftables.Table{Family: fam, Name: partitionTable}
-		in, out := filterChains(conn, t)
-		conn.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: slices.Concat(ifMatch(true), drop())})
-		conn.AddRule(&nftables.Rule{Table: t, Chain: out, Exprs: slices.Concat(ifMatch(false), drop())})
-		tables = append(tables, t)
-	}
-	if err := conn.Flush(); err != nil {
+	port := fmt.Sprintf("veth%d", i+1)
+	if err := run("ip", "link", "set", port, "nomaster"); err != nil {
 		return nil, fmt.Errorf("isolate %s: %w", n.Name, err)
 	}
-	return &Partition{NS: n.Name, tables: tables}, nil
+	return &Partition{NS: n.Name, bridgePort: port}, nil
 }
 
 // APIServerOutage makes the API server unreachable for everyone (the
