@@ -104,6 +104,8 @@ type cloudOutput struct {
 
 // cloudPool is a cloud-backed pool's working state in a pass.
 type cloudPool struct {
+	// name is the pool's name.
+	name   string
 	spec   *v1.CloudPool
 	subnet string
 	// ranged is set when spec.ipRanges restricts the pool.
@@ -136,7 +138,7 @@ func attachedAt(ifaces map[string]cloud.Interface) map[netip.Addr]string {
 
 // newCloudPool gathers a cloud pool's owned and warm addresses.
 func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, egs []v1.Egress) *cloudPool {
-	cp := &cloudPool{spec: p.Spec.Cloud, ranged: len(p.Spec.IPRanges) > 0, used: map[netip.Addr]bool{}, owned: map[netip.Addr]bool{}, avail: map[string][]netip.Addr{}, load: map[string]int{}, bound: map[netip.Addr]bool{}}
+	cp := &cloudPool{name: p.Name, spec: p.Spec.Cloud, ranged: len(p.Spec.IPRanges) > 0, used: map[netip.Addr]bool{}, owned: map[netip.Addr]bool{}, avail: map[string][]netip.Addr{}, load: map[string]int{}, bound: map[netip.Addr]bool{}}
 	if p.Spec.Cloud.AWS != nil {
 		cp.subnet = p.Spec.Cloud.AWS.SubnetID
 	}
@@ -171,11 +173,12 @@ func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, egs []v1.Egress) *cloudP
 }
 
 // fillWarm lists the available warm addresses once the allocation of kept
-// and named addresses has marked them used.
+// and named addresses has marked them used. An address released in this
+// very pass (see releasedNow) is cooling already: it is not available.
 func (cp *cloudPool) fillWarm(ci *cloudInput, at map[netip.Addr]string, eligible func(string) bool) {
 	for ip := range cp.owned {
 		node, ok := at[ip]
-		if !ok || cp.used[ip] || !eligible(node) || ci.Now.Before(ci.CoolUntil[ip]) {
+		if !ok || cp.used[ip] || !eligible(node) || ci.Now.Before(ci.CoolUntil[ip]) || cp.releasedNow(ci, ip) {
 			continue
 		}
 		cp.avail[node] = append(cp.avail[node], ip)
@@ -183,6 +186,15 @@ func (cp *cloudPool) fillWarm(ci *cloudInput, at map[netip.Addr]string, eligible
 	for _, ips := range cp.avail {
 		slices.SortFunc(ips, func(a, b netip.Addr) int { return a.Compare(b) })
 	}
+}
+
+// releasedNow reports whether ip left an Egress in this pass: an agent may
+// hold it (the previous pass published it with a Node, or an Egress status
+// in this pass's input names a Node for it) and no Egress is allocated it
+// now. Such an address starts its cooldown in this pass (warm.Cooldown),
+// so no Egress may take it in the same pass that released it.
+func (cp *cloudPool) releasedNow(ci *cloudInput, ip netip.Addr) bool {
+	return !cp.used[ip] && (ci.PrevAllocated[cp.name][ip] || cp.bound[ip])
 }
 
 // takeWarm allocates a warm address on the least-loaded Node that has one
@@ -319,7 +331,7 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNod
 		}
 		o.Owned[ip] = true
 		cool := ci.CoolUntil[ip]
-		if ci.PrevAllocated[p.Name][ip] || cp.bound[ip] {
+		if cp.releasedNow(ci, ip) {
 			o.Released = append(o.Released, ip)
 			cool = ci.Now.Add(warm.Cooldown)
 		}

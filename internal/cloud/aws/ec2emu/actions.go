@@ -134,6 +134,9 @@ type xmlENI struct {
 	PrivateIPAddress   string         `xml:"privateIpAddress"`
 	Status             string         `xml:"status"`
 	InterfaceType      string         `xml:"interfaceType,omitempty"`
+	Description        string         `xml:"description,omitempty"`
+	RequesterID        string         `xml:"requesterId,omitempty"`
+	RequesterManaged   bool           `xml:"requesterManaged"`
 	Attachment         xmlAttachment  `xml:"attachment"`
 	PrivateIPs         []xmlPrivateIP `xml:"privateIpAddressesSet>item"`
 }
@@ -263,8 +266,14 @@ func (s *Server) xmlENI(e *eniState, now time.Time, withInstance bool) xmlENI {
 	}
 	if withInstance {
 		x.AvailabilityZone = sn.az
-		x.InterfaceType = "interface"
+		x.InterfaceType = TypeInterface
 		x.Attachment.InstanceID = e.instance
+	}
+	if f := e.foreign; f != nil {
+		x.InterfaceType, x.Description, x.RequesterID, x.RequesterManaged = f.typ, f.description, f.requesterID, f.requesterManaged
+		if e.instance == "" {
+			x.Attachment = xmlAttachment{}
+		}
 	}
 	for _, a := range e.visible(now, s.cfg.ConsistencyDelay) {
 		x.PrivateIPs = append(x.PrivateIPs, xmlPrivateIP{PrivateIPAddress: a.String()})
@@ -341,7 +350,7 @@ func (s *Server) describeInstances(f formValues, now time.Time) (any, *apiError)
 }
 
 func (s *Server) describeNetworkInterfaces(f formValues, now time.Time) (any, *apiError) {
-	fs, err := f.filters("network-interface-id", "attachment.instance-id", "attachment.device-index", "subnet-id")
+	fs, err := f.filters("network-interface-id", "attachment.instance-id", "attachment.device-index", "subnet-id", "addresses.private-ip-address")
 	if err != nil {
 		return nil, err
 	}
@@ -356,7 +365,8 @@ func (s *Server) describeNetworkInterfaces(f formValues, now time.Time) (any, *a
 		e := s.enis[id]
 		if (len(ids) > 0 && !slices.Contains(ids, id)) || !match(fs, "network-interface-id", id) ||
 			!match(fs, "attachment.instance-id", e.instance) || !match(fs, "subnet-id", e.subnet) ||
-			!match(fs, "attachment.device-index", strconv.Itoa(e.deviceIndex)) {
+			!match(fs, "attachment.device-index", strconv.Itoa(e.deviceIndex)) ||
+			!matchAddress(fs, e, e.visible(now, s.cfg.ConsistencyDelay)) {
 			continue
 		}
 		hits = append(hits, e)

@@ -120,6 +120,9 @@ type eniState struct {
 	primary                   netip.Addr
 	secondary                 map[netip.Addr]bool
 	history                   []record
+	// foreign is set for an interface of another party
+	// (AddForeignInterface).
+	foreign *foreignInfo
 }
 
 type instanceState struct {
@@ -453,8 +456,16 @@ func (s *Server) FreeAddresses(subnetID string) int {
 }
 
 func (s *Server) limit(e *eniState) int {
-	return s.cfg.InstanceTypes[s.instances[e.instance].typ].IPv4PerInterface
+	inst, ok := s.instances[e.instance]
+	if !ok {
+		return foreignLimit // an interface attached to no instance
+	}
+	return s.cfg.InstanceTypes[inst.typ].IPv4PerInterface
 }
+
+// foreignLimit is the address limit of an interface attached to no
+// instance (a load balancer's): large enough for any test.
+const foreignLimit = 50
 
 func (s *Server) newID(prefix string) string {
 	s.seq++
