@@ -40,3 +40,15 @@ const (
 	// subnet.
 	ExcludedReserved = "Reserved"
 )
+
+// Reasons of cloud-backed pools (docs/cloud-aws.md).
+const (
+	// ReasonAddressHeld is the IPAllocated=False reason, and the Warning
+	// Event reason, while the address an Egress names (spec.egressIP) is
+	// held by a network interface that is not egressip's: a Pod IP of the
+	// VPC CNI, a load balancer's interface, another instance's interface.
+	// The controller never takes it; the message names the holder
+	// (interface ID, instance, description, requester). An Egress whose
+	// allocated address was taken gets the Event and another address.
+	ReasonAddressHeld = "AddressHeld"
+)

@@ -34,7 +34,7 @@ const (
 var (
 	cloudCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_controller_cloud_calls_total",
-		Help: "Cloud API calls the controller made, by action (Interfaces, Assign, AssignCount, Unassign) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, error).",
+		Help: "Cloud API calls the controller made, by action (Interfaces, Holders, Assign, AssignCount, Unassign) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, InUse, error).",
 	}, []string{"action", labelResult})
 	cloudCallDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "egressip_controller_cloud_call_duration_seconds",
@@ -125,6 +125,8 @@ type Cloud struct {
 	lastError     map[string]string
 	warmAttaching map[string]int
 	recent        map[string]netip.Addr
+	held          map[netip.Addr]heldAddr
+	ours          map[netip.Addr]string // address -> interface our own call attached it to
 	runCtx        context.Context
 	backoff       *flowcontrol.Backoff
 	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
@@ -148,6 +150,8 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		attaching:     map[netip.Addr]string{},
 		lastError:     map[string]string{},
 		warmAttaching: map[string]int{},
+		held:          map[netip.Addr]heldAddr{},
+		ours:          map[netip.Addr]string{},
 		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
 		backoffUntil:  map[string]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
@@ -243,10 +247,16 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 	}
 	changed := !c.ready || !maps.EqualFunc(c.ifaces, got, sameInterface)
 	c.ifaces, c.ready = got, true
+	for ip, ifc := range c.ours {
+		if holdingInterface(got, ip) != ifc {
+			delete(c.ours, ip) // detached or taken by someone else since
+		}
+	}
 	c.mu.Unlock()
 	if changed {
 		c.notify()
 	}
+	c.recheckHeld(ctx)
 	return nil
 }
 
@@ -272,6 +282,8 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		LastError:     maps.Clone(c.lastError),
 		WarmAttaching: maps.Clone(c.warmAttaching),
 		Recent:        maps.Clone(c.recent),
+		Held:          maps.Clone(c.held),
+		Ours:          maps.Clone(c.ours),
 	}
 	for k, v := range c.owned {
 		ci.Owned[k] = maps.Clone(v)
@@ -304,6 +316,11 @@ func (c *Cloud) remember(out *cloudOutput, now time.Time) {
 		}
 	}
 	c.recent = maps.Clone(out.Allocations)
+	for ip := range c.held {
+		if !out.HeldWanted[ip] {
+			delete(c.held, ip) // nothing asks for it any more
+		}
+	}
 	for pool, po := range out.Pools {
 		owned := maps.Clone(po.Owned)
 		// Addresses attached by a call that completed during the pass
@@ -332,13 +349,7 @@ func (c *Cloud) remember(out *cloudOutput, now time.Time) {
 // detaches (one call per interface). Interfaces with a call in flight are
 // skipped (the next pass asks again).
 func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
-	type job struct {
-		action, pool string
-		node, iface  string
-		ips          []netip.Addr
-		count        int
-	}
-	var jobs []job
+	var jobs []cloudJob
 	c.mu.Lock()
 	claim := func(iface string) bool {
 		if c.busy[iface] {
@@ -352,7 +363,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			for _, ip := range op.IPs {
 				c.attaching[ip] = op.Node
 			}
-			jobs = append(jobs, job{action: actionAssign, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
+			jobs = append(jobs, cloudJob{action: actionAssign, node: op.Node, iface: op.InterfaceID, subnet: c.ifaces[op.Node].SubnetID, ips: op.IPs, from: op.From})
 		}
 	}
 	for _, pool := range slices.Sorted(maps.Keys(out.Pools)) {
@@ -363,10 +374,10 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			}
 			if len(op.IPs) > 0 {
 				c.warmAttaching[pool] += len(op.IPs)
-				jobs = append(jobs, job{action: actionAssign, pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs, count: len(op.IPs)})
+				jobs = append(jobs, cloudJob{action: actionAssign, pool: pool, node: op.Node, iface: op.InterfaceID, subnet: c.ifaces[op.Node].SubnetID, ips: op.IPs, count: len(op.IPs)})
 			} else {
 				c.warmAttaching[pool] += op.Count
-				jobs = append(jobs, job{action: actionAssignCount, pool: pool, node: op.Node, iface: op.InterfaceID, count: op.Count})
+				jobs = append(jobs, cloudJob{action: actionAssignCount, pool: pool, node: op.Node, iface: op.InterfaceID, count: op.Count})
 			}
 		}
 		if len(po.Plan.Detach) > 0 {
@@ -382,7 +393,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 				delete(c.owned[pool], ip)
 				c.detaching[ip] = true
 			}
-			jobs = append(jobs, job{action: actionUnassign, pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
+			jobs = append(jobs, cloudJob{action: actionUnassign, pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
 		}
 	}
 	if c.runCtx != nil {
@@ -393,6 +404,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 		return
 	}
 	go func() {
+		jobs := c.screen(ctx, jobs)
 		workqueue.ParallelizeUntil(ctx, c.cfg.Parallelism, len(jobs), func(i int) {
 			j := jobs[i]
 			defer func() {
@@ -416,10 +428,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			var err error
 			switch j.action {
 			case actionAssign:
-				err = c.call(ctx, j.action, func() error { return c.cfg.Provider.Assign(ctx, j.iface, j.ips) })
-				if err == nil {
-					c.applied(j.pool, j.node, j.iface, j.ips, true)
-				}
+				err = c.assignNamed(ctx, j)
 			case actionAssignCount:
 				var got []netip.Addr
 				err = c.call(ctx, j.action, func() error {
@@ -472,6 +481,9 @@ func (c *Cloud) applied(pool, node, iface string, ips []netip.Addr, attach bool)
 		o := overlayEntry{iface: iface, deadline: now.Add(c.cfg.Overlay)}
 		if attach {
 			o.node = node
+			c.ours[ip] = iface
+		} else if c.ours[ip] == iface {
+			delete(c.ours, ip)
 		}
 		c.overlay[ip] = o
 	}
@@ -530,6 +542,8 @@ func (c *Cloud) call(ctx context.Context, action string, f func() error) error {
 		res = "Throttled"
 	case errors.Is(err, cloud.ErrNotFound):
 		res = "NotFound"
+	case errors.Is(err, cloud.ErrInUse):
+		res = "InUse"
 	default:
 		res = resultError
 	}

@@ -68,6 +68,13 @@ type cloudInput struct {
 	// LastError holds, per interface, the error of its last failed call
 	// (cleared by a success), for the Egresses' conditions.
 	LastError map[string]string
+	// Held are the addresses a look-up found held by an interface that is
+	// not ours (issue 17 item 4): they are never attached, and an Egress
+	// that names one gets a condition naming the holder.
+	Held map[netip.Addr]heldAddr
+	// Ours maps the addresses our own calls attached (and nothing has
+	// detached since) to their interface.
+	Ours map[netip.Addr]string
 }
 
 // cloudOp is one named-address attach for the Cloud to run: every address
@@ -75,6 +82,11 @@ type cloudInput struct {
 type cloudOp struct {
 	Node, InterfaceID string
 	IPs               []netip.Addr
+	// From maps the addresses that are ours now (attached for an Egress
+	// or warm, on a known interface) to the interface holding them: only
+	// those may be taken with reassignment. Every other address must be
+	// free when the Cloud looks it up.
+	From map[netip.Addr]string
 }
 
 // cloudPoolOut is the cloud outcome of a pass for one pool.
@@ -88,6 +100,9 @@ type cloudPoolOut struct {
 	Owned map[netip.Addr]bool
 	// Released were allocated in the previous pass and are warm now.
 	Released []netip.Addr
+	// HeldInRange are addresses of the pool's ipRanges held by an
+	// interface that is not ours (cloudInput.Held), sorted: skipped.
+	HeldInRange []netip.Addr
 }
 
 // cloudOutput is what a pass asks of the cloud.
@@ -100,6 +115,9 @@ type cloudOutput struct {
 	Recheck time.Duration
 	// Allocations maps every cloud-pool Egress with an address to it.
 	Allocations map[string]netip.Addr
+	// HeldWanted are the held addresses (cloudInput.Held) an Egress or a
+	// pool's ipRanges still ask for; the Cloud forgets the others.
+	HeldWanted map[netip.Addr]bool
 }
 
 // cloudPool is a cloud-backed pool's working state in a pass.
@@ -122,6 +140,9 @@ type cloudPool struct {
 	// bound: addresses an Egress status names with a Node (input or
 	// output of the pass).
 	bound map[netip.Addr]bool
+	// ours maps the addresses known to be ours to the Node whose
+	// interface holds them (see markOurs).
+	ours map[netip.Addr]string
 }
 
 // attachedAt maps every secondary address of the known interfaces to its
@@ -170,6 +191,44 @@ func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, egs []v1.Egress) *cloudP
 		}
 	}
 	return cp
+}
+
+// markOurs records which attached addresses are known to be ours and
+// where: those an Egress status publishes on the Node whose interface holds
+// them (Assigned is written only after the cloud confirmed the attach),
+// those the pool status lists warm on that Node, and those our own calls
+// attached (ci.Owned, ci.Ours). An Egress status naming an address without that
+// Node is no proof: it is written before the attach. Held addresses are
+// never ours.
+func (cp *cloudPool) markOurs(p *v1.ExternalIPPool, ci *cloudInput, at map[netip.Addr]string, egs []v1.Egress) {
+	cp.ours = map[netip.Addr]string{}
+	for ip := range ci.Owned[p.Name] {
+		if n := at[ip]; n != "" && !ci.Detaching[ip] {
+			cp.ours[ip] = n
+		}
+	}
+	if p.Status.Cloud != nil {
+		for _, w := range p.Status.Cloud.WarmIPs {
+			if ip, err := netip.ParseAddr(w.IP); err == nil && at[ip] == w.Node {
+				cp.ours[ip] = w.Node
+			}
+		}
+	}
+	for i := range egs {
+		e := &egs[i]
+		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && e.Spec.ExternalIPPool == p.Name && e.Status.EgressNode != "" && at[ip] == e.Status.EgressNode {
+			cp.ours[ip] = e.Status.EgressNode
+		}
+	}
+	for ip, ifc := range ci.Ours {
+		if n := at[ip]; n != "" && holdingInterface(ci.Ifaces, ip) == ifc {
+			cp.ours[ip] = n
+		}
+	}
+	for ip := range ci.Held {
+		delete(cp.ours, ip)
+		delete(cp.owned, ip)
+	}
 }
 
 // fillWarm lists the available warm addresses once the allocation of kept
@@ -388,6 +447,13 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNod
 		for ip := range cp.used {
 			_ = free.Reserve(ip)
 		}
+		for ip := range ci.Held {
+			if pool.Contains(ip) {
+				_ = free.Reserve(ip) // someone else's: skipped
+				o.HeldInRange = append(o.HeldInRange, ip)
+			}
+		}
+		slices.SortFunc(o.HeldInRange, netip.Addr.Compare)
 		want := in.WarmTarget + in.Pending + in.MinimumTarget
 		for range want {
 			ip, err := free.Allocate()

@@ -147,7 +147,9 @@ func TestCooldownSamePassEmu(t *testing.T) {
 	}
 	// Let the refill's pass publish everything, then hold the passes.
 	time.Sleep(300 * time.Millisecond)
-	g.close(t, func() { cl.patchPool(px, func(p *v1.ExternalIPPool) { p.Annotations = map[string]string{"poke": time.Now().String()} }) })
+	g.close(t, func() {
+		cl.patchPool(px, func(p *v1.ExternalIPPool) { p.Annotations = map[string]string{"poke": time.Now().String()} })
+	})
 	ec.emu.ResetCounts()
 	released := time.Now()
 	if err := cl.c.Delete(cl.ctx, cl.get(old)); err != nil {
@@ -200,7 +202,9 @@ func TestCooldownSamePassBatchedTopUp(t *testing.T) {
 		st := cl.poolStatus(px)
 		return st.Cloud != nil, fmt.Sprintf("%+v", st)
 	})
-	g.close(t, func() { cl.patchPool(px, func(p *v1.ExternalIPPool) { p.Annotations = map[string]string{"poke": "1"} }) })
+	g.close(t, func() {
+		cl.patchPool(px, func(p *v1.ExternalIPPool) { p.Annotations = map[string]string{"poke": "1"} })
+	})
 	ec.emu.ResetCounts()
 	egs := names(px, 6)
 	for _, e := range egs {

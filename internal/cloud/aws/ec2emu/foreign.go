@@ -153,3 +153,33 @@ func cmpOr(a, b string) string {
 	}
 	return b
 }
+
+// TakeAddress moves a secondary address of the subnet to the interface on
+// behalf of another party, as AssignPrivateIpAddresses with
+// AllowReassignment would (the VPC CNI or another program taking an
+// address away), at once and without counting as an API call. The address
+// may be free or a secondary address of another interface.
+func (s *Server) TakeAddress(interfaceID string, ip netip.Addr) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.enis[interfaceID]
+	if !ok {
+		return fmt.Errorf("interface %q does not exist", interfaceID)
+	}
+	sn := s.subnets[e.subnet]
+	if !sn.cidr.Contains(ip) || sn.reserved(ip) {
+		return fmt.Errorf("%s is not an address subnet %s hands out", ip, sn.id)
+	}
+	now := s.cfg.Now()
+	if owner := sn.used[ip]; owner != nil {
+		if owner.primary == ip {
+			return fmt.Errorf("%s is the primary address of %s", ip, owner.id)
+		}
+		if owner == e {
+			return nil
+		}
+		s.detach(owner, ip, now)
+	}
+	s.attach(e, ip, now)
+	return nil
+}
