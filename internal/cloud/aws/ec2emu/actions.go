@@ -245,6 +245,9 @@ func (s *Server) dispatch(action string, f formValues) (any, *apiError) {
 	case "UnassignPrivateIpAddresses":
 		return s.unassign(f, now)
 	}
+	if resp, err, ok := s.dispatchEIP(action, f); ok {
+		return resp, err
+	}
 	return nil, errorf("InvalidAction", "The action %s is not valid for this web service.", action)
 }
 
@@ -582,6 +585,7 @@ func (s *Server) unassign(f formValues, now time.Time) (any, *apiError) {
 	for _, a := range ips {
 		s.detach(e, a, now)
 	}
+	s.dropAssociations(ips)
 	e.prune(now, s.cfg.ConsistencyDelay)
 	return &unassignResponse{Return: true}, nil
 }

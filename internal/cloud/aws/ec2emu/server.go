@@ -129,6 +129,8 @@ type Server struct {
 	eniOrder      []string
 	counts        map[string]map[string]int
 	faults        map[string][]string
+	eips          map[string]*eipState // Elastic IP allocations (eip.go)
+	nextPublic    int
 }
 
 // New starts a Server on a loopback port.
