@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/cloud"
 	"github.com/egressip/egressip/internal/cloud/warm"
 )
@@ -34,7 +35,7 @@ const (
 var (
 	cloudCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_controller_cloud_calls_total",
-		Help: "Cloud API calls the controller made, by action (Interfaces, Holders, Assign, AssignCount, Unassign) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, InUse, error).",
+		Help: "Cloud API calls the controller made, by action (Interfaces, Holders, Assign, AssignCount, Unassign, ElasticIPs, Associate, Disassociate) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, InUse, error).",
 	}, []string{"action", labelResult})
 	cloudCallDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "egressip_controller_cloud_call_duration_seconds",
@@ -127,6 +128,7 @@ type Cloud struct {
 	recent        map[string]netip.Addr
 	held          map[netip.Addr]heldAddr
 	ours          map[netip.Addr]string // address -> interface our own call attached it to
+	eips          map[string]eipView    // pool -> its Elastic IPs as last read
 	runCtx        context.Context
 	backoff       *flowcontrol.Backoff
 	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
@@ -257,6 +259,11 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 		c.notify()
 	}
 	c.recheckHeld(ctx)
+	var pools v1.ExternalIPPoolList
+	if err := c.reader.List(ctx, &pools); err != nil {
+		return fmt.Errorf("list ExternalIPPools: %w", err)
+	}
+	c.refreshElasticIPs(ctx, pools.Items)
 	return nil
 }
 
@@ -284,6 +291,7 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		Recent:        maps.Clone(c.recent),
 		Held:          maps.Clone(c.held),
 		Ours:          maps.Clone(c.ours),
+		EIPs:          maps.Clone(c.eips),
 	}
 	for k, v := range c.owned {
 		ci.Owned[k] = maps.Clone(v)
@@ -400,6 +408,13 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 		ctx = c.runCtx
 	}
 	c.mu.Unlock()
+	c.runElasticIPs(ctx, out.EIPOps)
+	if out.ReadEIPs {
+		select {
+		case c.refreshNow <- struct{}{}:
+		default:
+		}
+	}
 	if len(jobs) == 0 {
 		return
 	}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/cloud"
 	"github.com/egressip/egressip/internal/cloud/warm"
@@ -75,6 +77,9 @@ type cloudInput struct {
 	// Ours maps the addresses our own calls attached (and nothing has
 	// detached since) to their interface.
 	Ours map[netip.Addr]string
+	// EIPs are, per pool naming Elastic IPs, the allocations as last
+	// read.
+	EIPs map[string]eipView
 }
 
 // cloudOp is one named-address attach for the Cloud to run: every address
@@ -103,6 +108,9 @@ type cloudPoolOut struct {
 	// HeldInRange are addresses of the pool's ipRanges held by an
 	// interface that is not ours (cloudInput.Held), sorted: skipped.
 	HeldInRange []netip.Addr
+	// EIPCond is the pool's ElasticIPs condition (pools naming Elastic
+	// IPs only).
+	EIPCond *metav1.Condition
 }
 
 // cloudOutput is what a pass asks of the cloud.
@@ -118,6 +126,11 @@ type cloudOutput struct {
 	// HeldWanted are the held addresses (cloudInput.Held) an Egress or a
 	// pool's ipRanges still ask for; the Cloud forgets the others.
 	HeldWanted map[netip.Addr]bool
+	// EIPOps are the Elastic IP calls of the pass.
+	EIPOps []eipOp
+	// ReadEIPs asks for a refresh now: a pool names Elastic IPs not read
+	// yet.
+	ReadEIPs bool
 }
 
 // cloudPool is a cloud-backed pool's working state in a pass.

@@ -629,6 +629,35 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			for _, ip := range out.Cloud.Pools[p.Name].HeldInRange {
 				out.Cloud.HeldWanted[ip] = true
 			}
+			if p.Spec.Cloud.AWS != nil && p.Spec.Cloud.AWS.ElasticIPs != nil && p.DeletionTimestamp == nil {
+				var wants []eipWant
+				for i := range egs {
+					if egs[i].Spec.ExternalIPPool != p.Name || !ips[i].IsValid() {
+						continue
+					}
+					w := eipWant{Egress: egs[i].Name, IP: ips[i]}
+					if st := out.Egresses[egs[i].Name].Status; st.EgressNode != "" && st.InterfaceMAC != "" {
+						w.Interface = holdingInterface(in.Cloud.Ifaces, ips[i])
+					}
+					wants = append(wants, w)
+				}
+				if _, read := in.Cloud.EIPs[p.Name]; !read {
+					out.Cloud.ReadEIPs = true // a new pool: read its Elastic IPs now, not at the next refresh
+				}
+				ep := planElasticIPs(in.Cloud.EIPs[p.Name], wants, func(ip netip.Addr) bool { return ownedByAny(cloudPools, ip) },
+					func(alloc string) bool { return in.Cloud.Blocked["eip/"+alloc] })
+				for _, op := range ep.Ops {
+					op.Pool = p.Name
+					out.Cloud.EIPOps = append(out.Cloud.EIPOps, op)
+				}
+				for name, pub := range ep.Public {
+					ch := out.Egresses[name]
+					ch.Status.PublicIP = pub.String()
+					out.Egresses[name] = ch
+				}
+				ep.Cond.ObservedGeneration = p.Generation
+				out.Cloud.Pools[p.Name].EIPCond = &ep.Cond
+			}
 			out.Cloud.Recheck = minPositive(out.Cloud.Recheck, out.Cloud.Pools[p.Name].Plan.Recheck)
 		}
 	}
@@ -681,6 +710,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			msg := fmt.Sprintf("%d of %s IPs used", st.Usage.Used, st.Usage.TotalText) + excludedSummary(st.Excluded)
 			if ps.cloud != nil {
 				msg += heldSummary(out.Cloud.Pools[p.Name].HeldInRange, in.Cloud.Held)
+				if c := out.Cloud.Pools[p.Name].EIPCond; c != nil {
+					meta.SetStatusCondition(&st.Conditions, *c)
+				} else {
+					meta.RemoveStatusCondition(&st.Conditions, v1.ConditionElasticIPs)
+				}
 			}
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonValid,
 				Message: msg, ObservedGeneration: p.Generation})

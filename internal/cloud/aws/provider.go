@@ -24,7 +24,9 @@
 // IAM: the Provider needs ec2:DescribeInstances, ec2:DescribeInstanceTypes,
 // ec2:AssignPrivateIpAddresses and ec2:UnassignPrivateIpAddresses for the
 // cloud.Provider methods, plus ec2:DescribeSubnets for Subnets and
-// ec2:DescribeNetworkInterfaces for InterfaceAddresses and Holders.
+// ec2:DescribeNetworkInterfaces for InterfaceAddresses and Holders, and
+// ec2:DescribeAddresses, ec2:AssociateAddress and ec2:DisassociateAddress
+// for the Elastic IPs (eip.go).
 package aws
 
 import (

@@ -266,10 +266,11 @@ func (s *Server) associateAddress(f formValues) (any, *apiError) {
 		}
 		private = a
 	}
-	if s.current(x) && !(x.private == private && x.eni == e.id) && !parseBool(f, "AllowReassociation") {
+	already := s.current(x) && x.private == private && x.eni == e.id
+	if s.current(x) && !already && !parseBool(f, "AllowReassociation") {
 		return nil, errorf("Resource.AlreadyAssociated", "resource %s is already associated with associate-id %s", id, x.assocID)
 	}
-	if !(s.current(x) && x.private == private) {
+	if !already {
 		s.associate(x, e, private)
 	}
 	return &associateAddressResponse{Return: true, AssociationID: x.assocID}, nil
