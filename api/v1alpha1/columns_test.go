@@ -99,6 +99,7 @@ func TestPrinterColumns(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), eg) })
 	eg.Status.SelectedPods = new(int32(7))
+	eg.Status.PublicIP = "203.0.113.7"
 	setStatus(t, eg, "192.0.2.5", "worker-3", metav1.ConditionTrue)
 
 	p := pool("columns", nil, cidr("192.0.2.0/28"))
@@ -156,7 +157,7 @@ func TestPrinterColumns(t *testing.T) {
 		}
 	}
 	check("egresses", "columns", []string{"Name", "Egress-IP", "Node", "Ready", "Age"},
-		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress", "Failure-Policy": "Fail", "Pods": float64(7)}, []string{"Pool", "Failure-Policy", "Pods"})
+		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress", "Failure-Policy": "Fail", "Pods": float64(7), "Public-IP": "203.0.113.7"}, []string{"Pool", "Failure-Policy", "Pods", "Public-IP"})
 	check("externalippools", "columns", []string{"Name", "Total", "Used", "Ready", "Age"},
 		map[string]any{"Total": "14", "Used": float64(2), "Ready": "True"}, nil)
 	check("externalippools", "columns-v6", []string{"Name", "Total", "Used", "Ready", "Age"},

@@ -164,6 +164,14 @@ type EgressStatus struct {
 	// +kubebuilder:validation:Pattern=`^([0-9a-f]{2}:){5}[0-9a-f]{2}$`
 	InterfaceMAC string `json:"interfaceMAC,omitempty"`
 
+	// PublicIP is, for a cloud-backed pool with Elastic IPs
+	// (spec.cloud.aws.elasticIPs), the public IPv4 address associated with
+	// EgressIP: what destinations on the internet see as the source. Empty
+	// otherwise, and while no Elastic IP is associated.
+	// +optional
+	// +kubebuilder:validation:MaxLength=15
+	PublicIP string `json:"publicIP,omitempty"`
+
 	// SelectedPods is the number of Pods whose traffic uses this Egress, as
 	// the controller last published them in EgressMemberSlices. A Pod that
 	// an older Egress also selects counts for the older one only (the
@@ -214,6 +222,7 @@ type EgressStatus struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.externalIPPool`,priority=1,description="ExternalIPPool"
 // +kubebuilder:printcolumn:name="Failure-Policy",type=string,JSONPath=`.spec.failurePolicy`,priority=1,description="What the Pods get while no Node holds the IP"
 // +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.selectedPods`,priority=1,description="Pods whose traffic uses this Egress"
+// +kubebuilder:printcolumn:name="Public-IP",type=string,JSONPath=`.status.publicIP`,priority=1,description="Elastic IP associated with the egress IP (cloud pools with elasticIPs)"
 type Egress struct {
 	metav1.TypeMeta `json:",inline"`
 

@@ -267,6 +267,15 @@ type AWSPool struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=15
 	MaxInterfacesPerNode int32 `json:"maxInterfacesPerNode,omitempty"`
+
+	// ElasticIPs names Elastic IP allocations that give the pool's egress
+	// IPs public addresses: each address allocated to an Egress is
+	// associated with one of them (AssociateAddress), the association
+	// follows the address when it moves, and it is released when the
+	// address leaves its Egress. Without it, egress IPs have no public
+	// address of their own. See docs/cloud-aws.md.
+	// +optional
+	ElasticIPs *ElasticIPs `json:"elasticIPs,omitempty"`
 }
 
 // Interfaces returns the pool's interface mode, OwnInterfaces when unset.
@@ -275,6 +284,30 @@ func (a *AWSPool) Interfaces() AWSInterfaceMode {
 		return AWSOwnInterfaces
 	}
 	return a.InterfaceMode
+}
+
+// ElasticIPs selects Elastic IP allocations, by ID or by tags (exactly one
+// of the two).
+//
+// +kubebuilder:validation:XValidation:rule="has(self.allocationIDs) != has(self.tags)",message="elasticIPs takes exactly one of allocationIDs and tags"
+type ElasticIPs struct {
+	// AllocationIDs are the allocations' IDs, such as
+	// eipalloc-0123456789abcdef0.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=200
+	// +kubebuilder:validation:items:Pattern=`^eipalloc-[0-9a-f]{8,17}$`
+	// +kubebuilder:validation:items:MaxLength=26
+	AllocationIDs []string `json:"allocationIDs,omitempty"`
+
+	// Tags selects the allocations that carry every one of these tags
+	// (key: value), such as {"egressip.io/pool": "partner-egress"}.
+	// +optional
+	// +kubebuilder:validation:MinProperties=1
+	// +kubebuilder:validation:MaxProperties=10
+	// +kubebuilder:validation:XValidation:rule="self.all(k, size(k) > 0 && size(k) <= 128 && size(self[k]) <= 256)",message="tag keys must be 1 to 128 characters, values at most 256"
+	Tags map[string]string `json:"tags,omitempty"`
 }
 
 // IPPoolUsage counts a pool's addresses.

@@ -84,3 +84,38 @@ const (
 	// no longer see another host answer for the IP.
 	ReasonNoConflict = "NoConflict"
 )
+
+// Reasons of cloud-backed pools (docs/cloud-aws.md).
+const (
+	// ReasonAddressHeld is the IPAllocated=False reason, and the Warning
+	// Event reason, while the address an Egress names (spec.egressIP) is
+	// held by a network interface that is not egressip's: a Pod IP of the
+	// VPC CNI, a load balancer's interface, another instance's interface.
+	// The controller never takes it; the message names the holder
+	// (interface ID, instance, description, requester). An Egress whose
+	// allocated address was taken gets the Event and another address.
+	ReasonAddressHeld = "AddressHeld"
+)
+
+// The ElasticIPs condition of a cloud-backed pool with
+// spec.cloud.aws.elasticIPs, and its reasons (docs/cloud-aws.md).
+const (
+	// ConditionElasticIPs is True when every Egress of the pool that is
+	// assigned has an Elastic IP associated and every named allocation is
+	// usable.
+	ConditionElasticIPs = "ElasticIPs"
+	// ReasonElasticIPsAssociated: ElasticIPs=True.
+	ReasonElasticIPsAssociated = "Associated"
+	// ReasonElasticIPUnusable: an allocation the pool names does not exist
+	// or is associated with an address that is not egressip's; the
+	// message names it and says what to do. It is never touched, and
+	// working associations stay.
+	ReasonElasticIPUnusable = "ElasticIPUnusable"
+	// ReasonElasticIPsExhausted: more Egresses than usable allocations;
+	// the message says how many wait.
+	ReasonElasticIPsExhausted = "ElasticIPsExhausted"
+	// ReasonElasticIPsUnreadable: the allocations could not be read (the
+	// message carries the cloud's error, such as a missing
+	// ec2:DescribeAddresses permission).
+	ReasonElasticIPsUnreadable = "ElasticIPsUnreadable"
+)

@@ -42,6 +42,14 @@ func subnet(gw string, prefix, vlan int32) func(*v1.ExternalIPPoolSpec) {
 	}
 }
 
+// eips is a cloud pool in subnet-01234567 with the given Elastic IPs.
+func eips(e *v1.ElasticIPs) func(*v1.ExternalIPPoolSpec) {
+	return func(s *v1.ExternalIPPoolSpec) {
+		cloudAWS("subnet-01234567", 0, 0)(s)
+		s.Cloud.AWS.ElasticIPs = e
+	}
+}
+
 func cloudAWS(subnetID string, warm, minimum int32) func(*v1.ExternalIPPoolSpec) {
 	return func(s *v1.ExternalIPPoolSpec) {
 		s.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: subnetID}, WarmIPTarget: warm, MinimumIPTarget: minimum}
@@ -171,6 +179,15 @@ func TestValidation(t *testing.T) {
 			cloudAWS("subnet-01234567", 0, 0)(s)
 			s.Cloud.AWS.InterfaceMode = v1.AWSPrimaryInterface
 		}), ""},
+		{"cloud pool with Elastic IPs by ID", pool("ok-cloud-eip-ids", eips(&v1.ElasticIPs{AllocationIDs: []string{"eipalloc-0123456789abcdef0", "eipalloc-01234567"}})), ""},
+		{"cloud pool with Elastic IPs by tags", pool("ok-cloud-eip-tags", eips(&v1.ElasticIPs{Tags: map[string]string{"egressip.io/pool": "partner"}})), ""},
+
+		// Rejected: Elastic IPs.
+		{"elasticIPs with both", pool("bad-eip-both", eips(&v1.ElasticIPs{AllocationIDs: []string{"eipalloc-01234567"}, Tags: map[string]string{"a": "b"}})), "elasticIPs takes exactly one of allocationIDs and tags"},
+		{"elasticIPs with neither", pool("bad-eip-none", eips(&v1.ElasticIPs{})), "elasticIPs takes exactly one of allocationIDs and tags"},
+		{"elasticIPs allocation ID pattern", pool("bad-eip-id", eips(&v1.ElasticIPs{AllocationIDs: []string{"eip-01234567"}})), "spec.cloud.aws.elasticIPs.allocationIDs[0]: Invalid value"},
+		{"elasticIPs duplicate allocation IDs", pool("bad-eip-dup", eips(&v1.ElasticIPs{AllocationIDs: []string{"eipalloc-01234567", "eipalloc-01234567"}})), "spec.cloud.aws.elasticIPs.allocationIDs[1]: Duplicate value"},
+
 		// Rejected: cloud.
 		{"cloud primary mode with a cap", pool("bad-cloud-primary-cap", func(s *v1.ExternalIPPoolSpec) {
 			cloudAWS("subnet-01234567", 0, 0)(s)

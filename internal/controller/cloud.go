@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/cloud"
 	"github.com/egressip/egressip/internal/cloud/warm"
 )
@@ -34,7 +35,7 @@ const (
 var (
 	cloudCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "egressip_controller_cloud_calls_total",
-		Help: "Cloud API calls the controller made, by action (Interfaces, Assign, AssignCount, Unassign, TaggedInterfaces, SubnetZones, CreateInterface, AttachInterface, DeleteInterface) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, Unauthorized, InterfaceLimit, error).",
+		Help: "Cloud API calls the controller made, by action (Interfaces, Holders, Assign, AssignCount, Unassign, TaggedInterfaces, SubnetZones, CreateInterface, AttachInterface, DeleteInterface, ElasticIPs, Associate, Disassociate) and result (ok, LimitExceeded, SubnetFull, Throttled, NotFound, InUse, Unauthorized, InterfaceLimit, error).",
 	}, []string{"action", labelResult})
 	cloudCallDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "egressip_controller_cloud_call_duration_seconds",
@@ -133,6 +134,9 @@ type Cloud struct {
 	lastError     map[string]string
 	warmAttaching map[string]int
 	recent        map[string]netip.Addr
+	held          map[netip.Addr]heldAddr
+	ours          map[netip.Addr]string // address -> interface our own call attached it to
+	eips          map[string]eipView    // pool -> its Elastic IPs as last read
 	runCtx        context.Context
 	backoff       *flowcontrol.Backoff
 	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
@@ -166,6 +170,8 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		attaching:     map[netip.Addr]string{},
 		lastError:     map[string]string{},
 		warmAttaching: map[string]int{},
+		held:          map[netip.Addr]heldAddr{},
+		ours:          map[netip.Addr]string{},
 		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
 		backoffUntil:  map[string]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
@@ -266,10 +272,21 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 		c.subnets, c.subnetErr = subnets, subnetErr
 	}
 	c.ifaces, c.ready = got, true
+	for ip, ifc := range c.ours {
+		if holdingInterface(got, ip) != ifc {
+			delete(c.ours, ip) // detached or taken by someone else since
+		}
+	}
 	c.mu.Unlock()
 	if changed {
 		c.notify()
 	}
+	c.recheckHeld(ctx)
+	var pools v1.ExternalIPPoolList
+	if err := c.reader.List(ctx, &pools); err != nil {
+		return fmt.Errorf("list ExternalIPPools: %w", err)
+	}
+	c.refreshElasticIPs(ctx, pools.Items)
 	return nil
 }
 
@@ -305,6 +322,9 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		Tagged:        slices.Clone(c.tagged),
 		Creating:      maps.Clone(c.creating),
 		PoolError:     maps.Clone(c.poolError),
+		Held:          maps.Clone(c.held),
+		Ours:          maps.Clone(c.ours),
+		EIPs:          maps.Clone(c.eips),
 	}
 	_, ci.Manage = c.cfg.Provider.(cloud.InterfaceManager)
 	for k, v := range c.owned {
@@ -338,6 +358,11 @@ func (c *Cloud) remember(out *cloudOutput, now time.Time) {
 		}
 	}
 	c.recent = maps.Clone(out.Allocations)
+	for ip := range c.held {
+		if !out.HeldWanted[ip] {
+			delete(c.held, ip) // nothing asks for it any more
+		}
+	}
 	for pool, po := range out.Pools {
 		owned := maps.Clone(po.Owned)
 		// Addresses attached by a call that completed during the pass
@@ -366,13 +391,7 @@ func (c *Cloud) remember(out *cloudOutput, now time.Time) {
 // detaches (one call per interface). Interfaces with a call in flight are
 // skipped (the next pass asks again).
 func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
-	type job struct {
-		action, pool string
-		node, iface  string
-		ips          []netip.Addr
-		count        int
-	}
-	var jobs []job
+	var jobs []cloudJob
 	c.mu.Lock()
 	claim := func(iface string) bool {
 		if c.busy[iface] {
@@ -386,7 +405,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			for _, ip := range op.IPs {
 				c.attaching[ip] = op.Node
 			}
-			jobs = append(jobs, job{action: actionAssign, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
+			jobs = append(jobs, cloudJob{action: actionAssign, node: op.Node, iface: op.InterfaceID, subnet: interfaceSubnet(c.ifaces[op.Node], op.InterfaceID), ips: op.IPs, from: op.From})
 		}
 	}
 	for _, pool := range slices.Sorted(maps.Keys(out.Pools)) {
@@ -397,10 +416,10 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			}
 			if len(op.IPs) > 0 {
 				c.warmAttaching[pool] += len(op.IPs)
-				jobs = append(jobs, job{action: actionAssign, pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs, count: len(op.IPs)})
+				jobs = append(jobs, cloudJob{action: actionAssign, pool: pool, node: op.Node, iface: op.InterfaceID, subnet: interfaceSubnet(c.ifaces[op.Node], op.InterfaceID), ips: op.IPs, count: len(op.IPs)})
 			} else {
 				c.warmAttaching[pool] += op.Count
-				jobs = append(jobs, job{action: actionAssignCount, pool: pool, node: op.Node, iface: op.InterfaceID, count: op.Count})
+				jobs = append(jobs, cloudJob{action: actionAssignCount, pool: pool, node: op.Node, iface: op.InterfaceID, count: op.Count})
 			}
 		}
 		if len(po.Plan.Detach) > 0 {
@@ -416,14 +435,15 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 				delete(c.owned[pool], ip)
 				c.detaching[ip] = true
 			}
-			jobs = append(jobs, job{action: actionUnassign, pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
+			jobs = append(jobs, cloudJob{action: actionUnassign, pool: pool, node: op.Node, iface: op.InterfaceID, ips: op.IPs})
 		}
 	}
 	if c.runCtx != nil {
 		ctx = c.runCtx
 	}
 	c.mu.Unlock()
-	if out.Reread {
+	c.runElasticIPs(ctx, out.EIPOps)
+	if out.Reread || out.ReadEIPs {
 		select {
 		case c.refreshNow <- struct{}{}:
 		default:
@@ -435,6 +455,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 		return
 	}
 	go func() {
+		jobs := c.screen(ctx, jobs)
 		workqueue.ParallelizeUntil(ctx, c.cfg.Parallelism, len(jobs), func(i int) {
 			j := jobs[i]
 			defer func() {
@@ -458,10 +479,7 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 			var err error
 			switch j.action {
 			case actionAssign:
-				err = c.call(ctx, j.action, func() error { return c.cfg.Provider.Assign(ctx, j.iface, j.ips) })
-				if err == nil {
-					c.applied(j.pool, j.node, j.iface, j.ips, true)
-				}
+				err = c.assignNamed(ctx, j)
 			case actionAssignCount:
 				var got []netip.Addr
 				err = c.call(ctx, j.action, func() error {
@@ -509,10 +527,13 @@ func (c *Cloud) applied(pool, node, iface string, ips []netip.Addr, attach bool)
 		o := overlayEntry{iface: iface, deadline: now.Add(c.cfg.Overlay)}
 		if attach {
 			o.node = node
+			c.ours[ip] = iface
 		} else if prev, ok := c.overlay[ip]; ok && prev.node != "" && prev.iface != iface {
 			// Attached elsewhere by a call that completed first: a detach
 			// from iface does not undo that.
 			continue
+		} else if c.ours[ip] == iface {
+			delete(c.ours, ip)
 		}
 		c.overlay[ip] = o
 	}
@@ -575,6 +596,8 @@ func (c *Cloud) call(ctx context.Context, action string, f func() error) error {
 		res = "Unauthorized"
 	case errors.Is(err, cloud.ErrInterfaceLimit):
 		res = "InterfaceLimit"
+	case errors.Is(err, cloud.ErrInUse):
+		res = "InUse"
 	default:
 		res = resultError
 	}

@@ -56,7 +56,13 @@ type eniDelete struct {
 // ours reports whether an interface carries this cluster's ownership tag
 // and the CNI's no_manage tag.
 func (ci *cloudInput) ours(e cloud.ENI) bool {
-	return e.Tags[TagCluster] == ci.Cluster && e.Tags[TagNoManage] == "true"
+	return ownTags(e.Tags, ci.Cluster)
+}
+
+// ownTags reports whether an interface's tags make it ours: TagCluster is
+// the cluster's name and TagNoManage is "true".
+func ownTags(tags map[string]string, cluster string) bool {
+	return tags[TagCluster] == cluster && tags[TagNoManage] == "true"
 }
 
 // eniView is, for one pass, where each address of ours lives and how many

@@ -8,12 +8,13 @@ import (
 	"slices"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/cloud"
 	"github.com/egressip/egressip/internal/cloud/warm"
 	"github.com/egressip/egressip/internal/ipam"
 	"github.com/egressip/egressip/internal/scheduler"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Condition reasons of cloud-backed pools.
@@ -89,6 +90,16 @@ type cloudInput struct {
 	// PoolError holds, per pool, the error of its last failed interface
 	// call (create, attach, delete), cleared by a success.
 	PoolError map[string]string
+	// Held are the addresses a look-up found held by an interface that is
+	// not ours (issue 17 item 4): they are never attached, and an Egress
+	// that names one gets a condition naming the holder.
+	Held map[netip.Addr]heldAddr
+	// Ours maps the addresses our own calls attached (and nothing has
+	// detached since) to their interface.
+	Ours map[netip.Addr]string
+	// EIPs are, per pool naming Elastic IPs, the allocations as last
+	// read.
+	EIPs map[string]eipView
 }
 
 // cloudOp is one named-address attach for the Cloud to run: every address
@@ -96,6 +107,11 @@ type cloudInput struct {
 type cloudOp struct {
 	Node, InterfaceID string
 	IPs               []netip.Addr
+	// From maps the addresses that are ours now (attached for an Egress
+	// or warm, on a known interface) to the interface holding them: only
+	// those may be taken with reassignment. Every other address must be
+	// free when the Cloud looks it up.
+	From map[netip.Addr]string
 }
 
 // cloudPoolOut is the cloud outcome of a pass for one pool.
@@ -116,6 +132,12 @@ type cloudPoolOut struct {
 	Busy       bool
 	// Deletes are the pool's interfaces to detach and delete.
 	Deletes []eniDelete
+	// HeldInRange are addresses of the pool's ipRanges held by an
+	// interface that is not ours (cloudInput.Held), sorted: skipped.
+	HeldInRange []netip.Addr
+	// EIPCond is the pool's ElasticIPs condition (pools naming Elastic
+	// IPs only).
+	EIPCond *metav1.Condition
 }
 
 // cloudOutput is what a pass asks of the cloud.
@@ -140,12 +162,21 @@ type cloudOutput struct {
 	Recheck time.Duration
 	// Allocations maps every cloud-pool Egress with an address to it.
 	Allocations map[string]netip.Addr
+	// HeldWanted are the held addresses (cloudInput.Held) an Egress or a
+	// pool's ipRanges still ask for; the Cloud forgets the others.
+	HeldWanted map[netip.Addr]bool
+	// EIPOps are the Elastic IP calls of the pass.
+	EIPOps []eipOp
+	// ReadEIPs asks for a refresh now: a pool names Elastic IPs not read
+	// yet.
+	ReadEIPs bool
 }
 
 // cloudPool is a cloud-backed pool's working state in a pass.
 type cloudPool struct {
-	spec   *v1.CloudPool
+	// name is the pool's name.
 	name   string
+	spec   *v1.CloudPool
 	subnet string
 	// own: interface mode OwnInterfaces; groups and maxIfaces are its
 	// securityGroupIDs and maxInterfacesPerNode.
@@ -166,6 +197,9 @@ type cloudPool struct {
 	// bound: addresses an Egress status names with a Node (input or
 	// output of the pass).
 	bound map[netip.Addr]bool
+	// ours maps the addresses known to be ours to the Node whose
+	// interface holds them (see markOurs).
+	ours map[netip.Addr]string
 }
 
 // attachedAt maps every secondary address of the known primary
@@ -257,12 +291,77 @@ func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, egs []v1.Egress) *cloudP
 	return cp
 }
 
+// markOurs records which attached addresses are known to be ours and
+// where: those an Egress status publishes on the Node whose interface holds
+// them (Assigned is written only after the cloud confirmed the attach),
+// those the pool status lists warm on that Node, and those our own calls
+// attached (ci.Owned, ci.Ours), and, in any mode, every address on an
+// interface tagged as ours for this cluster (cloudInput.ours). An Egress
+// status naming an address without that Node is no proof: it is written
+// before the attach. In OwnInterfaces mode nothing on a Node's primary
+// interface is ours (it belongs to the VPC CNI). Held addresses are never
+// ours.
+func (cp *cloudPool) markOurs(p *v1.ExternalIPPool, ci *cloudInput, at map[netip.Addr]string, egs []v1.Egress) {
+	cp.ours = map[netip.Addr]string{}
+	for ip := range ci.Owned[p.Name] {
+		if n := at[ip]; n != "" && !ci.Detaching[ip] {
+			cp.ours[ip] = n
+		}
+	}
+	if p.Status.Cloud != nil {
+		for _, w := range p.Status.Cloud.WarmIPs {
+			if ip, err := netip.ParseAddr(w.IP); err == nil && at[ip] == w.Node {
+				cp.ours[ip] = w.Node
+			}
+		}
+	}
+	for i := range egs {
+		e := &egs[i]
+		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && e.Spec.ExternalIPPool == p.Name && e.Status.EgressNode != "" && at[ip] == e.Status.EgressNode {
+			cp.ours[ip] = e.Status.EgressNode
+		}
+	}
+	for ip, ifc := range ci.Ours {
+		if n := at[ip]; n != "" && holdingInterface(ci.Ifaces, ip) == ifc {
+			cp.ours[ip] = n
+		}
+	}
+	// An interface tagged as ours for this cluster (TagCluster, TagNoManage)
+	// holds only addresses we put there: the VPC CNI leaves it alone.
+	for node, ifc := range ci.Ifaces {
+		for _, e := range ifc.Others {
+			if !ci.ours(e) {
+				continue
+			}
+			for _, ip := range e.Secondary {
+				if !ci.Detaching[ip] {
+					cp.ours[ip] = node
+				}
+			}
+		}
+	}
+	if cp.own {
+		// In OwnInterfaces mode the Node's primary interface is the VPC
+		// CNI's: nothing on it is ours, whatever a status says.
+		for _, ifc := range ci.Ifaces {
+			for _, ip := range ifc.Secondary {
+				delete(cp.ours, ip)
+			}
+		}
+	}
+	for ip := range ci.Held {
+		delete(cp.ours, ip)
+		delete(cp.owned, ip)
+	}
+}
+
 // fillWarm lists the available warm addresses once the allocation of kept
-// and named addresses has marked them used.
+// and named addresses has marked them used. An address released in this
+// very pass (see releasedNow) is cooling already: it is not available.
 func (cp *cloudPool) fillWarm(ci *cloudInput, at map[netip.Addr]string, eligible func(string) bool) {
 	for ip := range cp.owned {
 		node, ok := at[ip]
-		if !ok || cp.used[ip] || !eligible(node) || ci.Now.Before(ci.CoolUntil[ip]) {
+		if !ok || cp.used[ip] || !eligible(node) || ci.Now.Before(ci.CoolUntil[ip]) || cp.releasedNow(ci, ip) {
 			continue
 		}
 		cp.avail[node] = append(cp.avail[node], ip)
@@ -270,6 +369,15 @@ func (cp *cloudPool) fillWarm(ci *cloudInput, at map[netip.Addr]string, eligible
 	for _, ips := range cp.avail {
 		slices.SortFunc(ips, func(a, b netip.Addr) int { return a.Compare(b) })
 	}
+}
+
+// releasedNow reports whether ip left an Egress in this pass: an agent may
+// hold it (the previous pass published it with a Node, or an Egress status
+// in this pass's input names a Node for it) and no Egress is allocated it
+// now. Such an address starts its cooldown in this pass (warm.Cooldown),
+// so no Egress may take it in the same pass that released it.
+func (cp *cloudPool) releasedNow(ci *cloudInput, ip netip.Addr) bool {
+	return !cp.used[ip] && (ci.PrevAllocated[cp.name][ip] || cp.bound[ip])
 }
 
 // takeWarm allocates a warm address on the least-loaded Node that has one
@@ -410,7 +518,7 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNod
 		}
 		o.Owned[ip] = true
 		cool := ci.CoolUntil[ip]
-		if ci.PrevAllocated[p.Name][ip] || cp.bound[ip] {
+		if cp.releasedNow(ci, ip) {
 			o.Released = append(o.Released, ip)
 			cool = ci.Now.Add(warm.Cooldown)
 		}
@@ -467,6 +575,13 @@ func planCloudPool(p *v1.ExternalIPPool, cp *cloudPool, pool *ipam.Pool, poolNod
 		for ip := range cp.used {
 			_ = free.Reserve(ip)
 		}
+		for ip := range ci.Held {
+			if pool.Contains(ip) {
+				_ = free.Reserve(ip) // someone else's: skipped
+				o.HeldInRange = append(o.HeldInRange, ip)
+			}
+		}
+		slices.SortFunc(o.HeldInRange, netip.Addr.Compare)
 		want := in.WarmTarget + in.Pending + in.MinimumTarget
 		for range want {
 			ip, err := free.Allocate()

@@ -132,6 +132,10 @@ type PassReconciler struct {
 	// releaseSince holds when each release the pass waits for began
 	// (passInput.ReleaseSince); the pass worker alone uses it.
 	releaseSince map[releaseKey]time.Time
+	// beforePass, when set (tests only), runs at the start of every pass
+	// with the cache the pass reads, so a test can hold passes while it
+	// makes several changes that one pass must see together.
+	beforePass func(context.Context, client.Reader)
 }
 
 // Reconcile runs one pass. It returns an error (and is retried with backoff)
@@ -141,6 +145,9 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	start := time.Now()
 	defer func() { passDuration.Observe(time.Since(start).Seconds()) }()
 	logger := log.FromContext(ctx)
+	if r.beforePass != nil {
+		r.beforePass(ctx, r.Client)
+	}
 
 	var (
 		pools v1.ExternalIPPoolList
@@ -540,6 +547,8 @@ type Options struct {
 	MaxMembersPerSlice int
 	// Cloud enables cloud-backed pools when Cloud.Provider is set.
 	Cloud CloudConfig
+	// beforePass is PassReconciler.beforePass (tests only).
+	beforePass func(context.Context, client.Reader)
 }
 
 // checkReleaseTimeout refuses a release timeout that cannot work with the
@@ -584,7 +593,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	collectorOnce.Do(func() { metrics.Registry.MustRegister(collector) })
 	collector.set(mgr.GetCache(), o.Pass.DefaultCapacity)
 	l := NewLiveness(mgr.GetClient(), o.Liveness)
-	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass}
+	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass, beforePass: o.beforePass}
 	if o.Cloud.Provider != nil {
 		r.Cloud = NewCloud(mgr.GetClient(), o.Cloud)
 	}

@@ -189,7 +189,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 	var attached map[netip.Addr]string
 	var view *eniView
 	if in.Cloud != nil {
-		out.Cloud = &cloudOutput{Pools: map[string]*cloudPoolOut{}, Allocations: map[string]netip.Addr{}}
+		out.Cloud = &cloudOutput{Pools: map[string]*cloudPoolOut{}, Allocations: map[string]netip.Addr{}, HeldWanted: map[netip.Addr]bool{}}
 		attached = attachedAt(in.Cloud)
 		view = newENIView(in.Cloud)
 	}
@@ -207,6 +207,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 		}
 		if ps.err == nil && p.Spec.Cloud != nil {
 			ps.cloud = newCloudPool(p, in.Cloud, in.Egresses)
+			ps.cloud.markOurs(p, in.Cloud, attached, in.Egresses)
 		}
 		if ps.err == nil {
 			if ps.pool != nil {
@@ -271,6 +272,9 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 	// spec); the pass allocates another.
 	rejected := make([]string, len(egs))
 	preferred := make([]string, len(egs)) // cloud pools: the Node holding the address
+	// heldNote is the Warning Event note (v1.ReasonAddressHeld) for an
+	// Egress whose address an interface that is not ours holds.
+	heldNote := make([]string, len(egs))
 	allocCond := make([]metav1.Condition, len(egs))
 	var pending []int
 	keeper := statusKeepers(egs)
@@ -296,6 +300,14 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 					allocCond[i] = allocatedCond(false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
 					continue
 				}
+				if h, held := in.Cloud.Held[ip]; held {
+					out.Cloud.HeldWanted[ip] = true
+					allocCond[i] = allocatedCond(false, v1.ReasonAddressHeld, heldMessage(ip, "spec.egressIP", h))
+					if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated); prev == nil || prev.Reason != v1.ReasonAddressHeld || prev.Message != allocCond[i].Message {
+						heldNote[i] = allocCond[i].Message
+					}
+					continue
+				}
 				cp.used[ip] = true
 				ips[i] = ip
 				allocCond[i] = allocatedCond(true, ReasonAllocated, fmt.Sprintf("%s (named in spec) from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
@@ -304,6 +316,12 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			ip, err := netip.ParseAddr(e.Status.EgressIP)
 			if err != nil && e.Status.EgressIP == "" {
 				ip, err = in.Cloud.Recent[e.Name], nil // our write may not be in the cache yet
+			}
+			if h, held := in.Cloud.Held[ip]; err == nil && held {
+				// Someone else holds the address now: the Egress gets
+				// another one.
+				heldNote[i] = fmt.Sprintf("%s; this Egress gets another address", heldMessage(ip, "status.egressIP", h))
+				ip = netip.Addr{}
 			}
 			if err == nil && ip.IsValid() && cp.checkNamed(ip, ps.pool) == nil && !cp.used[ip] && keeps(i, ip) {
 				cp.used[ip] = true
@@ -494,6 +512,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 	// Statuses.
 	attach := map[string][]netip.Addr{}
 	attachNode := map[string]string{}
+	attachFrom := map[string]map[netip.Addr]string{}
 	for i := range egs {
 		e := &egs[i]
 		// selectedPods and shadowedBy belong to the member publication
@@ -531,7 +550,11 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			cp = ps.cloud
 		}
 		if cp != nil && target != "" {
-			if attached[ips[i]] == target && (!cp.own || view.ifaceAt[ips[i]] != in.Cloud.Ifaces[target].ID) {
+			// On the target's interface and ours: nothing to attach. An
+			// address there that is not ours (a Pod IP of the CNI, and in
+			// OwnInterfaces mode anything on the primary interface) goes
+			// through the attach and its look-up, which refuses it.
+			if attached[ips[i]] == target && cp.ours[ips[i]] == target && (!cp.own || view.ifaceAt[ips[i]] != in.Cloud.Ifaces[target].ID) {
 				st.InterfaceMAC = view.macAt[ips[i]]
 			} else {
 				msg := fmt.Sprintf("attaching %s to the network interface of Node %s through the cloud API", st.EgressIP, target)
@@ -548,6 +571,12 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 				if ok {
 					attach[eni] = append(attach[eni], ips[i])
 					attachNode[eni] = target
+					if from := holdingInterface(in.Cloud.Ifaces, ips[i]); cp.ours[ips[i]] != "" && from != "" && from != eni {
+						if attachFrom[eni] == nil {
+							attachFrom[eni] = map[netip.Addr]string{}
+						}
+						attachFrom[eni][ips[i]] = from
+					}
 				}
 				target = ""
 			}
@@ -643,6 +672,10 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			(prev == nil || prev.Reason != v1.ReasonBindRefused || prev.Message != rc.Message) {
 			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonBindRefused, rc.Message
 		}
+		if heldNote[i] != "" && (ch.EventReason == "" || ch.EventType == corev1.EventTypeNormal) {
+			// Says more than an Assigned or Moved Event would.
+			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonAddressHeld, heldNote[i]
+		}
 		if rejected[i] != "" && ch.EventReason == "" {
 			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonStatusIPRejected, rejected[i]
 		}
@@ -676,7 +709,7 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 				continue
 			}
 			slices.SortFunc(ipl, func(a, b netip.Addr) int { return a.Compare(b) })
-			out.Cloud.Attach = append(out.Cloud.Attach, cloudOp{Node: attachNode[ifc], InterfaceID: ifc, IPs: slices.Compact(ipl)})
+			out.Cloud.Attach = append(out.Cloud.Attach, cloudOp{Node: attachNode[ifc], InterfaceID: ifc, IPs: slices.Compact(ipl), From: attachFrom[ifc]})
 		}
 		slices.SortFunc(out.Cloud.Attach, func(a, b cloudOp) int { return cmp.Compare(a.Node, b.Node) })
 		attaching := map[string]int{}
@@ -689,6 +722,38 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 				continue
 			}
 			out.Cloud.Pools[p.Name] = planCloudPool(&p, ps.cloud, ps.pool, sPoolNodes(sPools, p.Name), in.Cloud, view, attached, sNodes, flagCapacity, attaching, func(ip netip.Addr) bool { return ownedByAny(cloudPools, ip) })
+			for _, ip := range out.Cloud.Pools[p.Name].HeldInRange {
+				out.Cloud.HeldWanted[ip] = true
+			}
+			if p.Spec.Cloud.AWS != nil && p.Spec.Cloud.AWS.ElasticIPs != nil && p.DeletionTimestamp == nil {
+				var wants []eipWant
+				for i := range egs {
+					if egs[i].Spec.ExternalIPPool != p.Name || !ips[i].IsValid() {
+						continue
+					}
+					w := eipWant{Egress: egs[i].Name, IP: ips[i]}
+					if st := out.Egresses[egs[i].Name].Status; st.EgressNode != "" && st.InterfaceMAC != "" {
+						w.Interface = holdingInterface(in.Cloud.Ifaces, ips[i])
+					}
+					wants = append(wants, w)
+				}
+				if _, read := in.Cloud.EIPs[p.Name]; !read {
+					out.Cloud.ReadEIPs = true // a new pool: read its Elastic IPs now, not at the next refresh
+				}
+				ep := planElasticIPs(in.Cloud.EIPs[p.Name], wants, func(ip netip.Addr) bool { return ownedByAny(cloudPools, ip) },
+					func(alloc string) bool { return in.Cloud.Blocked["eip/"+alloc] })
+				for _, op := range ep.Ops {
+					op.Pool = p.Name
+					out.Cloud.EIPOps = append(out.Cloud.EIPOps, op)
+				}
+				for name, pub := range ep.Public {
+					ch := out.Egresses[name]
+					ch.Status.PublicIP = pub.String()
+					out.Egresses[name] = ch
+				}
+				ep.Cond.ObservedGeneration = p.Generation
+				out.Cloud.Pools[p.Name].EIPCond = &ep.Cond
+			}
 			out.Cloud.Recheck = minPositive(out.Cloud.Recheck, out.Cloud.Pools[p.Name].Plan.Recheck)
 			out.Cloud.DeleteENIs = append(out.Cloud.DeleteENIs, out.Cloud.Pools[p.Name].Deletes...)
 		}
@@ -784,8 +849,17 @@ func plan(in passInput) passOutput { //nolint:gocyclo // one pure pass in sequen
 			if ps.pool != nil && ps.cloud == nil {
 				st.Excluded = excludedStatus(ps.pool, nodeIdx, ps.nodeIPs)
 			}
+			msg := fmt.Sprintf("%d of %s IPs used", st.Usage.Used, st.Usage.TotalText) + excludedSummary(st.Excluded)
+			if ps.cloud != nil {
+				msg += heldSummary(out.Cloud.Pools[p.Name].HeldInRange, in.Cloud.Held)
+				if c := out.Cloud.Pools[p.Name].EIPCond; c != nil {
+					meta.SetStatusCondition(&st.Conditions, *c)
+				} else {
+					meta.RemoveStatusCondition(&st.Conditions, v1.ConditionElasticIPs)
+				}
+			}
 			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonValid,
-				Message: fmt.Sprintf("%d of %s IPs used", st.Usage.Used, st.Usage.TotalText) + excludedSummary(st.Excluded), ObservedGeneration: p.Generation})
+				Message: msg, ObservedGeneration: p.Generation})
 		}
 		out.Pools[p.Name] = st
 	}

@@ -24,7 +24,9 @@
 // IAM: the Provider needs ec2:DescribeInstances, ec2:DescribeInstanceTypes,
 // ec2:AssignPrivateIpAddresses and ec2:UnassignPrivateIpAddresses for the
 // cloud.Provider methods, plus ec2:DescribeSubnets for Subnets and
-// ec2:DescribeNetworkInterfaces for InterfaceAddresses.
+// ec2:DescribeNetworkInterfaces for InterfaceAddresses and Holders, and
+// ec2:DescribeAddresses, ec2:AssociateAddress and ec2:DisassociateAddress
+// for the Elastic IPs (eip.go).
 package aws
 
 import (
@@ -449,6 +451,8 @@ func mapError(doing string, err error) error {
 		sentinel = cloud.ErrLimitExceeded
 	case code == "InsufficientFreeAddressesInSubnet":
 		sentinel = cloud.ErrSubnetFull
+	case code == "InvalidIPAddress.InUse":
+		sentinel = cloud.ErrInUse
 	case strings.HasSuffix(code, ".NotFound"):
 		sentinel = cloud.ErrNotFound
 	case code == "UnauthorizedOperation":

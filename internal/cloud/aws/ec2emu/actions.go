@@ -147,6 +147,8 @@ type xmlENI struct {
 	Status             string         `xml:"status"`
 	InterfaceType      string         `xml:"interfaceType,omitempty"`
 	Description        string         `xml:"description,omitempty"`
+	RequesterID        string         `xml:"requesterId,omitempty"`
+	RequesterManaged   bool           `xml:"requesterManaged"`
 	Attachment         *xmlAttachment `xml:"attachment,omitempty"`
 	PrivateIPs         []xmlPrivateIP `xml:"privateIpAddressesSet>item"`
 	Groups             []xmlGroup     `xml:"groupSet>item"`
@@ -267,6 +269,9 @@ func (s *Server) dispatch(action string, f formValues) (any, *apiError) {
 	case "ModifyNetworkInterfaceAttribute":
 		return s.modifyNetworkInterfaceAttribute(f)
 	}
+	if resp, err, ok := s.dispatchEIP(action, f); ok {
+		return resp, err
+	}
 	return nil, errorf("InvalidAction", "The action %s is not valid for this web service.", action)
 }
 
@@ -302,10 +307,13 @@ func (s *Server) xmlENI(e *eniState, now time.Time, withInstance bool) xmlENI {
 	}
 	if withInstance {
 		x.AvailabilityZone = sn.az
-		x.InterfaceType = "interface"
+		x.InterfaceType = TypeInterface
 		if x.Attachment != nil {
 			x.Attachment.InstanceID = e.instance
 		}
+	}
+	if f := e.foreign; f != nil {
+		x.InterfaceType, x.RequesterID, x.RequesterManaged = f.typ, f.requesterID, f.requesterManaged
 	}
 	for _, a := range e.visible(now, s.cfg.ConsistencyDelay) {
 		x.PrivateIPs = append(x.PrivateIPs, xmlPrivateIP{PrivateIPAddress: a.String()})
@@ -382,7 +390,7 @@ func (s *Server) describeInstances(f formValues, now time.Time) (any, *apiError)
 }
 
 func (s *Server) describeNetworkInterfaces(f formValues, now time.Time) (any, *apiError) {
-	fs, err := f.filters("network-interface-id", "attachment.instance-id", "attachment.device-index", "subnet-id", "status", "vpc-id", "tag-key", "tag:*")
+	fs, err := f.filters("network-interface-id", "attachment.instance-id", "attachment.device-index", "subnet-id", "status", "vpc-id", filterTagKey, "tag:*", "addresses.private-ip-address")
 	if err != nil {
 		return nil, err
 	}
@@ -402,7 +410,8 @@ func (s *Server) describeNetworkInterfaces(f formValues, now time.Time) (any, *a
 		if (len(ids) > 0 && !slices.Contains(ids, id)) || !match(fs, "network-interface-id", id) ||
 			!match(fs, "attachment.instance-id", e.instance) || !match(fs, "subnet-id", e.subnet) ||
 			!match(fs, "attachment.device-index", strconv.Itoa(e.deviceIndex)) || !match(fs, "status", status) ||
-			!match(fs, "vpc-id", s.subnets[e.subnet].vpc) || !matchTags(fs, e.tags) {
+			!match(fs, "vpc-id", s.subnets[e.subnet].vpc) || !matchTags(fs, e.tags) ||
+			!matchAddress(fs, e, e.visible(now, s.cfg.ConsistencyDelay)) {
 			continue
 		}
 		hits = append(hits, e)
@@ -620,6 +629,7 @@ func (s *Server) unassign(f formValues, now time.Time) (any, *apiError) {
 	for _, a := range ips {
 		s.detach(e, a, now)
 	}
+	s.dropAssociations(ips)
 	e.prune(now, s.cfg.ConsistencyDelay)
 	s.mutated("UnassignPrivateIpAddresses", e.id, ips...)
 	return &unassignResponse{Return: true}, nil

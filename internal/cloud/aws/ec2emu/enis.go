@@ -194,11 +194,14 @@ func (s *Server) modifyNetworkInterfaceAttribute(f formValues) (any, *apiError) 
 	return okResponse("ModifyNetworkInterfaceAttribute"), nil
 }
 
+// filterTagKey is the EC2 Describe filter on tag keys (any value).
+const filterTagKey = "tag-key"
+
 // matchTags applies the tag:<key> and tag-key filters.
 func matchTags(fs map[string][]string, tags map[string]string) bool {
 	for name, vals := range fs {
 		switch {
-		case name == "tag-key":
+		case name == filterTagKey:
 			if !slices.ContainsFunc(vals, func(k string) bool { _, ok := tags[k]; return ok }) {
 				return false
 			}

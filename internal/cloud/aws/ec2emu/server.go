@@ -143,7 +143,9 @@ type Server struct {
 	// denied are actions the caller's IAM policy lacks.
 	denied map[string]bool
 	// mutations logs every change an API call made, in order.
-	mutations []Mutation
+	mutations  []Mutation
+	eips       map[string]*eipState // Elastic IP allocations (eip.go)
+	nextPublic int
 }
 
 // New starts a Server on a loopback port.

@@ -143,6 +143,9 @@ type eniState struct {
 	deleteOnTermination bool
 	// description is CreateNetworkInterface's Description.
 	description string
+	// foreign is set for an interface of another party
+	// (AddForeignInterface).
+	foreign *foreignInfo
 }
 
 // attached reports whether the interface is attached to an instance
