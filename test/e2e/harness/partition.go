@@ -110,17 +110,6 @@ func addrMatch(a netip.Addr, src bool) []expr.Any {
 	}
 }
 
-// ifMatch matches packets in from (input) or out to (output) eth0.
-func ifMatch(input bool) []expr.Any {
-	name := make([]byte, unix.IFNAMSIZ)
-	copy(name, "eth0")
-	key := expr.MetaKeyOIFNAME
-	if input {
-		key = expr.MetaKeyIIFNAME
-	}
-	return []expr.Any{&expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: name}}
-}
-
 // CutOffControlPlane cuts Node n off from the control plane (the API
 // server and the controller, both at BridgeV4 / BridgeV6): every IP packet
 // from or to those addresses is dropped in n's namespace. The Node still
