@@ -42,7 +42,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -56,6 +55,8 @@ import (
 	"golang.org/x/net/bpf"
 	"golang.org/x/net/ipv6"
 	"golang.org/x/sys/unix"
+
+	"github.com/egressip/egressip/internal/agent/nsrun"
 )
 
 // DefaultSchedule is the burst sent after an IP is bound: at once, then after
@@ -215,21 +216,7 @@ func (a *Announcer) Send(ip netip.Addr, ifname string) error {
 // inNetNS runs fn in the Announcer's namespace. For a namespace other than
 // the caller's, fn runs on a locked OS thread that is discarded afterwards,
 // so no other goroutine ever inherits the namespace switch.
-func (a *Announcer) inNetNS(fn func() error) error {
-	if !a.ns.IsOpen() {
-		return fn()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := netns.Set(a.ns); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
+func (a *Announcer) inNetNS(fn func() error) error { return nsrun.In(a.ns, fn) }
 
 // dropAll is a classic BPF program accepting no packet: the ARP socket only
 // sends.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -17,6 +16,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/egressip/egressip/internal/agent/nsrun"
 )
 
 // Defaults of ProbeConfig.
@@ -90,21 +91,7 @@ func (p *Prober) Close() error {
 // inNetNS runs fn in the Prober's namespace, on a locked OS thread that is
 // discarded afterwards when that namespace is not the caller's; sockets fn
 // opens stay in the namespace.
-func (p *Prober) inNetNS(fn func() error) error {
-	if !p.ns.IsOpen() {
-		return fn()
-	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := netns.Set(p.ns); err != nil {
-			errc <- fmt.Errorf("setns: %w", err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
+func (p *Prober) inNetNS(fn func() error) error { return nsrun.In(p.ns, fn) }
 
 // OwnMACs returns the hardware addresses of every interface of the
 // namespace, canonical (lower case), as the set Foreign takes.
