@@ -204,7 +204,7 @@ func TestFenceTimingsRefused(t *testing.T) {
 		want []string
 	}{
 		{[]string{"--fence-timeout=3s"}, []string{"--fence-timeout", "--controller-dead-after"}},
-		{[]string{"--controller-dead-after=2s"}, []string{"--fence-timeout", "--controller-dead-after"}},
+		{[]string{"--controller-dead-after=2s", "--address-lifetime=2s"}, []string{"--fence-timeout", "--controller-dead-after"}},
 		{[]string{"--peer-probe-interval=1s"}, []string{"--fence-timeout", "--peer-probe-interval"}},
 		{[]string{"--fence-timeout=1200ms"}, []string{"--fence-timeout", "--controller-poll-interval"}},
 		{[]string{"--peers=0"}, []string{"--peers"}},

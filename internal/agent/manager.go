@@ -534,12 +534,15 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	return nil
 }
 
-// startRenewal runs a.RenewAddresses until ctx is done or the returned
-// function is called; that function waits for it to end and, with a
-// finite lifetime, renews once more, so the next instance (a rolling
-// update) has the whole lifetime to adopt the addresses.
+// startRenewal runs a.RenewAddresses until the returned function is
+// called; that function waits for it to end and, with a finite lifetime,
+// renews once more, so the next instance (a rolling update) has the whole
+// lifetime to adopt the addresses. Renewal goes on after ctx is done (a
+// SIGTERM): the manager's shutdown can take longer than the lifetime (5 s
+// was seen in CI against a 3 s lifetime), and addresses must not expire
+// while the agent is still exiting.
 func (a *Agent) startRenewal(ctx context.Context, log logr.Logger) func() {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var renewing sync.WaitGroup
 	renewing.Go(func() { a.RenewAddresses(ctx) })
 	return func() {
