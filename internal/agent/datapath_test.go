@@ -103,6 +103,17 @@ func mkNode(t *testing.T, c client.Client, name, ip, podCIDR string) {
 	}
 }
 
+// mkTeamNamespace creates a namespace named after prefix, labelled
+// team=<a unique team name>, and returns both names.
+func mkTeamNamespace(t *testing.T, c client.Client, prefix string) (ns, team string) {
+	t.Helper()
+	team, ns = uniq("team"), uniq(prefix)
+	if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"team": team}}}); err != nil {
+		t.Fatal(err)
+	}
+	return ns, team
+}
+
 func mkPod(t *testing.T, c client.Client, ns, name, node, hostIP, ip string, lbl map[string]string) {
 	t.Helper()
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: lbl},
@@ -129,11 +140,7 @@ func TestDatapathReconciler(t *testing.T) {
 	n1, n2 := uniq("dpn"), uniq("dpn")
 	mkNode(t, c, n1, "192.0.2.21", "10.21.0.0/24")
 	mkNode(t, c, n2, "192.0.2.22", "10.22.0.0/24")
-	team := uniq("team")
-	ns := uniq("dpns")
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"team": team}}}); err != nil {
-		t.Fatal(err)
-	}
+	ns, team := mkTeamNamespace(t, c, "dpns")
 	mkPod(t, c, ns, "a", n1, "192.0.2.21", "10.21.0.5", map[string]string{"app": "pay"})
 	mkPod(t, c, ns, "b", n2, "192.0.2.22", "10.22.0.5", map[string]string{"app": "pay"})
 	mkPod(t, c, ns, "c", n2, "192.0.2.22", "10.22.0.6", map[string]string{"app": "ops"})

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -37,11 +36,7 @@ func TestDrainingReappliesUnchangedState(t *testing.T) {
 	ctx := context.Background()
 	node := uniq("drn")
 	mkNode(t, c, node, "192.0.2.32", "10.32.0.0/24")
-	team := uniq("team")
-	ns := uniq("drns")
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"team": team}}}); err != nil {
-		t.Fatal(err)
-	}
+	ns, team := mkTeamNamespace(t, c, "drns")
 	mkPod(t, c, ns, "a", node, "192.0.2.32", "10.32.0.5", map[string]string{"app": "a"})
 	e := &v1alpha1.Egress{ObjectMeta: metav1.ObjectMeta{Name: uniq("e")}, Spec: v1alpha1.EgressSpec{
 		AppliedTo:      v1alpha1.AppliedTo{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": team}}},

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -59,11 +58,7 @@ func TestOneEgressFailsAgentReportsAndKeepsApplying(t *testing.T) {
 	ctx := context.Background()
 	node := uniq("rfn")
 	mkNode(t, c, node, "192.0.2.31", "10.31.0.0/24")
-	team := uniq("team")
-	ns := uniq("rfns")
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"team": team}}}); err != nil {
-		t.Fatal(err)
-	}
+	ns, team := mkTeamNamespace(t, c, "rfns")
 	mkPod(t, c, ns, "a", node, "192.0.2.31", "10.31.0.5", map[string]string{"app": "bad"})
 	mkPod(t, c, ns, "b", node, "192.0.2.31", "10.31.0.6", map[string]string{"app": "good"})
 	mk := func(app string) *v1alpha1.Egress {
