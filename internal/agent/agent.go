@@ -23,6 +23,7 @@ import (
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/announce"
 	"github.com/egressip/egressip/internal/agent/bind"
+	"github.com/egressip/egressip/internal/agentcert"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -107,6 +108,9 @@ type Agent struct {
 	refusedEgresses atomic.Pointer[[]report.RefusedEgress]
 	// kernel is the kernel feature finding served in the report (nil: none).
 	kernel atomic.Pointer[report.KernelStatus]
+	// certs is the agent's identity for the report server; nil serves
+	// plain HTTP (SetCertificates).
+	certs *agentcert.Source
 }
 
 // SetRefusedEgresses sets the Egresses whose datapath this Node's kernel

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -32,11 +33,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/agentcert"
 	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/selection"
@@ -49,6 +52,11 @@ const ControllerName = "egressip-agent"
 // NodeNameEnv is the environment variable holding the Node name when
 // --node-name is not given (set from spec.nodeName by the downward API).
 const NodeNameEnv = "NODE_NAME"
+
+// PodNamespaceEnv is the environment variable holding the agent's
+// namespace, where the agent CA's ConfigMap is (set from
+// metadata.namespace by the downward API).
+const PodNamespaceEnv = "POD_NAMESPACE"
 
 // ResolveNodeName returns flagValue when it is set, else the value of
 // NodeNameEnv looked up with getenv. It fails when both are empty.
@@ -252,9 +260,22 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 // ServeReport serves the agent's report (package report) on ln until ctx is
 // done, then shuts the server down (waiting up to 5 s for open requests). It
 // returns nil after a shutdown caused by ctx, else the server's error.
+//
+// With certificates (SetCertificates) it first waits for the agent's
+// certificate and CA bundle, then serves over mutual TLS (the controller's
+// client certificate required for the report); until then connections wait
+// in the listen queue, so a poll meanwhile times out as for an absent agent
+// instead of seeing a failed handshake.
 func (a *Agent) ServeReport(ctx context.Context, ln net.Listener) error {
+	h := a.reportHandler()
+	if a.certs != nil {
+		if err := a.certs.WaitReady(ctx); err != nil {
+			return nil // ctx done before a certificate came
+		}
+		ln = tls.NewListener(ln, a.certs.ServerConfig())
+	}
 	srv := &http.Server{
-		Handler:           report.Handler(a.Report),
+		Handler:           h,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      10 * time.Second,
@@ -277,6 +298,21 @@ func (a *Agent) ServeReport(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
+// reportHandler is the handler of the report port: the report (package
+// report), which with certificates only the controller may read
+// (agentcert.OnlyController).
+func (a *Agent) reportHandler() http.Handler {
+	h := report.Handler(a.Report)
+	if a.certs != nil {
+		h = agentcert.Authorize(h, agentcert.OnlyController)
+	}
+	return h
+}
+
+// SetCertificates makes the report server use mutual TLS with the
+// identity of src (call before ServeReport).
+func (a *Agent) SetCertificates(src *agentcert.Source) { a.certs = src }
+
 // RunOptions configure Run.
 type RunOptions struct {
 	Config
@@ -288,9 +324,19 @@ type RunOptions struct {
 	// ReportListener, when set, is used instead of ReportBindAddress.
 	// Run closes it.
 	ReportListener net.Listener
-	// MetricsBindAddress is the listen address of the metrics server
-	// (plain HTTP); "0" or empty turns it off.
+	// MetricsBindAddress is the listen address of the metrics server; "0"
+	// or empty turns it off.
 	MetricsBindAddress string
+	// MetricsSecure serves the metrics over HTTPS with authentication and
+	// authorization (controller-runtime's filters.WithAuthenticationAndAuthorization:
+	// a bearer token checked with a TokenReview, GET /metrics allowed by a
+	// SubjectAccessReview, as the controller's), with the agent's own
+	// certificate when Certificates is set. false serves plain HTTP.
+	MetricsSecure bool
+	// Certificates, when set, is the agent's identity (agentcert): the
+	// report is served over mutual TLS to the controller alone. nil serves
+	// it over plain HTTP, which egressip-controller refuses (tests only).
+	Certificates *agentcert.SourceConfig
 	// HealthProbeBindAddress serves /healthz and /readyz; "0" or empty
 	// turns it off.
 	HealthProbeBindAddress string
@@ -378,6 +424,18 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	a.SetKernelStatus(o.Kernel)
+	if o.Certificates != nil {
+		src, err := agentcert.NewSource(*o.Certificates)
+		if err != nil {
+			_ = a.Close()
+			return fmt.Errorf("agent: %w", err)
+		}
+		if err := src.Start(logr.NewContext(ctx, log)); err != nil {
+			_ = a.Close()
+			return fmt.Errorf("agent: %w", err)
+		}
+		a.SetCertificates(src)
+	}
 	defer func() {
 		if cerr := a.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("agent: close: %w", cerr))
@@ -400,7 +458,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	// reusePort); the health probes are served by serveHealth for that
 	// reason, not by the manager.
 	mgr, err := newMgr(o.REST, o.NodeName, manager.Options{
-		Metrics:                metricsserver.Options{BindAddress: off(o.MetricsBindAddress), ListenConfig: reusePort},
+		Metrics:                a.metricsOptions(off(o.MetricsBindAddress), o.MetricsSecure),
 		HealthProbeBindAddress: "0",
 	})
 	if err != nil {
@@ -493,6 +551,27 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return fmt.Errorf("agent: %w", err)
 	}
 	return nil
+}
+
+// metricsOptions serve the metrics on addr, over HTTPS behind
+// controller-runtime's authentication and authorization filter when secure
+// (with the agent's certificate when it has one, else controller-runtime's
+// self-signed one), with SO_REUSEPORT (reusePort).
+func (a *Agent) metricsOptions(addr string, secure bool) metricsserver.Options {
+	o := metricsserver.Options{BindAddress: addr, ListenConfig: reusePort}
+	if !secure {
+		return o
+	}
+	o.SecureServing = true
+	o.FilterProvider = filters.WithAuthenticationAndAuthorization
+	o.TLSOpts = []func(*tls.Config){func(c *tls.Config) {
+		c.NextProtos = []string{"http/1.1"} // no HTTP/2 (its rapid-reset CVEs), as the controller
+		c.MinVersion = tls.VersionTLS12
+		if a.certs != nil {
+			c.GetCertificate = a.certs.GetCertificate
+		}
+	}}
+	return o
 }
 
 // rejectQueue is the part of the kernel datapath that serves its reject
