@@ -319,7 +319,9 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 			"--netns", pair.Node.Path,
 			"--report-bind-address", "127.0.0.1:" + strconv.Itoa(rep),
 			"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(health),
-			"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(metrics),
+			"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(metrics), "--metrics-secure=false",
+			// The report over plain HTTP: no controller signs certificates here.
+			"--report-tls=false",
 			"--health-probe-socket", filepath.Join(sockDir, socket)}
 	}
 	probe := func(socket, check string) int {
@@ -432,7 +434,7 @@ func TestSIGTERMDuringStartupOutage(t *testing.T) {
 	}
 	rep := freePort(t)
 	p := startAgentProc(t, nil,
-		"--node-name", "outage-node",
+		"--node-name", "outage-node", "--report-tls=false",
 		"--kubeconfig", writeKubeconfig(t, &rest.Config{Host: "https://127.0.0.1:" + strconv.Itoa(freePort(t))}),
 		"--netns", pair.Node.Path,
 		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
@@ -530,7 +532,7 @@ func TestKernelProbeAgentProcess(t *testing.T) {
 		"--cluster-cidrs", "10.244.0.0/16", "--service-cidrs", "10.96.0.0/12",
 		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
 		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(health),
-		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics))
+		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics), "--metrics-secure=false", "--report-tls=false")
 	eventually(t, 30*time.Second, "report carries the kernel finding", func() error {
 		r, err := getReport(rep)
 		if err != nil {

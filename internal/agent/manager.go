@@ -458,7 +458,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	// reusePort); the health probes are served by serveHealth for that
 	// reason, not by the manager.
 	mgr, err := newMgr(o.REST, o.NodeName, manager.Options{
-		Metrics:                a.metricsOptions(off(o.MetricsBindAddress), o.MetricsSecure),
+		Metrics:                MetricsOptions(off(o.MetricsBindAddress), o.MetricsSecure, a.certs),
 		HealthProbeBindAddress: "0",
 	})
 	if err != nil {
@@ -553,11 +553,14 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	return nil
 }
 
-// metricsOptions serve the metrics on addr, over HTTPS behind
-// controller-runtime's authentication and authorization filter when secure
-// (with the agent's certificate when it has one, else controller-runtime's
-// self-signed one), with SO_REUSEPORT (reusePort).
-func (a *Agent) metricsOptions(addr string, secure bool) metricsserver.Options {
+// MetricsOptions serve the agent's metrics on addr, with SO_REUSEPORT
+// (reusePort), over HTTPS behind controller-runtime's authentication and
+// authorization filter when secure (filters.WithAuthenticationAndAuthorization:
+// the bearer token is checked with a TokenReview and GET /metrics with a
+// SubjectAccessReview, as on the controller), with the certificate of certs
+// when set, else controller-runtime's self-signed one. HTTP/2 is off (its
+// rapid-reset CVEs), as on the controller.
+func MetricsOptions(addr string, secure bool, certs *agentcert.Source) metricsserver.Options {
 	o := metricsserver.Options{BindAddress: addr, ListenConfig: reusePort}
 	if !secure {
 		return o
@@ -565,10 +568,10 @@ func (a *Agent) metricsOptions(addr string, secure bool) metricsserver.Options {
 	o.SecureServing = true
 	o.FilterProvider = filters.WithAuthenticationAndAuthorization
 	o.TLSOpts = []func(*tls.Config){func(c *tls.Config) {
-		c.NextProtos = []string{"http/1.1"} // no HTTP/2 (its rapid-reset CVEs), as the controller
+		c.NextProtos = []string{"http/1.1"}
 		c.MinVersion = tls.VersionTLS12
-		if a.certs != nil {
-			c.GetCertificate = a.certs.GetCertificate
+		if certs != nil {
+			c.GetCertificate = certs.GetCertificate
 		}
 	}}
 	return o
