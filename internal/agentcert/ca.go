@@ -118,7 +118,7 @@ func backdate(lifetime time.Duration) time.Duration { return min(lifetime/10, 5*
 func (ca *CA) SignAgent(req Request, now time.Time, lifetime time.Duration) ([]byte, error) {
 	tmpl := &x509.Certificate{
 		Subject:     Template(req.Node).Subject,
-		DNSNames:    []string{req.Node},
+		DNSNames:    agentDNSNames(req.Node),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}

@@ -51,6 +51,13 @@ const (
 	// ControllerCN is the common name of the controller's client
 	// certificate.
 	ControllerCN = "egressip-controller"
+	// MetricsServerName is a DNS name every agent certificate carries
+	// besides its Node's: the agents' metrics are scraped at Pod
+	// addresses, one TLS server name for all of them lets Prometheus
+	// verify that it talks to an agent (chained to the agent CA) before it
+	// sends its bearer token. Identities are read from the common name,
+	// never from this name.
+	MetricsServerName = "agent-metrics.egressip.io"
 )
 
 // Usages are the key usages of an agent certificate: it serves the report
@@ -63,14 +70,16 @@ var Usages = []certificatesv1.KeyUsage{
 func AgentCN(node string) string { return agentCNPrefix + node }
 
 // Template is the certificate request of node's agent: common name
-// AgentCN(node), organization Organization, and node as its one DNS name
-// (so tools that check host names see the Node).
+// AgentCN(node), organization Organization, and the DNS names node (so
+// tools that check host names see the Node) and MetricsServerName.
 func Template(node string) *x509.CertificateRequest {
 	return &x509.CertificateRequest{
 		Subject:  pkix.Name{CommonName: AgentCN(node), Organization: []string{Organization}},
-		DNSNames: []string{node},
+		DNSNames: agentDNSNames(node),
 	}
 }
+
+func agentDNSNames(node string) []string { return []string{node, MetricsServerName} }
 
 // Identity is who a verified certificate belongs to.
 type Identity struct {
@@ -89,8 +98,8 @@ func (i Identity) String() string {
 }
 
 // identityOf reads the identity of a certificate the CA issued: an agent
-// certificate has the common name AgentCN(node) and node as its only DNS
-// name; the controller's has ControllerCN and no names. Anything else is no
+// certificate has the common name AgentCN(node) and the DNS names of
+// Template(node); the controller's has ControllerCN and no names. Anything else is no
 // identity (ok false).
 func identityOf(c *x509.Certificate) (Identity, bool) {
 	if !slices.Equal(c.Subject.Organization, []string{Organization}) ||
@@ -101,7 +110,7 @@ func identityOf(c *x509.Certificate) (Identity, bool) {
 		return Identity{Controller: true}, true
 	}
 	node, ok := strings.CutPrefix(c.Subject.CommonName, agentCNPrefix)
-	if !ok || node == "" || !slices.Equal(c.DNSNames, []string{node}) {
+	if !ok || node == "" || !slices.Equal(c.DNSNames, agentDNSNames(node)) {
 		return Identity{}, false
 	}
 	return Identity{Node: node}, true
@@ -160,7 +169,7 @@ func Check(csr *certificatesv1.CertificateSigningRequest, agentUser string) (Req
 		len(req.Subject.OrganizationalUnit) > 0 || !slices.Equal(req.DNSNames, want.DNSNames) ||
 		len(req.IPAddresses) > 0 || len(req.URIs) > 0 || len(req.EmailAddresses) > 0 {
 		return Request{}, deny("the request for Node %s must name exactly that Node (CN %q, O %q, DNS %q), got CN %q, O %q, DNS %q, IPs %v, URIs %v",
-			node, want.Subject.CommonName, Organization, node, req.Subject.CommonName, req.Subject.Organization, req.DNSNames, req.IPAddresses, req.URIs)
+			node, want.Subject.CommonName, Organization, want.DNSNames, req.Subject.CommonName, req.Subject.Organization, req.DNSNames, req.IPAddresses, req.URIs)
 	}
 	if err := checkUsages(csr.Spec.Usages); err != nil {
 		return Request{}, err
