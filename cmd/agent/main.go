@@ -190,6 +190,17 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 
+	caNS := cmp.Or(caNamespace, os.Getenv(agent.PodNamespaceEnv))
+	if reportTLS && caNS == "" {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --report-tls needs --agent-ca-namespace or $%s (in a DaemonSet: env %s from fieldRef metadata.namespace)\n",
+			agent.PodNamespaceEnv, agent.PodNamespaceEnv)
+		return 2
+	}
+	if reportTLS && certLifetime < 10*time.Minute {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --certificate-lifetime %s: want at least 10m (the CertificateSigningRequest API's minimum)\n", certLifetime)
+		return 2
+	}
+
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		log.Error(err, "no API server configuration")
@@ -197,17 +208,7 @@ func run(args []string, stderr io.Writer) int {
 	}
 	o.REST = cfg
 	if reportTLS {
-		ns := cmp.Or(caNamespace, os.Getenv(agent.PodNamespaceEnv))
-		if ns == "" {
-			_, _ = fmt.Fprintf(stderr, "egressip-agent: --report-tls needs --agent-ca-namespace or $%s (in a DaemonSet: env %s from fieldRef metadata.namespace)\n",
-				agent.PodNamespaceEnv, agent.PodNamespaceEnv)
-			return 2
-		}
-		if certLifetime < 10*time.Minute {
-			_, _ = fmt.Fprintf(stderr, "egressip-agent: --certificate-lifetime %s: want at least 10m (the CertificateSigningRequest API's minimum)\n", certLifetime)
-			return 2
-		}
-		o.Certificates = &agentcert.SourceConfig{Node: node, REST: cfg, Namespace: ns, RequestedLifetime: certLifetime, Registerer: metrics.Registry}
+		o.Certificates = &agentcert.SourceConfig{Node: node, REST: cfg, Namespace: caNS, RequestedLifetime: certLifetime, Registerer: metrics.Registry}
 	}
 	// Kernel features, probed before anything is programmed (package
 	// kernel; docs/agent.md has the table). A missing datapath feature

@@ -141,6 +141,27 @@ func TestBadFlagFails(t *testing.T) {
 	}
 }
 
+// TestReportTLSFlagsChecked: the mutual-TLS report (the default) needs
+// the namespace of the agent CA and a lifetime the CSR API accepts; each
+// refusal exits 2 naming the flag.
+func TestReportTLSFlagsChecked(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--agent-ca-namespace"},
+		{[]string{"--agent-ca-namespace", "egressip-system", "--certificate-lifetime", "5m"}, "--certificate-lifetime"},
+	} {
+		p := startAgentProc(t, []string{"NODE_NAME=n1"}, tc.args...)
+		if code := p.wait(t, 30*time.Second); code != 2 {
+			t.Fatalf("%v: exit code %d, want 2", tc.args, code)
+		}
+		if !strings.Contains(p.stderr.String(), tc.want) {
+			t.Errorf("%v: stderr %q does not name %s", tc.args, p.stderr.String(), tc.want)
+		}
+	}
+}
+
 func TestBadCIDRFlagFails(t *testing.T) {
 	for _, v := range []string{"10.0.0.0/33", "10.1.2.3/8", "banana"} {
 		p := startAgentProc(t, []string{"NODE_NAME=n1"}, "--service-cidrs", "10.96.0.0/12,"+v)
