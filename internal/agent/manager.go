@@ -488,6 +488,16 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		}
 	}
 	ready := map[string]healthz.Checker{"reconciled": a.ReadyCheck}
+	if a.certs != nil {
+		// Not ready before the agent can serve the report: during a surge
+		// update the old agent is stopped only once this one is ready.
+		ready["certificate"] = func(*http.Request) error {
+			if !a.certs.Ready() {
+				return errors.New("no agent certificate or CA bundle yet (waiting for the CertificateSigningRequest to be signed)")
+			}
+			return nil
+		}
+	}
 	for _, l := range []net.Listener{healthLn, sockLn} {
 		if l == nil {
 			continue
