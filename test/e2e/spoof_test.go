@@ -164,7 +164,8 @@ func TestSpoofedReportServer(t *testing.T) {
 }
 
 // TestSpoofedReportOnPath puts a man in the middle on a Node's path while
-// its agent runs: an nftables redirect in the Node's namespace sends the
+// its agent runs (restarted once, so the controller must connect anew): an
+// nftables redirect in the Node's namespace sends the
 // controller's connections on the report port to a proxy that terminates
 // TLS with a certificate naming the Node from a CA of its own (and would
 // relay the report). The controller refuses it as untrusted: the Node is
@@ -209,6 +210,14 @@ func TestSpoofedReportOnPath(t *testing.T) {
 			_ = undo()
 		}
 	})
+	// NAT applies to new connections only, and the controller keeps its
+	// verified connection to the agent open: restart the agent (a
+	// rolling update) so that the controller has to connect again, now
+	// through the man in the middle.
+	c.StopAgent(n, syscall.SIGTERM)
+	if err := c.StartAgent(n); err != nil {
+		t.Fatal(err)
+	}
 	waitRefused(t, n, "spoof-path", agentcert.RefusedUntrusted, before)
 	waitNodeEvent(t, n)
 	if err := undo(); err != nil {
