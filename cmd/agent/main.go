@@ -74,7 +74,8 @@ func run(args []string, stderr io.Writer) int {
 		certLifetime time.Duration
 	)
 	fs.BoolVar(&reportTLS, "report-tls", true,
-		"Serve the report over mutual TLS with a certificate naming this Node, issued through the CertificateSigningRequest API "+
+		"Serve the report over mutual TLS with a certificate naming this Node, issued through the "+
+			"CertificateSigningRequest API "+
 			"(signer "+agentcert.SignerName+"). false serves plain HTTP, which egressip-controller refuses: for tests only.")
 	fs.StringVar(&caNamespace, "agent-ca-namespace", "",
 		"Namespace of the ConfigMap "+agentcert.CAConfigMapName+" holding the agent CA (the controller's namespace). "+
@@ -192,12 +193,14 @@ func run(args []string, stderr io.Writer) int {
 
 	caNS := cmp.Or(caNamespace, os.Getenv(agent.PodNamespaceEnv))
 	if reportTLS && caNS == "" {
-		_, _ = fmt.Fprintf(stderr, "egressip-agent: --report-tls needs --agent-ca-namespace or $%s (in a DaemonSet: env %s from fieldRef metadata.namespace)\n",
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --report-tls needs --agent-ca-namespace or $%s "+
+			"(in a DaemonSet: env %s from fieldRef metadata.namespace)\n",
 			agent.PodNamespaceEnv, agent.PodNamespaceEnv)
 		return 2
 	}
 	if reportTLS && certLifetime < 10*time.Minute {
-		_, _ = fmt.Fprintf(stderr, "egressip-agent: --certificate-lifetime %s: want at least 10m (the CertificateSigningRequest API's minimum)\n", certLifetime)
+		_, _ = fmt.Fprintf(stderr,
+			"egressip-agent: --certificate-lifetime %s: want at least 10m (the CertificateSigningRequest API's minimum)\n", certLifetime)
 		return 2
 	}
 
@@ -208,7 +211,8 @@ func run(args []string, stderr io.Writer) int {
 	}
 	o.REST = cfg
 	if reportTLS {
-		o.Certificates = &agentcert.SourceConfig{Node: node, REST: cfg, Namespace: caNS, RequestedLifetime: certLifetime, Registerer: metrics.Registry}
+		o.Certificates = &agentcert.SourceConfig{Node: node, REST: cfg, Namespace: caNS,
+			RequestedLifetime: certLifetime, Registerer: metrics.Registry}
 	}
 	// Kernel features, probed before anything is programmed (package
 	// kernel; docs/agent.md has the table). A missing datapath feature

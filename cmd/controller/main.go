@@ -123,7 +123,8 @@ func main() {
 	var agentTLS controller.AgentTLSOptions
 	var agentSA string
 	flag.StringVar(&agentTLS.Namespace, "agent-ca-namespace", os.Getenv("POD_NAMESPACE"),
-		"Namespace of the agent CA: the Secret "+agentcert.CASecretName+" (created once, read by every replica) and the ConfigMap "+
+		"Namespace of the agent CA: the Secret "+agentcert.CASecretName+" (created once, read by every replica) "+
+			"and the ConfigMap "+
 			agentcert.CAConfigMapName+" the agents read. Defaults to $POD_NAMESPACE.")
 	flag.StringVar(&agentSA, "agent-service-account", "egressip-agent",
 		"Service account of the agents, in the namespace of --agent-ca-namespace, or as <namespace>:<name>: "+
@@ -152,7 +153,8 @@ func main() {
 		os.Exit(1)
 	}
 	if agentTLS.Lifetime < 10*time.Minute {
-		setupLog.Error(fmt.Errorf("--agent-cert-lifetime %s: want at least 10m", agentTLS.Lifetime), "Invalid --agent-cert-lifetime")
+		setupLog.Error(fmt.Errorf("--agent-cert-lifetime %s: want at least 10m", agentTLS.Lifetime),
+			"Invalid --agent-cert-lifetime")
 		os.Exit(1)
 	}
 	agentTLS.AgentUser = serviceAccountUser(agentTLS.Namespace, agentSA)

@@ -309,6 +309,40 @@ func (a *Agent) reportHandler() http.Handler {
 	return h
 }
 
+// startCertificates starts the agent's identity (agentcert.Source) of
+// cfg and makes the report server use it; nil cfg does nothing.
+func (a *Agent) startCertificates(ctx context.Context, cfg *agentcert.SourceConfig, log logr.Logger) error {
+	if cfg == nil {
+		return nil
+	}
+	src, err := agentcert.NewSource(*cfg)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if err := src.Start(logr.NewContext(ctx, log)); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.SetCertificates(src)
+	return nil
+}
+
+// readyChecks are the agent's readiness checks: a reconcile completed and,
+// with certificates, the certificate and CA bundle are there (so a surge
+// update stops the old agent only once this one can answer the
+// controller).
+func (a *Agent) readyChecks() map[string]healthz.Checker {
+	ready := map[string]healthz.Checker{"reconciled": a.ReadyCheck}
+	if a.certs != nil {
+		ready["certificate"] = func(*http.Request) error {
+			if !a.certs.Ready() {
+				return errors.New("no agent certificate or CA bundle yet (waiting for the CertificateSigningRequest to be signed)")
+			}
+			return nil
+		}
+	}
+	return ready
+}
+
 // SetCertificates makes the report server use mutual TLS with the
 // identity of src (call before ServeReport).
 func (a *Agent) SetCertificates(src *agentcert.Source) { a.certs = src }
@@ -424,17 +458,9 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	a.SetKernelStatus(o.Kernel)
-	if o.Certificates != nil {
-		src, err := agentcert.NewSource(*o.Certificates)
-		if err != nil {
-			_ = a.Close()
-			return fmt.Errorf("agent: %w", err)
-		}
-		if err := src.Start(logr.NewContext(ctx, log)); err != nil {
-			_ = a.Close()
-			return fmt.Errorf("agent: %w", err)
-		}
-		a.SetCertificates(src)
+	if err := a.startCertificates(ctx, o.Certificates, log); err != nil {
+		_ = a.Close()
+		return err
 	}
 	defer func() {
 		if cerr := a.Close(); cerr != nil {
@@ -487,17 +513,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 			return fmt.Errorf("agent: add the reject queue: %w", err)
 		}
 	}
-	ready := map[string]healthz.Checker{"reconciled": a.ReadyCheck}
-	if a.certs != nil {
-		// Not ready before the agent can serve the report: during a surge
-		// update the old agent is stopped only once this one is ready.
-		ready["certificate"] = func(*http.Request) error {
-			if !a.certs.Ready() {
-				return errors.New("no agent certificate or CA bundle yet (waiting for the CertificateSigningRequest to be signed)")
-			}
-			return nil
-		}
-	}
+	ready := a.readyChecks()
 	for _, l := range []net.Listener{healthLn, sockLn} {
 		if l == nil {
 			continue

@@ -99,15 +99,16 @@ func TestCheckRequest(t *testing.T) {
 	}
 }
 
-// issued returns node's agent certificate from ca, with lifetime.
-func issued(t *testing.T, ca *agentcert.CA, node string, now time.Time, lifetime time.Duration) tls.Certificate {
+// issued returns node's agent certificate from ca, valid for an hour from
+// now.
+func issued(t *testing.T, ca *agentcert.CA, node string, now time.Time) tls.Certificate {
 	t.Helper()
 	csr, key := csrFor(t, node, agentcert.Template(node))
 	req, err := agentcert.Check(csr, agentUser)
 	if err != nil {
 		t.Fatal(err)
 	}
-	certPEM, err := ca.SignAgent(req, now, lifetime)
+	certPEM, err := ca.SignAgent(req, now, time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,12 +174,12 @@ func TestPollRefusesImpostors(t *testing.T) {
 		port   int
 		reason string // "" accepted
 	}{
-		{"the Node's agent", serverWith(issued(t, ca, "node-a", now, time.Hour)), ""},
+		{"the Node's agent", serverWith(issued(t, ca, "node-a", now)), ""},
 		{"plain HTTP", portOf(plain.URL), agentcert.RefusedNotTLS},
 		{"self-signed", portOf(selfSigned.URL), agentcert.RefusedUntrusted},
-		{"another CA (man in the middle)", serverWith(issued(t, other, "node-a", now, time.Hour)), agentcert.RefusedUntrusted},
-		{"another Node's agent", serverWith(issued(t, ca, "node-b", now, time.Hour)), agentcert.RefusedWrongIdentity},
-		{"expired", serverWith(issued(t, ca, "node-a", now.Add(-2*time.Hour), time.Hour)), agentcert.RefusedInvalid},
+		{"another CA (man in the middle)", serverWith(issued(t, other, "node-a", now)), agentcert.RefusedUntrusted},
+		{"another Node's agent", serverWith(issued(t, ca, "node-b", now)), agentcert.RefusedWrongIdentity},
+		{"expired", serverWith(issued(t, ca, "node-a", now.Add(-2*time.Hour))), agentcert.RefusedInvalid},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,7 +202,7 @@ func TestPollRefusesImpostors(t *testing.T) {
 	// The agent answers only the controller: a client without a
 	// certificate fails the handshake; another agent's certificate is
 	// authenticated but not allowed to read the report.
-	port := serverWith(issued(t, ca, "node-a", now, time.Hour))
+	port := serverWith(issued(t, ca, "node-a", now))
 	noCert := report.NewClient(port, 2*time.Second)
 	noCert.TLS = func(node string) *tls.Config {
 		return agentcert.ClientConfig(roots, func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &tls.Certificate{}, nil }, node)
@@ -209,7 +210,7 @@ func TestPollRefusesImpostors(t *testing.T) {
 	if _, err := noCert.Poll(context.Background(), "node-a", netip.MustParseAddr("127.0.0.1")); err == nil {
 		t.Fatal("a client without a certificate read the report")
 	}
-	peer := issued(t, ca, "node-b", now, time.Hour)
+	peer := issued(t, ca, "node-b", now)
 	asPeer := report.NewClient(port, 2*time.Second)
 	asPeer.TLS = func(node string) *tls.Config {
 		return agentcert.ClientConfig(roots, func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &peer, nil }, node)

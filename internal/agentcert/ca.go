@@ -24,6 +24,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
+// pemCertificate is the PEM block type of a certificate.
+const pemCertificate = "CERTIFICATE"
+
 // CALifetime is the validity of a CA the controller creates: 10 years. The
 // CA is not rotated by the controller (docs/security.md says how to by
 // hand).
@@ -68,7 +71,7 @@ func NewCA(now time.Time) (*CA, []byte, []byte, error) {
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("encode CA key: %w", err)
 	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: pemCertificate, Bytes: der})
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 	ca, err := ParseCA(certPEM, keyPEM)
 	return ca, certPEM, keyPEM, err
@@ -90,7 +93,7 @@ func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
 		return nil, fmt.Errorf("CA key pair: key type %T cannot sign", pair.PrivateKey)
 	}
 	block, _ := pem.Decode(certPEM)
-	return &CA{Cert: pair.Leaf, CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: block.Bytes}), key: signer}, nil
+	return &CA{Cert: pair.Leaf, CertPEM: pem.EncodeToMemory(&pem.Block{Type: pemCertificate, Bytes: block.Bytes}), key: signer}, nil
 }
 
 // Pool is a certificate pool holding the CA alone.
@@ -144,7 +147,7 @@ func (ca *CA) sign(tmpl *x509.Certificate, pub any, now time.Time, lifetime time
 	if err != nil {
 		return nil, fmt.Errorf("sign certificate: %w", err)
 	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+	return pem.EncodeToMemory(&pem.Block{Type: pemCertificate, Bytes: der}), nil
 }
 
 // ClientCertificate issues the controller's client certificate (common

@@ -56,35 +56,28 @@ func Classify(err error) (*RefusedError, bool) {
 	if err == nil {
 		return nil, false
 	}
-	var re *RefusedError
-	if errors.As(err, &re) {
+	if re, ok := errors.AsType[*RefusedError](err); ok {
 		return re, true
 	}
-	var rh tls.RecordHeaderError
-	if errors.As(err, &rh) {
-		return &RefusedError{Reason: RefusedNotTLS, Err: err}, true
+	reason := ""
+	if _, ok := errors.AsType[tls.RecordHeaderError](err); ok {
+		reason = RefusedNotTLS
+	} else if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok {
+		reason = RefusedUntrusted
+	} else if _, ok := errors.AsType[x509.CertificateInvalidError](err); ok {
+		reason = RefusedInvalid
+	} else if _, ok := errors.AsType[x509.HostnameError](err); ok {
+		reason = RefusedWrongIdentity
+	} else if _, ok := errors.AsType[tls.AlertError](err); ok {
+		reason = RefusedHandshake
+	} else if oe, ok := errors.AsType[*net.OpError](err); ok && oe.Op == "remote error" {
+		// An alert from the server: it refused our certificate, or has none.
+		reason = RefusedHandshake
 	}
-	var (
-		ua  x509.UnknownAuthorityError
-		ci  x509.CertificateInvalidError
-		he  x509.HostnameError
-		ae  tls.AlertError
-		rae *net.OpError
-	)
-	switch {
-	case errors.As(err, &ua):
-		return &RefusedError{Reason: RefusedUntrusted, Err: err}, true
-	case errors.As(err, &ci):
-		return &RefusedError{Reason: RefusedInvalid, Err: err}, true
-	case errors.As(err, &he):
-		return &RefusedError{Reason: RefusedWrongIdentity, Err: err}, true
-	case errors.As(err, &ae):
-		return &RefusedError{Reason: RefusedHandshake, Err: err}, true
+	if reason == "" {
+		return nil, false
 	}
-	if errors.As(err, &rae) && rae.Op == "remote error" {
-		return &RefusedError{Reason: RefusedHandshake, Err: err}, true
-	}
-	return nil, false
+	return &RefusedError{Reason: reason, Err: err}, true
 }
 
 // verifyChain checks that certs (as sent, leaf first) chain to roots for
@@ -99,8 +92,7 @@ func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, usage x509.Ext
 	}
 	_, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}, CurrentTime: now})
 	if err != nil {
-		var ua x509.UnknownAuthorityError
-		if errors.As(err, &ua) {
+		if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok {
 			return Identity{}, &RefusedError{Reason: RefusedUntrusted, Err: err}
 		}
 		return Identity{}, &RefusedError{Reason: RefusedInvalid, Err: err}

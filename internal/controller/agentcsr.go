@@ -95,8 +95,7 @@ func (r *AgentCSRReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	}
 	logger := log.FromContext(ctx).WithValues("csr", klog.KObj(&csr))
 	accepted, err := agentcert.Check(&csr, r.AgentUser)
-	var denied *agentcert.DenyError
-	if errors.As(err, &denied) {
+	if denied, ok := errors.AsType[*agentcert.DenyError](err); ok {
 		if csrCondition(&csr, certificatesv1.CertificateApproved) {
 			// Approved by someone else, but not ours to sign: fail it.
 			csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{

@@ -8,20 +8,24 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agentcert"
 	"github.com/egressip/egressip/internal/report"
 )
@@ -238,4 +242,40 @@ func errString(err error) string {
 		return ""
 	}
 	return err.Error()
+}
+
+// TestRefusedReportNeverReady: with the agent channel on, a Node whose
+// report port serves plain HTTP (here the test's fake agent, claiming the
+// IP bound and announced) is refused on every poll: its Egress is never
+// Ready, every refusal is counted, and one Warning Event (rate-limited)
+// names the Node.
+func TestRefusedReportNeverReady(t *testing.T) {
+	grantAgent(t)
+	cl := newNodes(t, env, "ref", 1, 10)
+	cl.opts.AgentTLS = &AgentTLSOptions{Namespace: testAgentNS, AgentUser: testAgentUser, Lifetime: time.Hour}
+	counter := refusedReports.WithLabelValues(agentcert.RefusedNotTLS)
+	before := testutil.ToFloat64(counter)
+	cl.startController()
+	cl.pool("ref-pool", nil)
+	cl.egress("ref-e", "ref-pool", "")
+	cl.eventually("ten refused polls", func() (bool, string) {
+		n := testutil.ToFloat64(counter) - before
+		return n >= 10, fmt.Sprintf("%v refused", n)
+	})
+	if e := cl.get("ref-e"); ready(e) {
+		t.Fatalf("Ready behind a plain-HTTP report: %s", describe(e))
+	}
+	var evs eventsv1.EventList
+	if err := cl.c.List(cl.ctx, &evs); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range evs.Items {
+		if e.Regarding.Kind == "Node" && e.Regarding.Name == "ref-n1" && e.Reason == v1.ReasonAgentReportRefused && e.Type == corev1.EventTypeWarning {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d AgentReportRefused Events on ref-n1 after 10 refusals, want 1 (rate-limited)", n)
+	}
 }

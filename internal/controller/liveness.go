@@ -82,7 +82,10 @@ var refusedReports = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "Agent polls refused because the server was not the polled Node's agent, by reason: " +
 		"NotTLS (plain HTTP or another protocol), UntrustedCertificate (not issued by the agent CA: a spoofed server or a man in the middle), " +
 		"InvalidCertificate (expired, not yet valid, wrong usage), WrongIdentity (another Node's agent), HandshakeFailed (other TLS failures).",
-}, []string{"reason"})
+}, []string{labelRefusedReason})
+
+// labelRefusedReason labels refusals by agentcert reason.
+const labelRefusedReason = "reason"
 
 func init() {
 	metrics.Registry.MustRegister(refusedReports)

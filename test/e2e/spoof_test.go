@@ -26,7 +26,7 @@ const refusedMetric = "egressip_controller_agent_reports_refused_total"
 // pinnedEgress creates a pool whose only eligible Node is n (its hostname
 // label) with one IP, and an Egress of it, and waits until it is Ready on
 // n. While n's report is refused the Egress can be Ready nowhere.
-func pinnedEgress(t *testing.T, n *harness.Node, name, ip string) *v1.Egress {
+func pinnedEgress(t *testing.T, n *harness.Node, name, ip string) {
 	t.Helper()
 	ctx := context.Background()
 	pool := &v1.ExternalIPPool{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.ExternalIPPoolSpec{
@@ -43,7 +43,6 @@ func pinnedEgress(t *testing.T, n *harness.Node, name, ip string) *v1.Egress {
 	if e.Status.EgressNode != n.Name {
 		t.Fatalf("%s: Ready on %q, want %s", name, e.Status.EgressNode, n.Name)
 	}
-	return e
 }
 
 // spoofedReport is what an impostor serves: n is alive and holds ip,
