@@ -199,8 +199,8 @@ func run(args []string, stderr io.Writer) int {
 		return 2
 	}
 	if reportTLS && certLifetime < 10*time.Minute {
-		_, _ = fmt.Fprintf(stderr,
-			"egressip-agent: --certificate-lifetime %s: want at least 10m (the CertificateSigningRequest API's minimum)\n", certLifetime)
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --certificate-lifetime %s: "+
+			"want at least 10m (the CertificateSigningRequest API's minimum)\n", certLifetime)
 		return 2
 	}
 

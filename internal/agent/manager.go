@@ -505,13 +505,8 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 			return err
 		}
 	}
-	if rq, ok := o.Datapath.(rejectQueue); ok {
-		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			serveRejectQueue(ctx, rq)
-			return nil
-		})); err != nil {
-			return fmt.Errorf("agent: add the reject queue: %w", err)
-		}
+	if err := addRejectQueue(mgr, o.Datapath); err != nil {
+		return err
 	}
 	ready := a.readyChecks()
 	for _, l := range []net.Listener{healthLn, sockLn} {
@@ -601,6 +596,21 @@ func MetricsOptions(addr string, secure bool, certs *agentcert.Source) metricsse
 		}
 	}}
 	return o
+}
+
+// addRejectQueue adds the reject queue's server to mgr when dp has one.
+func addRejectQueue(mgr manager.Manager, dp Datapath) error {
+	rq, ok := dp.(rejectQueue)
+	if !ok {
+		return nil
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		serveRejectQueue(ctx, rq)
+		return nil
+	})); err != nil {
+		return fmt.Errorf("agent: add the reject queue: %w", err)
+	}
+	return nil
 }
 
 // rejectQueue is the part of the kernel datapath that serves its reject

@@ -70,7 +70,12 @@ func TestAgentMetricsAuthenticated(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	defer func() { cancel(); _ = <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
 
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		// controller-runtime's self-signed certificate (no agent identity here).
