@@ -31,6 +31,20 @@ const (
 	// counts the Node as not releasing the IP, as if it were dead. The
 	// Assigned condition's message says the same.
 	ReasonReleaseTimedOut = "ReleaseTimedOut"
+	// ReasonAgentReportRefused is the reason of the Warning Event recorded
+	// on a Node when the controller refuses a poll of its report port
+	// because the server there is not that Node's agent: plain HTTP, a
+	// certificate not issued by the agent CA (a spoofed server or a man in
+	// the middle), an invalid one, or another Node's. Such a poll counts
+	// as failed: it never keeps the Node alive nor makes an IP Ready. At
+	// most one Event per Node every 5 minutes; the metric
+	// egressip_controller_agent_reports_refused_total counts every one.
+	ReasonAgentReportRefused = "AgentReportRefused"
+
+	// ReasonAgentCSRDenied is the reason of the Warning Event recorded on
+	// a CertificateSigningRequest for the signer egressip.io/agent that
+	// the controller denies (the message says which rule it breaks).
+	ReasonAgentCSRDenied = "AgentCertificateDenied"
 )
 
 // Reasons of ExternalIPPoolStatus.Excluded: why addresses of a pool's

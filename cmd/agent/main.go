@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/bind"
@@ -28,6 +29,7 @@ import (
 	"github.com/egressip/egressip/internal/agent/datapath"
 	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/agent/kernel"
+	"github.com/egressip/egressip/internal/agentcert"
 	"github.com/egressip/egressip/internal/healthprobe"
 	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/podstart/cniapi"
@@ -68,9 +70,27 @@ func run(args []string, stderr io.Writer) int {
 		"Re-check the bindings this often without any change (restores addresses removed by hand); "+
 			"also the longest retry backoff.")
 	fs.StringVar(&o.ReportBindAddress, "report-bind-address", fmt.Sprintf(":%d", report.DefaultPort),
-		"Address the report the controller polls is served on (plain HTTP, host network).")
+		"Address the report the controller polls is served on (mutual TLS, host network).")
 	fs.StringVar(&o.MetricsBindAddress, "metrics-bind-address", "0",
-		"Address the Prometheus metrics are served on over plain HTTP, for example :9447. 0 turns it off.")
+		"Address the Prometheus metrics are served on, for example :9447. 0 turns it off.")
+	fs.BoolVar(&o.MetricsSecure, "metrics-secure", true,
+		"Serve the metrics over HTTPS with authentication and authorization (a bearer token allowed to GET /metrics, "+
+			"as the controller's). false serves plain HTTP without either.")
+	var (
+		reportTLS    bool
+		caNamespace  string
+		certLifetime time.Duration
+	)
+	fs.BoolVar(&reportTLS, "report-tls", true,
+		"Serve the report over mutual TLS with a certificate naming this Node, issued through the "+
+			"CertificateSigningRequest API "+
+			"(signer "+agentcert.SignerName+"). false serves plain HTTP, which egressip-controller refuses: for tests only.")
+	fs.StringVar(&caNamespace, "agent-ca-namespace", "",
+		"Namespace of the ConfigMap "+agentcert.CAConfigMapName+" holding the agent CA (the controller's namespace). "+
+			"Defaults to $"+agent.PodNamespaceEnv+".")
+	fs.DurationVar(&certLifetime, "certificate-lifetime", agentcert.DefaultRequestedLifetime,
+		"Lifetime asked for the agent's certificate (at least 10m; the controller's --agent-cert-lifetime may shorten it). "+
+			"It is renewed at 70 to 90 % of its lifetime, without a restart.")
 	fs.StringVar(&o.HealthProbeBindAddress, "health-probe-bind-address", ":9446",
 		"Address /healthz and /readyz are served on. 0 turns it off.")
 	fs.StringVar(&o.HealthProbeSocket, "health-probe-socket", "",
@@ -234,6 +254,18 @@ func run(args []string, stderr io.Writer) int {
 		_, _ = fmt.Fprintf(stderr, "egressip-agent: --peer-node-selector %q: %v\n", peerSelector, err)
 		return 2
 	}
+	caNS := cmp.Or(caNamespace, os.Getenv(agent.PodNamespaceEnv))
+	if reportTLS && caNS == "" {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --report-tls needs --agent-ca-namespace or $%s "+
+			"(in a DaemonSet: env %s from fieldRef metadata.namespace)\n",
+			agent.PodNamespaceEnv, agent.PodNamespaceEnv)
+		return 2
+	}
+	if reportTLS && certLifetime < 10*time.Minute {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --certificate-lifetime %s: "+
+			"want at least 10m (the CertificateSigningRequest API's minimum)\n", certLifetime)
+		return 2
+	}
 	// Adopted addresses get this agent's lifetime before anything else
 	// (the kernel probes take a while): a quick restart leaves no gap.
 	if err := agent.RenewAtStart(o.Config); err != nil {
@@ -247,6 +279,10 @@ func run(args []string, stderr io.Writer) int {
 		return 1
 	}
 	o.REST = cfg
+	if reportTLS {
+		o.Certificates = &agentcert.SourceConfig{Node: node, REST: cfg, Namespace: caNS,
+			RequestedLifetime: certLifetime, Registerer: metrics.Registry}
+	}
 	// Kernel features, probed before anything is programmed (package
 	// kernel; docs/agent.md has the table). A missing datapath feature
 	// keeps the datapath off; the bindings still run.

@@ -141,6 +141,27 @@ func TestBadFlagFails(t *testing.T) {
 	}
 }
 
+// TestReportTLSFlagsChecked: the mutual-TLS report (the default) needs
+// the namespace of the agent CA and a lifetime the CSR API accepts; each
+// refusal exits 2 naming the flag.
+func TestReportTLSFlagsChecked(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "--agent-ca-namespace"},
+		{[]string{"--agent-ca-namespace", "egressip-system", "--certificate-lifetime", "5m"}, "--certificate-lifetime"},
+	} {
+		p := startAgentProc(t, []string{"NODE_NAME=n1"}, tc.args...)
+		if code := p.wait(t, 30*time.Second); code != 2 {
+			t.Fatalf("%v: exit code %d, want 2", tc.args, code)
+		}
+		if !strings.Contains(p.stderr.String(), tc.want) {
+			t.Errorf("%v: stderr %q does not name %s", tc.args, p.stderr.String(), tc.want)
+		}
+	}
+}
+
 func TestBadCIDRFlagFails(t *testing.T) {
 	for _, v := range []string{"10.0.0.0/33", "10.1.2.3/8", "banana"} {
 		p := startAgentProc(t, []string{"NODE_NAME=n1"}, "--service-cidrs", "10.96.0.0/12,"+v)
@@ -369,7 +390,9 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 			"--netns", pair.Node.Path,
 			"--report-bind-address", "127.0.0.1:" + strconv.Itoa(rep),
 			"--health-probe-bind-address", "127.0.0.1:" + strconv.Itoa(health),
-			"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(metrics),
+			"--metrics-bind-address", "127.0.0.1:" + strconv.Itoa(metrics), "--metrics-secure=false",
+			// The report over plain HTTP: no controller signs certificates here.
+			"--report-tls=false",
 			"--health-probe-socket", filepath.Join(sockDir, socket)}
 	}
 	probe := func(socket, check string) int {
@@ -482,7 +505,7 @@ func TestSIGTERMDuringStartupOutage(t *testing.T) {
 	}
 	rep := freePort(t)
 	p := startAgentProc(t, nil,
-		"--node-name", "outage-node",
+		"--node-name", "outage-node", "--report-tls=false",
 		"--kubeconfig", writeKubeconfig(t, &rest.Config{Host: "https://127.0.0.1:" + strconv.Itoa(freePort(t))}),
 		"--netns", pair.Node.Path,
 		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
@@ -580,7 +603,7 @@ func TestKernelProbeAgentProcess(t *testing.T) {
 		"--cluster-cidrs", "10.244.0.0/16", "--service-cidrs", "10.96.0.0/12",
 		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
 		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(health),
-		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics))
+		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics), "--metrics-secure=false", "--report-tls=false")
 	eventually(t, 30*time.Second, "report carries the kernel finding", func() error {
 		r, err := getReport(rep)
 		if err != nil {

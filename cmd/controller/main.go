@@ -19,9 +19,11 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
@@ -42,6 +44,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	egressipv1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/agentcert"
 	egaws "github.com/egressip/egressip/internal/cloud/aws"
 	"github.com/egressip/egressip/internal/controller"
 	egwebhook "github.com/egressip/egressip/internal/webhook"
@@ -121,6 +124,18 @@ func main() {
 		"Failed polls in a row before an agent can be declared dead.")
 	flag.IntVar(&ctrlOpts.Liveness.Port, "agent-report-port", 9445,
 		"TCP port of the agents' report endpoint on every Node's InternalIP.")
+	var agentTLS controller.AgentTLSOptions
+	var agentSA string
+	flag.StringVar(&agentTLS.Namespace, "agent-ca-namespace", os.Getenv("POD_NAMESPACE"),
+		"Namespace of the agent CA: the Secret "+agentcert.CASecretName+" (created once, read by every replica) "+
+			"and the ConfigMap "+
+			agentcert.CAConfigMapName+" the agents read. Defaults to $POD_NAMESPACE.")
+	flag.StringVar(&agentSA, "agent-service-account", "egressip-agent",
+		"Service account of the agents, in the namespace of --agent-ca-namespace, or as <namespace>:<name>: "+
+			"the only requester whose certificate requests (signer "+agentcert.SignerName+") are signed.")
+	flag.DurationVar(&agentTLS.Lifetime, "agent-cert-lifetime", controller.DefaultAgentCertLifetime,
+		"Longest lifetime of an agent certificate (agents renew at 70 to 90 % of it), also that of the controller's "+
+			"client certificates (renewed at two thirds).")
 	flag.StringVar(&leaderElectionNS, "leader-election-namespace", "",
 		"Namespace of the leader-election Lease; required when running outside a cluster.")
 	flag.BoolVar(&enableHTTP2, "enable-http2", false,
@@ -144,6 +159,17 @@ func main() {
 		setupLog.Error(err, "Invalid flags")
 		os.Exit(2)
 	}
+	if agentTLS.Namespace == "" {
+		setupLog.Error(errors.New("set --agent-ca-namespace or $POD_NAMESPACE"), "No namespace for the agent CA")
+		os.Exit(1)
+	}
+	if agentTLS.Lifetime < 10*time.Minute {
+		setupLog.Error(fmt.Errorf("--agent-cert-lifetime %s: want at least 10m", agentTLS.Lifetime),
+			"Invalid --agent-cert-lifetime")
+		os.Exit(1)
+	}
+	agentTLS.AgentUser = serviceAccountUser(agentTLS.Namespace, agentSA)
+	ctrlOpts.AgentTLS = &agentTLS
 
 	// if the enable-http2 flag is false (the default), http/2 should be disabled
 	// due to its vulnerabilities. More specifically, disabling http/2 will
@@ -278,4 +304,13 @@ func main() {
 		setupLog.Error(err, "Failed to run manager")
 		os.Exit(1)
 	}
+}
+
+// serviceAccountUser is the user name of service account sa ("name", in
+// namespace ns, or "namespace:name"), as the API server records it.
+func serviceAccountUser(ns, sa string) string {
+	if n, name, ok := strings.Cut(sa, ":"); ok {
+		ns, sa = n, name
+	}
+	return "system:serviceaccount:" + ns + ":" + sa
 }

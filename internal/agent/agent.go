@@ -28,6 +28,7 @@ import (
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/conflict"
 	"github.com/egressip/egressip/internal/agent/fence"
+	"github.com/egressip/egressip/internal/agentcert"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -219,6 +220,9 @@ type Agent struct {
 	// conflicts and macs are served in the report.
 	conflicts atomic.Pointer[[]report.ConflictIP]
 	macs      atomic.Pointer[[]string]
+	// certs is the agent's identity for the report server; nil serves
+	// plain HTTP (SetCertificates).
+	certs *agentcert.Source
 }
 
 // heldRelease is one release instruction the agent honours.

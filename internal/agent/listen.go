@@ -88,14 +88,15 @@ func portTaken(addr string) bool {
 }
 
 // openWhenReady waits until the agent's first reconcile completed
-// (Agent.ReadyCheck), then opens the report listener on reportAddr and,
+// (Agent.ReadyCheck) and, with certificates, its certificate is issued,
+// then opens the report listener on reportAddr and,
 // when healthAddr is set, the health probe listener, both with
 // SO_REUSEPORT beside the other agent's. It returns nil listeners and no
 // error when ctx is done first, and the listen error otherwise.
 func openWhenReady(ctx context.Context, a *Agent, reportAddr, healthAddr string) (report, health net.Listener, err error) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
-	for a.ReadyCheck(nil) != nil {
+	for a.ReadyCheck(nil) != nil || (a.certs != nil && !a.certs.Ready()) {
 		select {
 		case <-ctx.Done():
 			return nil, nil, nil

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -36,12 +37,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	"sigs.k8s.io/controller-runtime/pkg/metrics/filters"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/fence"
+	"github.com/egressip/egressip/internal/agentcert"
 	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/selection"
@@ -54,6 +57,11 @@ const ControllerName = "egressip-agent"
 // NodeNameEnv is the environment variable holding the Node name when
 // --node-name is not given (set from spec.nodeName by the downward API).
 const NodeNameEnv = "NODE_NAME"
+
+// PodNamespaceEnv is the environment variable holding the agent's
+// namespace, where the agent CA's ConfigMap is (set from
+// metadata.namespace by the downward API).
+const PodNamespaceEnv = "POD_NAMESPACE"
 
 // ResolveNodeName returns flagValue when it is set, else the value of
 // NodeNameEnv looked up with getenv. It fails when both are empty.
@@ -272,18 +280,40 @@ func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 // see LastControllerPoll, and its release instructions taken, see onPoll) and the peer probe of other agents' fencers
 // (fence.Path). It is the one place the report port's handler is built.
 func (a *Agent) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle(fence.Path, fence.PeerHandler(a.cfg.NodeName, a.lastPollOrStart, a.Fenced, nil))
+	var peer, poll http.Handler
+	peer = fence.PeerHandler(a.cfg.NodeName, a.lastPollOrStart, a.Fenced, nil)
 	// onPoll notes each poll (LastControllerPoll) and takes its release
 	// instructions.
-	mux.Handle("/", report.PollHandler(a.onPoll))
+	poll = report.PollHandler(a.onPoll)
+	if a.certs != nil {
+		// Over mutual TLS only the controller may poll (a poll carries
+		// release instructions and counts as the controller's), and
+		// only other agents may ask the fencing question.
+		peer = agentcert.Authorize(peer, agentcert.AnyAgent)
+		poll = agentcert.Authorize(poll, agentcert.OnlyController)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(fence.Path, peer)
+	mux.Handle("/", poll)
 	return mux
 }
 
 // ServeReport serves the agent's report (package report) on ln until ctx is
 // done, then shuts the server down (waiting up to 5 s for open requests). It
 // returns nil after a shutdown caused by ctx, else the server's error.
+//
+// With certificates (SetCertificates) it first waits for the agent's
+// certificate and CA bundle, then serves over mutual TLS (the controller's
+// client certificate required for the report); until then connections wait
+// in the listen queue, so a poll meanwhile times out as for an absent agent
+// instead of seeing a failed handshake.
 func (a *Agent) ServeReport(ctx context.Context, ln net.Listener) error {
+	if a.certs != nil {
+		if err := a.certs.WaitReady(ctx); err != nil {
+			return nil // ctx done before a certificate came
+		}
+		ln = tls.NewListener(ln, a.certs.ServerConfig())
+	}
 	srv := &http.Server{
 		Handler:           a.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -308,6 +338,44 @@ func (a *Agent) ServeReport(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
+// startCertificates starts the agent's identity (agentcert.Source) of
+// cfg and makes the report server use it; nil cfg does nothing.
+func (a *Agent) startCertificates(ctx context.Context, cfg *agentcert.SourceConfig, log logr.Logger) error {
+	if cfg == nil {
+		return nil
+	}
+	src, err := agentcert.NewSource(*cfg)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if err := src.Start(logr.NewContext(ctx, log)); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.SetCertificates(src)
+	return nil
+}
+
+// readyChecks are the agent's readiness checks: a reconcile completed and,
+// with certificates, the certificate and CA bundle are there (so a surge
+// update stops the old agent only once this one can answer the
+// controller).
+func (a *Agent) readyChecks() map[string]healthz.Checker {
+	ready := map[string]healthz.Checker{"reconciled": a.ReadyCheck}
+	if a.certs != nil {
+		ready["certificate"] = func(*http.Request) error {
+			if !a.certs.Ready() {
+				return errors.New("no agent certificate or CA bundle yet (waiting for the CertificateSigningRequest to be signed)")
+			}
+			return nil
+		}
+	}
+	return ready
+}
+
+// SetCertificates makes the report server use mutual TLS with the
+// identity of src (call before ServeReport).
+func (a *Agent) SetCertificates(src *agentcert.Source) { a.certs = src }
+
 // RunOptions configure Run.
 type RunOptions struct {
 	Config
@@ -319,9 +387,19 @@ type RunOptions struct {
 	// ReportListener, when set, is used instead of ReportBindAddress.
 	// Run closes it.
 	ReportListener net.Listener
-	// MetricsBindAddress is the listen address of the metrics server
-	// (plain HTTP); "0" or empty turns it off.
+	// MetricsBindAddress is the listen address of the metrics server; "0"
+	// or empty turns it off.
 	MetricsBindAddress string
+	// MetricsSecure serves the metrics over HTTPS with authentication and
+	// authorization (controller-runtime's filters.WithAuthenticationAndAuthorization:
+	// a bearer token checked with a TokenReview, GET /metrics allowed by a
+	// SubjectAccessReview, as the controller's), with the agent's own
+	// certificate when Certificates is set. false serves plain HTTP.
+	MetricsSecure bool
+	// Certificates, when set, is the agent's identity (agentcert): the
+	// report is served over mutual TLS to the controller alone. nil serves
+	// it over plain HTTP, which egressip-controller refuses (tests only).
+	Certificates *agentcert.SourceConfig
 	// HealthProbeBindAddress serves /healthz and /readyz; "0" or empty
 	// turns it off.
 	HealthProbeBindAddress string
@@ -415,6 +493,10 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	a.SetKernelStatus(o.Kernel)
+	if err := a.startCertificates(ctx, o.Certificates, log); err != nil {
+		_ = a.Close()
+		return err
+	}
 	defer func() {
 		if cerr := a.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("agent: close: %w", cerr))
@@ -438,7 +520,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	// reusePort); the health probes are served by serveHealth for that
 	// reason, not by the manager.
 	mgr, err := newMgr(o.REST, o.NodeName, manager.Options{
-		Metrics:                metricsserver.Options{BindAddress: off(o.MetricsBindAddress), ListenConfig: reusePort},
+		Metrics:                MetricsOptions(off(o.MetricsBindAddress), o.MetricsSecure, a.certs),
 		HealthProbeBindAddress: "0",
 		Cache:                  cache.Options{DefaultWatchErrorHandler: a.WatchErrorHandler},
 	})
@@ -460,15 +542,10 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 			return err
 		}
 	}
-	if rq, ok := o.Datapath.(rejectQueue); ok {
-		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			serveRejectQueue(ctx, rq)
-			return nil
-		})); err != nil {
-			return fmt.Errorf("agent: add the reject queue: %w", err)
-		}
+	if err := addRejectQueue(mgr, o.Datapath); err != nil {
+		return err
 	}
-	ready := map[string]healthz.Checker{"reconciled": a.ReadyCheck}
+	ready := a.readyChecks()
 	for _, l := range []net.Listener{healthLn, sockLn} {
 		if l == nil {
 			continue
@@ -554,6 +631,45 @@ func (a *Agent) startRenewal(ctx context.Context, log logr.Logger) func() {
 			}
 		}
 	}
+}
+
+// MetricsOptions serve the agent's metrics on addr, with SO_REUSEPORT
+// (reusePort), over HTTPS behind controller-runtime's authentication and
+// authorization filter when secure (filters.WithAuthenticationAndAuthorization:
+// the bearer token is checked with a TokenReview and GET /metrics with a
+// SubjectAccessReview, as on the controller), with the certificate of certs
+// when set, else controller-runtime's self-signed one. HTTP/2 is off (its
+// rapid-reset CVEs), as on the controller.
+func MetricsOptions(addr string, secure bool, certs *agentcert.Source) metricsserver.Options {
+	o := metricsserver.Options{BindAddress: addr, ListenConfig: reusePort}
+	if !secure {
+		return o
+	}
+	o.SecureServing = true
+	o.FilterProvider = filters.WithAuthenticationAndAuthorization
+	o.TLSOpts = []func(*tls.Config){func(c *tls.Config) {
+		c.NextProtos = []string{"http/1.1"}
+		c.MinVersion = tls.VersionTLS12
+		if certs != nil {
+			c.GetCertificate = certs.GetCertificate
+		}
+	}}
+	return o
+}
+
+// addRejectQueue adds the reject queue's server to mgr when dp has one.
+func addRejectQueue(mgr manager.Manager, dp Datapath) error {
+	rq, ok := dp.(rejectQueue)
+	if !ok {
+		return nil
+	}
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		serveRejectQueue(ctx, rq)
+		return nil
+	})); err != nil {
+		return fmt.Errorf("agent: add the reject queue: %w", err)
+	}
+	return nil
 }
 
 // rejectQueue is the part of the kernel datapath that serves its reject
@@ -654,6 +770,7 @@ func setupAgent(mgr manager.Manager, a *Agent, o RunOptions, reportAddr string, 
 		Candidates: peerCandidates(c, sel),
 		ProbeAPI:   probe,
 		OnChange:   a.SetFence,
+		TLS:        a.peerTLS(),
 	})
 	log.Info("self-fencing on", "fenceTimeout", o.Fence.Timeout, "peerProbeInterval", o.Fence.ProbeInterval, "peers", o.Fence.Peers,
 		"controllerPollInterval", o.Fence.ControllerPollInterval, "controllerDeadAfter", o.Fence.ControllerDeadAfter, "peerSelector", sel.String())
@@ -669,6 +786,16 @@ func setupAgent(mgr manager.Manager, a *Agent, o RunOptions, reportAddr string, 
 		return fmt.Errorf("agent: add the fencer: %w", err)
 	}
 	return nil
+}
+
+// peerTLS is the fencer's TLS configuration per peer Node when the report
+// port serves mutual TLS (the peer verified as that Node's agent, this
+// agent's certificate as the client's), else nil (plain HTTP).
+func (a *Agent) peerTLS() func(node string) *tls.Config {
+	if a.certs == nil {
+		return nil
+	}
+	return func(node string) *tls.Config { return agentcert.PeerClientConfig(a.certs, node) }
 }
 
 // peerCandidates returns the fencer's Candidates: the cached Nodes matching

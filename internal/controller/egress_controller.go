@@ -547,6 +547,11 @@ type Options struct {
 	MaxMembersPerSlice int
 	// Cloud enables cloud-backed pools when Cloud.Provider is set.
 	Cloud CloudConfig
+	// AgentTLS, when set, secures the agent channel: the controller keeps
+	// the agent CA, signs the agents' certificates and polls them over
+	// mutual TLS (docs/security.md). nil polls over plain HTTP, for tests
+	// of the controller alone; egressip-controller always sets it.
+	AgentTLS *AgentTLSOptions
 	// beforePass is PassReconciler.beforePass (tests only).
 	beforePass func(context.Context, client.Reader)
 }
@@ -592,8 +597,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	collectorOnce.Do(func() { metrics.Registry.MustRegister(collector) })
 	collector.set(mgr.GetCache(), o.Pass.DefaultCapacity)
+	rec := mgr.GetEventRecorder("egressip-controller")
+	if o.AgentTLS != nil {
+		tlsFor, err := setupAgentTLS(mgr, *o.AgentTLS, rec)
+		if err != nil {
+			return err
+		}
+		o.Liveness.TLS = tlsFor
+	}
 	l := NewLiveness(mgr.GetClient(), o.Liveness)
-	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass, beforePass: o.beforePass}
+	l.Recorder = rec
+	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, Liveness: l, Config: o.Pass, beforePass: o.beforePass}
 	if o.Cloud.Provider != nil {
 		r.Cloud = NewCloud(mgr.GetClient(), o.Cloud)
 	}

@@ -2,18 +2,25 @@ package controller
 
 import (
 	"context"
+	"crypto/tls"
 	"net/netip"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/recorder"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/agentcert"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -33,6 +40,15 @@ type LivenessConfig struct {
 	Port int
 	// Parallelism bounds how many polls run at once. Default 64.
 	Parallelism int
+	// TLS, when set, is the TLS configuration of a poll of a Node's agent
+	// (agentcert.ClientConfig): the report is then accepted only over
+	// mutual TLS from that Node's agent. nil polls over plain HTTP, for
+	// tests of the controller alone; egressip-controller always sets it.
+	TLS func(node string) *tls.Config
+	// RefusedEventInterval is the least time between two Warning Events
+	// for refused polls of one Node (the metric counts every one). Default
+	// 5 minutes.
+	RefusedEventInterval time.Duration
 }
 
 func (c *LivenessConfig) defaults() {
@@ -53,6 +69,28 @@ func (c *LivenessConfig) defaults() {
 	}
 	if c.Parallelism <= 0 {
 		c.Parallelism = 64
+	}
+	if c.RefusedEventInterval <= 0 {
+		c.RefusedEventInterval = 5 * time.Minute
+	}
+}
+
+// refusedReports counts polls refused because the server on a Node's
+// report port is not that Node's agent.
+var refusedReports = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "egressip_controller_agent_reports_refused_total",
+	Help: "Agent polls refused because the server was not the polled Node's agent, by reason: " +
+		"NotTLS (plain HTTP or another protocol), UntrustedCertificate (not issued by the agent CA: a spoofed server or a man in the middle), " +
+		"InvalidCertificate (expired, not yet valid, wrong usage), WrongIdentity (another Node's agent), HandshakeFailed (other TLS failures).",
+}, []string{labelRefusedReason})
+
+// labelRefusedReason labels refusals by agentcert reason.
+const labelRefusedReason = "reason"
+
+func init() {
+	metrics.Registry.MustRegister(refusedReports)
+	for _, r := range agentcert.RefusedReasons {
+		refusedReports.WithLabelValues(r)
 	}
 }
 
@@ -92,6 +130,11 @@ type Liveness struct {
 	// dpHook is called with a Node's name when its agent's datapath
 	// finding changes (see onDatapathChange).
 	dpHook func(node string)
+	// Recorder, when set, records the Warning Events of refused polls.
+	Recorder recorder.EventRecorder
+	// refusedEvent is when the last refused-poll Event of each Node was
+	// recorded.
+	refusedEvent map[string]time.Time
 }
 
 // onDatapathChange makes fn be called, outside the lock, with the name of
@@ -198,13 +241,16 @@ func (l *Liveness) releasesFor(node string) []report.Release {
 // NewLiveness returns a poller reading Nodes from reader.
 func NewLiveness(reader client.Reader, cfg LivenessConfig) *Liveness {
 	cfg.defaults()
+	c := report.NewClient(cfg.Port, cfg.Timeout)
+	c.TLS = cfg.TLS
 	return &Liveness{
-		cfg:       cfg,
-		reader:    reader,
-		client:    report.NewClient(cfg.Port, cfg.Timeout),
-		Events:    make(chan event.GenericEvent, 1),
-		agents:    map[string]*AgentState{},
-		expedited: map[string]bool{},
+		cfg:          cfg,
+		reader:       reader,
+		client:       c,
+		Events:       make(chan event.GenericEvent, 1),
+		agents:       map[string]*AgentState{},
+		expedited:    map[string]bool{},
+		refusedEvent: map[string]time.Time{},
 	}
 }
 
@@ -251,9 +297,11 @@ func (l *Liveness) pollAll(ctx context.Context) {
 	for name := range l.agents {
 		if !present[name] {
 			delete(l.agents, name)
+			delete(l.refusedEvent, name)
 		}
 	}
 	l.mu.Unlock()
+	l.client.Forget(present)
 }
 
 func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAddr bool) {
@@ -262,7 +310,8 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 		err error
 	)
 	if hasAddr {
-		rep, err = l.client.Get(ctx, addr, report.Poll{Releases: l.releasesFor(node)})
+		rep, err = l.client.Poll(ctx, node, addr, report.Poll{Releases: l.releasesFor(node)})
+		l.noteRefused(ctx, node, err)
 	}
 	now := time.Now()
 	l.mu.Lock()
@@ -292,6 +341,42 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 	if dpChanged && hook != nil {
 		hook(node)
 	}
+}
+
+// noteRefused counts a poll of node refused because the server is not
+// node's agent (agentcert.Classify), and records a Warning Event on the
+// Node at most once per RefusedEventInterval. A refused poll is a failed
+// poll: poll then treats it as an agent that did not answer.
+func (l *Liveness) noteRefused(ctx context.Context, node string, err error) {
+	re, ok := agentcert.Classify(err)
+	if !ok {
+		return
+	}
+	refusedReports.WithLabelValues(re.Reason).Inc()
+	now := time.Now()
+	l.mu.Lock()
+	last, seen := l.refusedEvent[node]
+	due := !seen || now.Sub(last) >= l.cfg.RefusedEventInterval
+	if due {
+		l.refusedEvent[node] = now
+	}
+	rec := l.Recorder
+	l.mu.Unlock()
+	if !due {
+		return
+	}
+	log.FromContext(ctx).Info("agent report refused: the server on the report port is not this Node's agent",
+		"node", klog.KRef("", node), "reason", re.Reason, "err", re.Err.Error())
+	if rec == nil {
+		return
+	}
+	var n corev1.Node
+	if gerr := l.reader.Get(ctx, client.ObjectKey{Name: node}, &n); gerr != nil {
+		return
+	}
+	rec.Eventf(&n, nil, corev1.EventTypeWarning, v1.ReasonAgentReportRefused, "Poll",
+		"report of Node %s refused (%s): %v; the Node is not kept alive by it and its IPs are not Ready on it (further refusals within %v are only counted in egressip_controller_agent_reports_refused_total)",
+		node, re.Reason, re.Err, l.cfg.RefusedEventInterval)
 }
 
 // notify asks for a scheduling pass without blocking: one pending signal is

@@ -13,6 +13,7 @@ package report
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -384,10 +386,28 @@ func PollHandler(current func(Poll) Report) http.Handler {
 
 // Client polls agents.
 type Client struct {
-	// HTTP is the client used; its Timeout bounds one poll.
+	// HTTP is the client of plain-HTTP polls (TLS nil); its Timeout bounds
+	// one poll.
 	HTTP *http.Client
 	// Port is the agent's report port on every Node.
 	Port int
+	// TLS, when set, returns the TLS configuration of a poll of a Node's
+	// agent (agentcert.ClientConfig: mutual TLS, the server verified as
+	// that Node's agent); polls then go over HTTPS, one connection pool
+	// per Node. nil polls over plain HTTP (tests of the controller alone;
+	// the controller binary always sets it).
+	TLS func(node string) *tls.Config
+
+	timeout time.Duration
+	mu      sync.Mutex
+	perNode map[string]*nodeClient
+}
+
+// nodeClient is the HTTPS client of one Node's agent at one address: a
+// connection verified for that Node is never reused for another.
+type nodeClient struct {
+	host netip.Addr
+	http *http.Client
 }
 
 // NewClient returns a client whose polls time out after timeout.
@@ -397,15 +417,85 @@ func NewClient(port int, timeout time.Duration) *Client {
 		MaxIdleConnsPerHost: 1,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	return &Client{HTTP: &http.Client{Timeout: timeout, Transport: tr}, Port: port}
+	return &Client{HTTP: &http.Client{Timeout: timeout, Transport: tr}, Port: port, timeout: timeout}
 }
 
-// Get fetches the report of the agent at host (a Node IP), carrying p in
-// the query (at most MaxReleases Releases; agents that predate Poll ignore
-// it). It returns an error when the agent does not answer in time or
-// answers something else than a report.
+// Get fetches the report of the agent at host (a Node IP) over plain
+// HTTP, carrying p in the query (at most MaxReleases Releases; agents that
+// predate Poll ignore it). It returns an error when the agent does not
+// answer in time or answers something else than a report.
 func (c *Client) Get(ctx context.Context, host netip.Addr, p Poll) (Report, error) {
-	u := "http://" + net.JoinHostPort(host.String(), strconv.Itoa(c.Port)) + Path
+	return c.get(ctx, c.HTTP, "http", host, p)
+}
+
+// Poll fetches the report of node's agent at host: over mutual TLS when
+// c.TLS is set (a handshake refused because the server is not node's agent
+// returns an error wrapping *agentcert.RefusedError), else as Get. p
+// rides in the query as for Get.
+func (c *Client) Poll(ctx context.Context, node string, host netip.Addr, p Poll) (Report, error) {
+	if c.TLS == nil {
+		return c.Get(ctx, host, p)
+	}
+	return c.get(ctx, c.nodeHTTP(node, host), "https", host, p)
+}
+
+// Forget drops the connections of every Node not in keep.
+func (c *Client) Forget(keep map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for n, nc := range c.perNode {
+		if !keep[n] {
+			nc.http.CloseIdleConnections()
+			delete(c.perNode, n)
+		}
+	}
+}
+
+func (c *Client) nodeHTTP(node string, host netip.Addr) *http.Client {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if nc, ok := c.perNode[node]; ok && nc.host == host {
+		return nc.http
+	} else if ok {
+		nc.http.CloseIdleConnections()
+	}
+	timeout := c.timeout
+	if timeout <= 0 {
+		timeout = c.HTTP.Timeout
+	}
+	tr := &http.Transport{
+		DialTLSContext:      dialTLS(c.TLS(node), timeout),
+		MaxIdleConnsPerHost: 1,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	nc := &nodeClient{host: host, http: &http.Client{Timeout: timeout, Transport: tr}}
+	if c.perNode == nil {
+		c.perNode = map[string]*nodeClient{}
+	}
+	c.perNode[node] = nc
+	return nc.http
+}
+
+// dialTLS dials TCP, then completes the TLS handshake with cfg before any
+// request is written, bounded by ctx.
+func dialTLS(cfg *tls.Config, timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: timeout}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		raw, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		conn := tls.Client(raw, cfg)
+		if err := conn.HandshakeContext(ctx); err != nil {
+			_ = raw.Close()
+			return nil, fmt.Errorf("TLS handshake: %w", err)
+		}
+		return conn, nil
+	}
+}
+
+func (c *Client) get(ctx context.Context, hc *http.Client, scheme string, host netip.Addr, p Poll) (Report, error) {
+	u := scheme + "://" + net.JoinHostPort(host.String(), strconv.Itoa(c.Port)) + Path
 	if len(p.Releases) > 0 {
 		q := url.Values{}
 		for _, r := range p.Releases[:min(len(p.Releases), MaxReleases)] {
@@ -417,7 +507,7 @@ func (c *Client) Get(ctx context.Context, host netip.Addr, p Poll) (Report, erro
 	if err != nil {
 		return Report{}, fmt.Errorf("build report request: %w", err)
 	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return Report{}, fmt.Errorf("poll agent at %s: %w", host, err)
 	}

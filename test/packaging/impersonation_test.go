@@ -2,10 +2,17 @@ package packaging
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"slices"
 	"testing"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -143,7 +150,33 @@ func TestAgentRBAC(t *testing.T) {
 	forbidden("create a member slice", agent.Create(ctx, &v1.EgressMemberSlice{ObjectMeta: metav1.ObjectMeta{Name: "rbac-node-a-0"}, Egress: "rbac-node-a",
 		Members: []v1.EgressMember{{PodIP: "10.0.0.66", HostIP: "192.0.2.66"}}}))
 
-	// The whole rule set the API server grants the agent holds no write verb.
+	// It may request a certificate, but neither approve nor sign one (its
+	// own or another's): only the controller holds the signer.
+	csr := &certificatesv1.CertificateSigningRequest{ObjectMeta: metav1.ObjectMeta{Name: "rbac-node-a"},
+		Spec: certificatesv1.CertificateSigningRequestSpec{Request: testCSR(t, "node-a"), SignerName: "egressip.io/agent",
+			Usages: []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth, certificatesv1.UsageClientAuth}}}
+	if err := agent.Create(ctx, csr); err != nil {
+		t.Fatalf("agent requests its certificate: %v", err)
+	}
+	if err := agent.Get(ctx, client.ObjectKeyFromObject(csr), csr); err != nil {
+		t.Fatalf("agent reads its request back: %v", err)
+	}
+	if got := csr.Spec.Extra["authentication.kubernetes.io/node-name"]; len(got) != 1 || got[0] != "node-a" {
+		t.Errorf("the API server recorded node-name %v on the agent's request, want [node-a]", got)
+	}
+	approved := csr.DeepCopy()
+	approved.Status.Conditions = append(approved.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+		Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "Self"})
+	forbidden("approve its own certificate", agent.SubResource("approval").Update(ctx, approved))
+	signed := csr.DeepCopy()
+	signed.Status.Certificate = []byte("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+	forbidden("sign its own certificate", agent.SubResource("status").Update(ctx, signed))
+	forbidden("delete a certificate request", agent.Delete(ctx, csr))
+	forbidden("read the agent CA's Secret", agent.Get(ctx, client.ObjectKey{Namespace: namespace, Name: "egressip-agent-ca"}, &corev1.Secret{}))
+
+	// The whole rule set the API server grants the agent holds no write
+	// verb but the creation of certificate requests and of the reviews of
+	// its metrics scrapers' tokens.
 	review := &authorizationv1.SelfSubjectRulesReview{Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: namespace}}
 	if err := agent.Create(ctx, review); err != nil {
 		t.Fatal(err)
@@ -155,10 +188,29 @@ func TestAgentRBAC(t *testing.T) {
 			if slices.Contains(r.APIGroups, "authorization.k8s.io") || slices.Contains(r.APIGroups, "authentication.k8s.io") {
 				continue
 			}
+			if v == "create" && (slices.Equal(r.Resources, []string{"certificatesigningrequests"}) ||
+				slices.Equal(r.Resources, []string{"tokenreviews"}) || slices.Equal(r.Resources, []string{"subjectaccessreviews"})) {
+				continue
+			}
 			if !slices.Contains([]string{"get", "list", "watch"}, v) {
 				t.Errorf("agent may %s %v/%v", v, r.APIGroups, r.Resources)
 			}
 		}
 	}
 	t.Logf("agent rules: %+v", review.Status.ResourceRules)
+}
+
+// testCSR is a PEM certificate request for node's agent identity.
+func testCSR(t *testing.T, node string) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: "egressip-agent:" + node, Organization: []string{"egressip.io"}}, DNSNames: []string{node}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
 }

@@ -2,6 +2,7 @@ package fence
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net/http"
 	"sync"
@@ -26,8 +27,13 @@ type Options struct {
 	// ProbeAPI asks the API server once, within ctx; nil when it
 	// answered (any HTTP status).
 	ProbeAPI func(ctx context.Context) error
-	// Client is the peer client; nil means NewPeerClient(ProbeTimeout()).
+	// Client is the peer client over plain HTTP; nil means
+	// NewPeerClient(ProbeTimeout()). Unused when TLS is set.
 	Client *http.Client
+	// TLS, when set, makes peer probes HTTPS: it returns the TLS
+	// configuration for the agent of one Node (it must verify that the
+	// server is that Node's agent). Each peer then gets its own client.
+	TLS func(node string) *tls.Config
 	// OnChange is called, from the Fencer's goroutine, whenever the
 	// decision's Fence changes (and once at the first fence).
 	OnChange func(ctx context.Context, d Decision)
@@ -46,6 +52,8 @@ type Fencer struct {
 	last    Decision
 	api     APIState
 	results map[string]Peer
+	// clients are the per-peer HTTPS clients (Options.TLS), by Node.
+	clients map[string]*http.Client
 }
 
 // New returns a Fencer; o.Config must be enabled and valid.
@@ -151,7 +159,8 @@ func (f *Fencer) probe(ctx context.Context, peers []Candidate) {
 	res := make([]Peer, len(peers))
 	for i, p := range peers {
 		wg.Go(func() {
-			a, err := ProbePeer(pctx, f.o.Client, p.Addr, f.o.Port, p.Node)
+			hc, scheme := f.clientFor(p.Node)
+			a, err := ProbePeer(pctx, hc, scheme, p.Addr, f.o.Port, p.Node)
 			at := f.o.Now()
 			if err != nil {
 				peerProbes.WithLabelValues(resultError).Inc()
@@ -179,4 +188,24 @@ func (f *Fencer) probe(ctx context.Context, peers []Candidate) {
 	for _, r := range res {
 		f.results[r.Node] = r
 	}
+}
+
+// clientFor returns the client and URL scheme to probe node's agent with:
+// Options.Client over http, or with Options.TLS node's own client over
+// https (kept for the next probes, so connections are reused).
+func (f *Fencer) clientFor(node string) (*http.Client, string) {
+	if f.o.TLS == nil {
+		return f.o.Client, "http"
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if hc, ok := f.clients[node]; ok {
+		return hc, "https"
+	}
+	if f.clients == nil {
+		f.clients = map[string]*http.Client{}
+	}
+	hc := NewPeerClientTLS(f.o.ProbeTimeout(), f.o.TLS(node))
+	f.clients[node] = hc
+	return hc, "https"
 }

@@ -3,6 +3,7 @@ package fence
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
@@ -100,11 +101,25 @@ func NewPeerClient(timeout time.Duration) *http.Client {
 	return &http.Client{Timeout: timeout, Transport: tr}
 }
 
-// ProbePeer asks the agent at addr:port for its Answer. It fails when the
+// NewPeerClientTLS is NewPeerClient over TLS with cfg, the configuration
+// for one peer (it verifies that peer's identity), for https probes.
+func NewPeerClientTLS(timeout time.Duration, cfg *tls.Config) *http.Client {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: timeout}).DialContext,
+		TLSClientConfig:     cfg,
+		TLSHandshakeTimeout: timeout,
+		MaxIdleConnsPerHost: 1,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	return &http.Client{Timeout: timeout, Transport: tr}
+}
+
+// ProbePeer asks the agent at addr:port for its Answer, with scheme "http"
+// or "https" (hc then carries the TLS configuration). It fails when the
 // peer does not answer in time, answers something else than an Answer, or
 // the answer names another Node than want.
-func ProbePeer(ctx context.Context, hc *http.Client, addr netip.Addr, port int, want string) (Answer, error) {
-	url := "http://" + net.JoinHostPort(addr.String(), strconv.Itoa(port)) + Path
+func ProbePeer(ctx context.Context, hc *http.Client, scheme string, addr netip.Addr, port int, want string) (Answer, error) {
+	url := scheme + "://" + net.JoinHostPort(addr.String(), strconv.Itoa(port)) + Path
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return Answer{}, fmt.Errorf("build peer request: %w", err)

@@ -18,7 +18,6 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -93,6 +92,10 @@ type Node struct {
 	// APIProxy, see RouteAgentVia).
 	Kubeconfig string
 
+	// kubeconfig is the agent's: the agents' user with this Node's
+	// node-name extra (agentCredentials).
+	kubeconfig string
+
 	mu        sync.Mutex
 	agent     *exec.Cmd
 	agentDone chan struct{} // closed when the agent has exited
@@ -114,7 +117,6 @@ type Cluster struct {
 	extNS *dpharness.NS
 
 	dir            string
-	agentConfig    string
 	logMu          sync.Mutex
 	logFiles       map[string]*os.File
 	mu             sync.Mutex
@@ -269,25 +271,7 @@ func (c *Cluster) credentials(ctx context.Context) error {
 	if c.Kubeconfig, err = c.writeKubeconfig("admin.kubeconfig", admin); err != nil {
 		return err
 	}
-	const agentUser = "system:serviceaccount:egressip-system:egressip-agent"
-	role := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "egressip-agent"}, Rules: []rbacv1.PolicyRule{
-		{APIGroups: []string{"egressip.io"}, Resources: []string{"egresses", "externalippools", "egressmemberslices"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"pods", "namespaces", "nodes"}, Verbs: []string{"get", "list", "watch"}},
-	}}
-	binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "egressip-agent"},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: role.Name},
-		Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: agentUser}}}
-	for _, o := range []client.Object{role, binding} {
-		if err := c.Client.Create(ctx, o); err != nil {
-			return fmt.Errorf("create %T: %w", o, err)
-		}
-	}
-	agent, err := c.Env.AddUser(envtest.User{Name: agentUser, Groups: []string{"system:serviceaccounts"}})
-	if err != nil {
-		return fmt.Errorf("add agent user: %w", err)
-	}
-	c.agentConfig, err = c.writeKubeconfig("agent.kubeconfig", agent)
-	return err
+	return c.agentCredentials(ctx)
 }
 
 func (c *Cluster) writeKubeconfig(name string, u *envtest.AuthenticatedUser) (string, error) {
@@ -331,6 +315,7 @@ func (c *Cluster) StartController() error {
 		"--leader-elect", "--leader-election-namespace", "default",
 		"--metrics-bind-address", ControllerMetricsAddr, "--metrics-secure=false", "--health-probe-bind-address", "0",
 		"--webhook-cert-path", wo.CertDir, "--webhook-port", strconv.Itoa(wo.Port),
+		"--agent-ca-namespace", AgentNamespace,
 	}, c.Config.ControllerArgs...)
 	cmd := exec.Command(filepath.Join(c.Config.BinDir, "egressip-controller"), args...)
 	cmd.Stdout = c.output(LogController)
@@ -359,13 +344,14 @@ func (c *Cluster) StopController() {
 func (c *Cluster) StartAgent(n *Node) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	kubeconfig := c.agentConfig
+	kubeconfig := n.kubeconfig
 	if n.Kubeconfig != "" {
 		kubeconfig = n.Kubeconfig
 	}
 	cmd := exec.Command("ip", "netns", "exec", n.Name, filepath.Join(c.Config.BinDir, "egressip-agent"),
 		"--kubeconfig", kubeconfig, "--node-name", n.Name, "--health-probe-bind-address", "0",
-		"--metrics-bind-address", fmt.Sprintf(":%d", AgentMetricsPort))
+		"--agent-ca-namespace", AgentNamespace,
+		"--metrics-bind-address", fmt.Sprintf(":%d", AgentMetricsPort), "--metrics-secure=false")
 	cmd.Args = append(cmd.Args, "--ownership-record="+n.Record)
 	if n.ForcedFallback {
 		cmd.Args = append(cmd.Args, "--address-ownership=record")

@@ -291,7 +291,10 @@ func (p *APIProxy) Close() {
 func (c *Cluster) RouteAgentVia(n *Node, p *APIProxy) error {
 	kc := ""
 	if p != nil {
-		b, err := os.ReadFile(c.agentConfig)
+		n.mu.Lock()
+		own := n.kubeconfig
+		n.mu.Unlock()
+		b, err := os.ReadFile(own)
 		if err != nil {
 			return fmt.Errorf("read agent kubeconfig: %w", err)
 		}
