@@ -31,6 +31,19 @@ const (
 	// counts the Node as not releasing the IP, as if it were dead. The
 	// Assigned condition's message says the same.
 	ReasonReleaseTimedOut = "ReleaseTimedOut"
+
+	// ReasonSelfFenced is the reason of the Node condition
+	// EgressSelfFenced while the Node's agent holds none of its egress IPs
+	// because it fenced itself (it lost the controller's polls, the API
+	// server and its peers' support; docs/failover.md), and of the Warning
+	// Event recorded on the Node when the controller learns of a fence,
+	// which is mostly once the Node is back: a fenced agent is not polled.
+	ReasonSelfFenced = "SelfFenced"
+
+	// ReasonFenceLifted is the reason of the Node condition
+	// EgressSelfFenced after that agent's last fence was lifted (it is
+	// polled again); the message says when the fence began and ended.
+	ReasonFenceLifted = "FenceLifted"
 	// ReasonAgentReportRefused is the reason of the Warning Event recorded
 	// on a Node when the controller refuses a poll of its report port
 	// because the server there is not that Node's agent: plain HTTP, a

@@ -359,7 +359,11 @@ func (a *Agent) SetFence(ctx context.Context, d fence.Decision) {
 		msg = msg[:report.MaxDatapathMessage]
 	}
 	st := &report.FenceStatus{Fenced: d.Fence, Reason: d.Reason, Message: msg, Since: time.Now()}
+	if prev := a.fenceStatus.Load(); prev != nil {
+		st.FencedAt, st.FenceReason, st.FenceMessage = prev.FencedAt, prev.FenceReason, prev.FenceMessage
+	}
 	if d.Fence {
+		st.FencedAt, st.FenceReason, st.FenceMessage = st.Since, d.Reason, msg
 		a.rejoining.Store(false)
 		a.fenced.Store(true)
 	} else {

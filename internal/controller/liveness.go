@@ -324,7 +324,7 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 	if hasAddr && err == nil && rep.Node == node {
 		changed = !s.Known || s.Dead || !sameBound(s.Report, rep)
 		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath) || !sameOwnership(s.Report.Ownership, rep.Ownership) ||
-			!s.Report.Kernel.Equal(rep.Kernel)
+			!s.Report.Kernel.Equal(rep.Kernel) || !s.Report.Fence.Equal(rep.Fence)
 		s.Known, s.Dead, s.failures, s.LastSeen, s.Report = true, false, 0, now, rep
 	} else {
 		s.failures++

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/report"
 )
 
@@ -43,6 +46,14 @@ const NodeConditionOwnership corev1.NodeConditionType = "EgressIPOwnershipKnown"
 // release, the missing features and the parts of the agent degraded or not
 // started (docs/agent.md has the table).
 const NodeConditionKernel corev1.NodeConditionType = "EgressKernelFeatures"
+
+// NodeConditionFenced is the Node condition the controller keeps from each
+// agent's fence status (report.Report.Fence), once that agent has fenced
+// at least once: True with reason v1.ReasonSelfFenced while it holds
+// no egress IP because it fenced itself, False with reason
+// v1.ReasonFenceLifted after; the message says when and why the last
+// fence began, and when it was lifted. A Warning Event marks each fence.
+const NodeConditionFenced corev1.NodeConditionType = "EgressSelfFenced"
 
 // Event reasons of the Node conditions' transitions.
 const (
@@ -119,6 +130,35 @@ func desiredKernelCondition(st *report.KernelStatus) corev1.NodeCondition {
 	return c
 }
 
+// fenceCondition is the condition for a fence status that has a fence
+// behind it (st.FencedAt set; times left zero).
+func fenceCondition(st *report.FenceStatus) corev1.NodeCondition {
+	episode := fmt.Sprintf("the egressip agent unbound this Node's egress IPs at %s, fencing itself (%s): %s",
+		st.FencedAt.UTC().Format(time.RFC3339Nano), st.FenceReason, st.FenceMessage)
+	if st.Fenced {
+		return corev1.NodeCondition{Type: NodeConditionFenced, Status: corev1.ConditionTrue, Reason: v1.ReasonSelfFenced, Message: episode}
+	}
+	msg := episode + fenceLifted + st.Since.UTC().Format(time.RFC3339Nano)
+	if st.Rejoining {
+		msg += " (rejoining: it binds only what its cache and the API server both assign to it)"
+	}
+	return corev1.NodeCondition{Type: NodeConditionFenced, Status: corev1.ConditionFalse, Reason: v1.ReasonFenceLifted, Message: msg}
+}
+
+// fenceLifted separates a fence condition's episode from its end.
+const fenceLifted = "; the fence was lifted at "
+
+// fenceEvent returns the Warning Event for a fence condition want
+// replacing prev, when want names another fence than prev (a new episode,
+// whether or not the controller ever saw it in force).
+func fenceEvent(prev *corev1.NodeCondition, want corev1.NodeCondition) (conditionEvent, bool) {
+	episode := func(msg string) string { e, _, _ := strings.Cut(msg, fenceLifted); return e }
+	if prev != nil && episode(prev.Message) == episode(want.Message) {
+		return conditionEvent{}, false
+	}
+	return conditionEvent{corev1.EventTypeWarning, v1.ReasonSelfFenced, "Fence", want.Message}, true
+}
+
 // conditionEvent is the Event for a condition's status change.
 type conditionEvent struct {
 	typ, reason, action, note string
@@ -169,6 +209,9 @@ func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if st.Report.Kernel != nil {
 		wants = append(wants, desiredKernelCondition(st.Report.Kernel))
 	}
+	if f := st.Report.Fence; f != nil && !f.FencedAt.IsZero() {
+		wants = append(wants, fenceCondition(f))
+	}
 	if len(wants) == 0 {
 		return reconcile.Result{}, nil
 	}
@@ -198,7 +241,11 @@ func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		} else {
 			n.Status.Conditions = append(n.Status.Conditions, want)
 		}
-		if ev, ok := transitionEvent(prev, want); ok {
+		event := transitionEvent
+		if want.Type == NodeConditionFenced {
+			event = fenceEvent
+		}
+		if ev, ok := event(prev, want); ok {
 			events = append(events, ev)
 		}
 		written = append(written, want)
@@ -244,8 +291,8 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // mirrored is the Node's conditions this reconciler keeps, without their
 // times, for change detection.
-func mirrored(n *corev1.Node) [3]corev1.NodeCondition {
-	var out [3]corev1.NodeCondition
+func mirrored(n *corev1.Node) [4]corev1.NodeCondition {
+	var out [4]corev1.NodeCondition
 	for _, c := range n.Status.Conditions {
 		c := corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
 		switch c.Type {
@@ -255,6 +302,8 @@ func mirrored(n *corev1.Node) [3]corev1.NodeCondition {
 			out[1] = c
 		case NodeConditionKernel:
 			out[2] = c
+		case NodeConditionFenced:
+			out[3] = c
 		}
 	}
 	return out

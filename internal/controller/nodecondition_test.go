@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -283,4 +284,75 @@ func nodeCondition(t *testing.T, cl *cluster, node string, typ corev1.NodeCondit
 		}
 	}
 	return corev1.NodeCondition{}, false
+}
+
+// TestFenceShownOnNode: an agent that fenced itself while cut off reports
+// the fence once it is polled again; the Node gets the condition
+// EgressSelfFenced (False, FenceLifted, naming when and why it fenced and
+// when the fence was lifted) and one Warning Event SelfFenced, not one per
+// poll or per rejoin step. A second fence is a second Event, and True while
+// the controller sees it in force.
+func TestFenceShownOnNode(t *testing.T) {
+	cl := newCluster(t, "fsn", 1, 4)
+	node := "fsn-n1"
+	cond := func() (corev1.NodeCondition, bool) { return nodeCondition(t, cl, node, NodeConditionFenced) }
+	events := func() []eventsv1.Event {
+		var evs eventsv1.EventList
+		if err := cl.c.List(cl.ctx, &evs); err != nil {
+			t.Fatal(err)
+		}
+		var out []eventsv1.Event
+		for _, ev := range evs.Items {
+			if ev.Regarding.Name == node && ev.Reason == v1.ReasonSelfFenced && ev.Type == corev1.EventTypeWarning {
+				out = append(out, ev)
+			}
+		}
+		return out
+	}
+	// Never fenced: no condition.
+	cl.agents[node].setFence(&report.FenceStatus{Reason: "Polled", Since: time.Now()})
+	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: report.ReasonKernelFeaturesPresent, Message: "all"})
+	cl.eventually("kernel condition written (the Node was reconciled)", func() (bool, string) {
+		_, ok := nodeCondition(t, cl, node, NodeConditionKernel)
+		return ok, ""
+	})
+	if c, ok := cond(); ok {
+		t.Fatalf("a Node that never fenced has the fence condition: %+v", c)
+	}
+
+	fencedAt := time.Now().Add(-10 * time.Second).Truncate(time.Millisecond)
+	lifted := fencedAt.Add(6 * time.Second)
+	st := report.FenceStatus{Rejoining: true, Reason: "Polled", Since: lifted, FencedAt: fencedAt,
+		FenceReason: "ControllerPollsOthers", FenceMessage: "2 of 2 peers were polled after this Node"}
+	cl.agents[node].setFence(&st)
+	cl.eventually("condition False FenceLifted naming the fence", func() (bool, string) {
+		c, ok := cond()
+		return ok && c.Status == corev1.ConditionFalse && c.Reason == v1.ReasonFenceLifted &&
+			strings.Contains(c.Message, "ControllerPollsOthers") && strings.Contains(c.Message, fencedAt.UTC().Format(time.RFC3339Nano)) &&
+			strings.Contains(c.Message, lifted.UTC().Format(time.RFC3339Nano)), fmt.Sprintf("%+v", c)
+	})
+	cl.eventually("one Warning Event", func() (bool, string) {
+		evs := events()
+		return len(evs) == 1 && strings.Contains(evs[0].Note, "2 of 2 peers"), fmt.Sprintf("%d events", len(evs))
+	})
+	// The rejoin ends: the condition's message changes, no new Event.
+	st2 := st
+	st2.Rejoining, st2.Since = false, lifted.Add(time.Second)
+	cl.agents[node].setFence(&st2)
+	cl.eventually("rejoin done in the message", func() (bool, string) {
+		c, _ := cond()
+		return !strings.Contains(c.Message, "rejoining") && strings.Contains(c.Message, st2.Since.UTC().Format(time.RFC3339Nano)), c.Message
+	})
+	// A second fence, seen in force: True, and a second Event.
+	second := time.Now().Truncate(time.Millisecond)
+	cl.agents[node].setFence(&report.FenceStatus{Fenced: true, Reason: "PeersLost", Since: second, FencedAt: second,
+		FenceReason: "PeersLost", FenceMessage: "3 of 4 peers unreachable"})
+	cl.eventually("condition True SelfFenced", func() (bool, string) {
+		c, ok := cond()
+		return ok && c.Status == corev1.ConditionTrue && c.Reason == v1.ReasonSelfFenced && strings.Contains(c.Message, "PeersLost"), fmt.Sprintf("%+v", c)
+	})
+	cl.eventually("two Warning Events", func() (bool, string) {
+		evs := events()
+		return len(evs) == 2, fmt.Sprintf("%d events", len(evs))
+	})
 }

@@ -54,6 +54,7 @@ type fakeAgent struct {
 	// bind.
 	refuse map[netip.Addr]string
 	kernel *report.KernelStatus // served as the report's kernel finding
+	fence  *report.FenceStatus  // served as the report's fence status
 	// stale: the agent has lost the API server: it keeps what it has
 	// bound and syncs nothing, but still answers polls.
 	stale bool
@@ -140,6 +141,13 @@ func (a *fakeAgent) setKernel(st *report.KernelStatus) {
 	a.mu.Unlock()
 }
 
+// setFence sets the fence status the agent serves (nil: none).
+func (a *fakeAgent) setFence(st *report.FenceStatus) {
+	a.mu.Lock()
+	a.fence = st
+	a.mu.Unlock()
+}
+
 // setDatapath sets the datapath finding the agent serves (nil: none).
 func (a *fakeAgent) setDatapath(st *report.DatapathStatus) {
 	a.mu.Lock()
@@ -151,7 +159,7 @@ func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel,
-		Conflicts: a.conflicts, MACs: a.macs}
+		Conflicts: a.conflicts, MACs: a.macs, Fence: a.fence}
 	for ip := range a.bound {
 		if msg, ok := a.refuse[ip]; ok {
 			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})

@@ -111,6 +111,23 @@ type FenceStatus struct {
 	Message string `json:"message,omitempty"`
 	// Since is when the state last changed (the agent's clock).
 	Since time.Time `json:"since"`
+	// FencedAt is when the last fence began (the agent's clock); it is
+	// kept after the fence is lifted, so that the controller, which cannot
+	// poll a fenced agent, learns of the fence once the Node is back.
+	FencedAt time.Time `json:"fencedAt,omitzero"`
+	// FenceReason and FenceMessage are the decision that began the last
+	// fence (Reason and Message at FencedAt), kept likewise.
+	FenceReason  string `json:"fenceReason,omitempty"`
+	FenceMessage string `json:"fenceMessage,omitempty"`
+}
+
+// Equal reports whether two fence statuses are equal (nil: none).
+func (f *FenceStatus) Equal(o *FenceStatus) bool {
+	if f == nil || o == nil {
+		return f == o
+	}
+	return f.Fenced == o.Fenced && f.Rejoining == o.Rejoining && f.Reason == o.Reason && f.Message == o.Message &&
+		f.Since.Equal(o.Since) && f.FencedAt.Equal(o.FencedAt) && f.FenceReason == o.FenceReason && f.FenceMessage == o.FenceMessage
 }
 
 // MaxMACs bounds Report.MACs and ConflictIP.MACs, in entries.

@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"slices"
 	"testing"
@@ -14,7 +12,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
-	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/test/e2e/harness"
 )
 
@@ -204,16 +201,10 @@ func setEgressNode(t *testing.T, ctx context.Context, name, node string) {
 
 // agentHolds reports whether n's agent reports ip bound.
 func agentHolds(n *harness.Node, ip netip.Addr) bool {
-	resp, err := http.Get(fmt.Sprintf("http://%s:%d%s", n.IPv4, report.DefaultPort, report.Path))
+	r, err := c.AgentReport(context.Background(), n)
 	if err != nil {
 		return true
 	}
-	defer func() { _ = resp.Body.Close() }()
-	var r report.Report
-	if json.NewDecoder(resp.Body).Decode(&r) != nil {
-		return true
-	}
-	r.Sort()
 	_, ok := r.Lookup(ip)
 	return ok
 }

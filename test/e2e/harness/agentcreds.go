@@ -2,9 +2,12 @@ package harness
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -14,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/egressip/egressip/internal/agentcert"
+	"github.com/egressip/egressip/internal/report"
 )
 
 // AgentNamespace is the namespace of the agent CA (the controller's
@@ -99,4 +103,27 @@ func (c *Cluster) agentCredentials(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// AgentReport reads n's agent report as the controller does: over mutual
+// TLS, with a client certificate of the agent CA (read from its Secret),
+// the server verified as n's agent. Like any poll, it counts as a
+// controller poll for that agent. It fails when the CA is not there yet,
+// or the poll fails.
+func (c *Cluster) AgentReport(ctx context.Context, n *Node) (report.Report, error) {
+	var sec corev1.Secret
+	if err := c.Client.Get(ctx, client.ObjectKey{Namespace: AgentNamespace, Name: agentcert.CASecretName}, &sec); err != nil {
+		return report.Report{}, fmt.Errorf("agent CA: %w", err)
+	}
+	ca, err := agentcert.ParseCA(sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey])
+	if err != nil {
+		return report.Report{}, fmt.Errorf("agent CA: %w", err)
+	}
+	certs := &agentcert.ClientCertificates{CA: ca, Lifetime: time.Hour}
+	rc := report.NewClient(report.DefaultPort, 2*time.Second)
+	rc.TLS = func(node string) *tls.Config {
+		return agentcert.ClientConfig(func() *x509.CertPool { return ca.Pool() }, certs.Get, node)
+	}
+	defer rc.Forget(nil)
+	return rc.Poll(ctx, n.Name, n.IPv4, report.Poll{})
 }
