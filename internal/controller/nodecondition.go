@@ -241,11 +241,11 @@ func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Re
 		} else {
 			n.Status.Conditions = append(n.Status.Conditions, want)
 		}
-		event := transitionEvent
+		transition := transitionEvent
 		if want.Type == NodeConditionFenced {
-			event = fenceEvent
+			transition = fenceEvent
 		}
-		if ev, ok := event(prev, want); ok {
+		if ev, ok := transition(prev, want); ok {
 			events = append(events, ev)
 		}
 		written = append(written, want)
