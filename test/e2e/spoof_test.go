@@ -70,6 +70,7 @@ func waitRefused(t *testing.T, n *harness.Node, name, reason string, before floa
 	t.Helper()
 	ctx := context.Background()
 	var last string
+	start := time.Now()
 	ok := harness.WaitFor(ctx, 20*time.Second, func() bool {
 		e, err := c.Egress(ctx, name)
 		if err != nil {
@@ -83,6 +84,8 @@ func waitRefused(t *testing.T, n *harness.Node, name, reason string, before floa
 		t.Fatalf("impostor on %s (%s): still Ready there or not counted after 20 s (counter %v, was %v): %s",
 			n.Name, reason, refused(t, reason), before, last)
 	}
+	t.Logf("impostor on %s (%s): the Egress not Ready there and the refusal counted (%v, was %v) %v after the impostor started: %s",
+		n.Name, reason, refused(t, reason), before, time.Since(start).Round(time.Millisecond), last)
 }
 
 // waitNodeEvent waits for a Warning AgentReportRefused Event on n.
@@ -103,6 +106,7 @@ func waitNodeEvent(t *testing.T, n *harness.Node) {
 	if !ok {
 		t.Fatalf("no Warning %s Event on Node %s (%d Events)", v1.ReasonAgentReportRefused, n.Name, got)
 	}
+	t.Logf("Warning %s Event on Node %s (%d Events)", v1.ReasonAgentReportRefused, n.Name, got)
 }
 
 // TestSpoofedReportServer stops a Node's agent and serves a fake report on
