@@ -63,8 +63,11 @@ type Input struct {
 	LastPoll time.Time
 	// API is the API-server probe state.
 	API APIState
-	// Peers is the peer set with the latest probe result of each; a
-	// result older than 3 × Config.ProbeInterval counts as not reached.
+	// Peers is the peer set with, for each, its latest answer, or its
+	// latest failed probe when it never answered since the probes began;
+	// an answer older than 3 × Config.ProbeInterval counts as not reached
+	// (so a peer is lost after three probe intervals without an answer,
+	// not after one slow probe).
 	Peers []Peer
 }
 

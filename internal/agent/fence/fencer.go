@@ -184,8 +184,16 @@ func (f *Fencer) probe(ctx context.Context, peers []Candidate) {
 		f.api.LastFailed = now
 		logger.V(1).Info("API server probe failed", "error", apiErr.Error())
 	}
+	prev := f.results
 	f.results = make(map[string]Peer, len(res))
 	for _, r := range res {
+		if p, ok := prev[r.Node]; ok && p.Reached && !r.Reached {
+			// One failed probe does not lose a peer: its last answer
+			// stands until Decide finds it stale (3 probe intervals), so
+			// an answer late by a few hundred milliseconds on a loaded
+			// Node is not taken for isolation.
+			r = p
+		}
 		f.results[r.Node] = r
 	}
 }

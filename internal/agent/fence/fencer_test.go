@@ -181,12 +181,23 @@ func TestFencer(t *testing.T) {
 	if d := f.Step(ctx); d.Fence || d.Reason != ReasonControllerGone {
 		t.Fatalf("controller gone: %+v", d)
 	}
-	// Isolated: the peers stop answering.
+	// Isolated: the peers stop answering. One failed probe round loses
+	// no peer (their answers of the step above stand); once those are
+	// older than three probe intervals, the peers are lost.
 	for _, p := range peers {
 		_ = p.srv.Close()
 	}
-	if d := f.Step(ctx); !d.Fence || d.Reason != ReasonPeersLost {
-		t.Fatalf("isolated: %+v", d)
+	closed := time.Now()
+	if d := f.Step(ctx); d.Fence {
+		t.Fatalf("fenced after one failed probe round: %+v", d)
+	}
+	stale := 3 * DefaultConfig().ProbeInterval
+	var d Decision
+	for d = f.Step(ctx); !d.Fence && time.Since(closed) < 4*stale; d = f.Step(ctx) {
+		time.Sleep(DefaultConfig().ProbeInterval / 5) // the probe loop's own pace, shortened
+	}
+	if !d.Fence || d.Reason != ReasonPeersLost {
+		t.Fatalf("isolated for %v: %+v", time.Since(closed), d)
 	}
 	// A poll arrives: lifted.
 	selfPoll.Store(time.Now().UnixNano())
