@@ -266,7 +266,10 @@ func TestFenceAPIServerOutage(t *testing.T) {
 	waitReady(t, names...)
 	for node, v := range allFences(t) {
 		if v != fences[node] {
-			t.Errorf("%s fenced during the API-server outage (%v fences, %v before)", node, v, fences[node])
+			n := c.Node(node)
+			t.Errorf("%s fenced during the API-server outage (%v fences, %v before; counts now: %s %v, %s %v)", node, v, fences[node],
+				fence.ReasonPeersLost, fenceCount(t, n, fence.ReasonPeersLost),
+				fence.ReasonControllerPollsOthers, fenceCount(t, n, fence.ReasonControllerPollsOthers))
 		}
 	}
 	t.Logf("API-server outage of 60 s: nothing unbound (%d checks failed), nothing moved, %d ARP answers all from %s, longest gap %v; controller restarted after losing its Lease: %v",
