@@ -7,6 +7,9 @@ import (
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
@@ -21,7 +24,10 @@ const maxNamed = 5
 //   - an edit of spec.externalIPPool or spec.egressIP that changes the
 //     source address of an Egress that has one (status.egressIP);
 //   - a spec.egressIP another Egress already uses (they share the address);
-//   - a namespaceSelector {} that selects every namespace.
+//   - an appliedTo that selects every namespace (namespaceSelector {}, or
+//     one that only requires kubernetes.io/metadata.name to exist), or
+//     every Pod of every namespace (podSelector {} and no
+//     namespaceSelector), on create or when spec.appliedTo changes.
 //
 // A failed List of Egresses only drops the warnings that need it.
 func (v *EgressValidator) egressWarnings(ctx context.Context, old, e *v1.Egress) admission.Warnings {
@@ -56,10 +62,34 @@ func (v *EgressValidator) egressWarnings(ctx context.Context, old, e *v1.Egress)
 			}
 		}
 	}
-	if s := e.Spec.AppliedTo.NamespaceSelector; s != nil && len(s.MatchLabels) == 0 && len(s.MatchExpressions) == 0 {
+	at := e.Spec.AppliedTo
+	if old != nil && equality.Semantic.DeepEqual(old.Spec.AppliedTo, at) {
+		return ws // warned when the selectors were written
+	}
+	switch {
+	case at.NamespaceSelector != nil && len(at.NamespaceSelector.MatchLabels) == 0 && len(at.NamespaceSelector.MatchExpressions) == 0:
 		ws = append(ws, "spec.appliedTo.namespaceSelector {} selects every namespace (kube-system and every tenant's included): the matching Pods of all of them leave with this Egress's address unless an older Egress selects them; name the namespaces with matchLabels")
+	case at.NamespaceSelector != nil && everyNamespace(at.NamespaceSelector):
+		ws = append(ws, "spec.appliedTo.namespaceSelector requires only that the label "+corev1.LabelMetadataName+" exists, which every namespace has: it selects every namespace (kube-system and every tenant's included); name the namespaces with matchLabels")
+	case at.NamespaceSelector == nil && at.PodSelector != nil && len(at.PodSelector.MatchLabels) == 0 && len(at.PodSelector.MatchExpressions) == 0:
+		ws = append(ws, "spec.appliedTo.podSelector {} without a namespaceSelector selects every Pod of every namespace (kube-system and every tenant's included): all of them leave with this Egress's address unless an older Egress selects them; add a namespaceSelector, or labels to the podSelector")
 	}
 	return ws
+}
+
+// everyNamespace reports whether s, with no matchLabels, only requires
+// the label every namespace carries (kubernetes.io/metadata.name, set by
+// the API server since Kubernetes 1.21) to exist.
+func everyNamespace(s *metav1.LabelSelector) bool {
+	if len(s.MatchLabels) > 0 || len(s.MatchExpressions) == 0 {
+		return false
+	}
+	for _, r := range s.MatchExpressions {
+		if r.Key != corev1.LabelMetadataName || r.Operator != metav1.LabelSelectorOpExists {
+			return false
+		}
+	}
+	return true
 }
 
 // listNames writes names sorted, at most maxNamed, then how many more.

@@ -160,4 +160,36 @@ func TestEgressIPChangedWarnings(t *testing.T) {
 	if ws := w.take(); !containsWarning(ws, "namespaceSelector {} selects every namespace") {
 		t.Fatalf("namespaceSelector {}: warnings %q", ws)
 	}
+
+	// A namespaceSelector that only requires kubernetes.io/metadata.name
+	// (every namespace has it), and a podSelector {} on its own: each
+	// selects everything and warns; a podSelector with labels does not.
+	exists := egress("warn-ns-exists", "warn-a", "")
+	exists.Spec.AppliedTo.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpExists}}}
+	if err := c.Create(ctx, exists); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), exists) })
+	if ws := w.take(); !containsWarning(ws, "which every namespace has") {
+		t.Fatalf("namespaceSelector metadata.name Exists: warnings %q", ws)
+	}
+	allPods := egress("warn-all-pods", "warn-a", "")
+	allPods.Spec.AppliedTo = v1.AppliedTo{PodSelector: &metav1.LabelSelector{}}
+	if err := c.Create(ctx, allPods); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), allPods) })
+	if ws := w.take(); !containsWarning(ws, "podSelector {} without a namespaceSelector selects every Pod") {
+		t.Fatalf("podSelector {} alone: warnings %q", ws)
+	}
+	somePods := egress("warn-some-pods", "warn-a", "")
+	somePods.Spec.AppliedTo = v1.AppliedTo{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}
+	if err := c.Create(ctx, somePods); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), somePods) })
+	if ws := w.take(); containsWarning(ws, "selects every") {
+		t.Fatalf("podSelector app=web: warnings %q", ws)
+	}
 }

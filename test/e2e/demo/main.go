@@ -188,21 +188,24 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 }
 
 // endpoints prints where the processes' metrics, reports and logs are.
-// Everything is plain HTTP, reachable from namespace egdemo (the bridge):
-// the controller's metrics on its loopback, each agent's metrics
-// (AgentMetricsPort) and report (report.DefaultPort, what the controller
-// polls) on its Node's address. docs/metrics.md describes them.
+// The metrics are plain HTTP in the demo (the agents run with
+// --metrics-secure=false), reachable from namespace egdemo (the bridge):
+// the controller's on its loopback, each agent's (AgentMetricsPort) on its
+// Node's address. Each agent's report (report.DefaultPort, what the
+// controller polls) is mutual TLS only, so it is named, not offered as a
+// URL to curl. docs/metrics.md and docs/security.md describe them.
 func (d *demo) endpoints(down *harness.Node) {
-	fmt.Println("\n   Metrics and reports (plain HTTP; run from namespace egdemo, e.g. ip netns exec egdemo curl -s URL):")
+	fmt.Println("\n   Metrics (plain HTTP in this demo; run from namespace egdemo, e.g. ip netns exec egdemo curl -s URL):")
 	fmt.Printf("   %-16s metrics http://%s/metrics\n", "controller", harness.ControllerMetricsAddr)
 	for _, n := range d.c.Nodes {
 		note := ""
 		if n == down {
 			note = "  (crashed above: link down, no agent)"
 		}
-		fmt.Printf("   %-16s metrics http://%s/metrics   report http://%s/report%s\n", "agent "+n.Name,
-			netip.AddrPortFrom(n.IPv4, harness.AgentMetricsPort), netip.AddrPortFrom(n.IPv4, report.DefaultPort), note)
+		fmt.Printf("   %-16s metrics http://%s/metrics%s\n", "agent "+n.Name, netip.AddrPortFrom(n.IPv4, harness.AgentMetricsPort), note)
 	}
+	fmt.Printf("   The agents' reports (port %d) answer only the controller, over mutual TLS (docs/security.md);\n"+
+		"   kubectl get egress and the Node conditions show what they say.\n", report.DefaultPort)
 	fmt.Println("   for example: ip netns exec egdemo curl -s http://" + harness.ControllerMetricsAddr + "/metrics | grep ^egressip_controller_egresses")
 	files := d.c.LogFiles()
 	if files == nil {
