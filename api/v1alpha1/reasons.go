@@ -44,6 +44,18 @@ const (
 	// EgressSelfFenced after that agent's last fence was lifted (it is
 	// polled again); the message says when the fence began and ended.
 	ReasonFenceLifted = "FenceLifted"
+
+	// ReasonAgentUnreachable is the reason of the Node condition
+	// EgressAgentReachable when the controller has declared the Node's
+	// agent dead (it failed --agent-failure-threshold polls in a row and
+	// has not answered for --agent-dead-after: its egress IPs are moved),
+	// and of the Warning Event recorded on the Node then.
+	ReasonAgentUnreachable = "AgentUnreachable"
+
+	// ReasonAgentAnswers is the reason of the Node condition
+	// EgressAgentReachable while the Node's agent answers the controller's
+	// polls, and of the Normal Event recorded when it answers again.
+	ReasonAgentAnswers = "AgentAnswers"
 	// ReasonAgentReportRefused is the reason of the Warning Event recorded
 	// on a Node when the controller refuses a poll of its report port
 	// because the server there is not that Node's agent: plain HTTP, a

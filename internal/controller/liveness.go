@@ -329,7 +329,7 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 	} else {
 		s.failures++
 		if !s.Dead && s.failures >= l.cfg.FailureThreshold && now.Sub(s.LastSeen) >= l.cfg.DeadAfter {
-			s.Dead, changed = true, true
+			s.Dead, changed, dpChanged = true, true, s.Known
 			log.FromContext(ctx).Info("agent declared dead", "node", node, "failures", s.failures, "lastSeen", s.LastSeen, "err", err)
 		}
 	}

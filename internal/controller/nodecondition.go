@@ -47,6 +47,13 @@ const NodeConditionOwnership corev1.NodeConditionType = "EgressIPOwnershipKnown"
 // started (docs/agent.md has the table).
 const NodeConditionKernel corev1.NodeConditionType = "EgressKernelFeatures"
 
+// NodeConditionAgentReachable is the Node condition the controller keeps
+// from its polls of each agent that has answered once since it started:
+// True (reason v1.ReasonAgentAnswers) while the agent answers, False
+// (v1.ReasonAgentUnreachable) once it is declared dead and its IPs are
+// moved, with a Warning Event; a Normal Event when it answers again.
+const NodeConditionAgentReachable corev1.NodeConditionType = "EgressAgentReachable"
+
 // NodeConditionFenced is the Node condition the controller keeps from each
 // agent's fence status (report.Report.Fence), once that agent has fenced
 // at least once: True with reason v1.ReasonSelfFenced while it holds
@@ -130,6 +137,18 @@ func desiredKernelCondition(st *report.KernelStatus) corev1.NodeCondition {
 	return c
 }
 
+// reachableCondition is the agent-reachability condition of st (times
+// left zero).
+func reachableCondition(st AgentState, deadAfter time.Duration) corev1.NodeCondition {
+	if st.Dead {
+		return corev1.NodeCondition{Type: NodeConditionAgentReachable, Status: corev1.ConditionFalse, Reason: v1.ReasonAgentUnreachable,
+			Message: fmt.Sprintf("the egressip agent of this Node has not answered the controller's polls since %s (more than %v): its egress IPs were moved to other Nodes",
+				st.LastSeen.UTC().Format(time.RFC3339), deadAfter)}
+	}
+	return corev1.NodeCondition{Type: NodeConditionAgentReachable, Status: corev1.ConditionTrue, Reason: v1.ReasonAgentAnswers,
+		Message: "the egressip agent of this Node answers the controller's polls"}
+}
+
 // fenceCondition is the condition for a fence status that has a fence
 // behind it (st.FencedAt set; times left zero).
 func fenceCondition(st *report.FenceStatus) corev1.NodeCondition {
@@ -183,6 +202,10 @@ func transitionEvent(prev *corev1.NodeCondition, want corev1.NodeCondition) (con
 	case want.Type == NodeConditionKernel && want.Status == corev1.ConditionFalse:
 		return conditionEvent{corev1.EventTypeWarning, EventKernelFeatureMissing, "ProbeKernel",
 			"The kernel of this Node lacks features egressip uses: " + want.Message}, true
+	case want.Type == NodeConditionAgentReachable && want.Status == corev1.ConditionFalse:
+		return conditionEvent{corev1.EventTypeWarning, v1.ReasonAgentUnreachable, "PollAgent", want.Message}, true
+	case want.Type == NodeConditionAgentReachable && prev != nil:
+		return conditionEvent{corev1.EventTypeNormal, v1.ReasonAgentAnswers, "PollAgent", "the egressip agent of this Node answers the controller's polls again"}, true
 	case want.Type == NodeConditionOwnership && prev != nil:
 		return conditionEvent{corev1.EventTypeNormal, EventOwnershipKnown, "CheckOwnership",
 			"the egressip agent knows its addresses on this Node again: " + want.Message}, true
@@ -196,10 +219,14 @@ func transitionEvent(prev *corev1.NodeCondition, want corev1.NodeCondition) (con
 // error, retried with backoff.
 func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	st := r.Liveness.State(req.Name)
-	if !st.Known || st.Dead {
+	if !st.Known {
 		return reconcile.Result{}, nil
 	}
-	var wants []corev1.NodeCondition
+	// A dead agent's findings are stale: only its reachability changes.
+	wants := []corev1.NodeCondition{reachableCondition(st, r.Liveness.cfg.DeadAfter)}
+	if st.Dead {
+		return r.write(ctx, req, wants)
+	}
 	if st.Report.Datapath != nil {
 		wants = append(wants, desiredCondition(st.Report.Datapath))
 	}
@@ -212,9 +239,13 @@ func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	if f := st.Report.Fence; f != nil && !f.FencedAt.IsZero() {
 		wants = append(wants, fenceCondition(f))
 	}
-	if len(wants) == 0 {
-		return reconcile.Result{}, nil
-	}
+	return r.write(ctx, req, wants)
+}
+
+// write patches the conditions of wants that differ on the Node req (one
+// strategic-merge patch of those conditions only), then records the
+// Events of their transitions. It returns the patch's error.
+func (r *NodeDatapathReconciler) write(ctx context.Context, req reconcile.Request, wants []corev1.NodeCondition) (reconcile.Result, error) {
 	var n corev1.Node
 	if err := r.Client.Get(ctx, req.NamespacedName, &n); err != nil {
 		return reconcile.Result{}, client.IgnoreNotFound(err)
@@ -291,8 +322,8 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // mirrored is the Node's conditions this reconciler keeps, without their
 // times, for change detection.
-func mirrored(n *corev1.Node) [4]corev1.NodeCondition {
-	var out [4]corev1.NodeCondition
+func mirrored(n *corev1.Node) [5]corev1.NodeCondition {
+	var out [5]corev1.NodeCondition
 	for _, c := range n.Status.Conditions {
 		c := corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
 		switch c.Type {
@@ -304,6 +335,8 @@ func mirrored(n *corev1.Node) [4]corev1.NodeCondition {
 			out[2] = c
 		case NodeConditionFenced:
 			out[3] = c
+		case NodeConditionAgentReachable:
+			out[4] = c
 		}
 	}
 	return out

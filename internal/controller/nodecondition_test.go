@@ -356,3 +356,46 @@ func TestFenceShownOnNode(t *testing.T) {
 		return len(evs) == 2, fmt.Sprintf("%d events", len(evs))
 	})
 }
+
+// TestAgentReachableCondition: a Node whose agent answers gets the
+// condition EgressAgentReachable True (AgentAnswers); once the controller
+// declares the agent dead it turns False (AgentUnreachable) with a Warning
+// Event naming when the agent last answered, and the conditions relayed
+// from the agent's report are left as they were (they are stale, not
+// false). A Node whose agent never answered gets no condition.
+func TestAgentReachableCondition(t *testing.T) {
+	cl := newNodes(t, env, "arc", 2, 4)
+	node, never := "arc-n1", "arc-n2"
+	cl.crash(never) // before the controller starts: it never answers
+	cl.startController()
+	cond := func(n string, typ corev1.NodeConditionType) (corev1.NodeCondition, bool) { return nodeCondition(t, cl, n, typ) }
+	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: report.ReasonKernelFeaturesPresent, Message: "all"})
+	cl.eventually("reachable True", func() (bool, string) {
+		c, ok := cond(node, NodeConditionAgentReachable)
+		return ok && c.Status == corev1.ConditionTrue && c.Reason == v1.ReasonAgentAnswers, fmt.Sprintf("%+v", c)
+	})
+	kernel, _ := cond(node, NodeConditionKernel)
+	cl.crash(node)
+	cl.eventually("reachable False with a Warning Event", func() (bool, string) {
+		c, ok := cond(node, NodeConditionAgentReachable)
+		if !ok || c.Status != corev1.ConditionFalse || c.Reason != v1.ReasonAgentUnreachable || !strings.Contains(c.Message, "has not answered") {
+			return false, fmt.Sprintf("%+v", c)
+		}
+		var evs eventsv1.EventList
+		if err := cl.c.List(cl.ctx, &evs); err != nil {
+			return false, err.Error()
+		}
+		for _, ev := range evs.Items {
+			if ev.Regarding.Name == node && ev.Reason == v1.ReasonAgentUnreachable && ev.Type == corev1.EventTypeWarning {
+				return true, ""
+			}
+		}
+		return false, "no Warning Event"
+	})
+	if k, _ := cond(node, NodeConditionKernel); k.Status != kernel.Status || k.Reason != kernel.Reason || k.Message != kernel.Message {
+		t.Errorf("kernel condition changed when the agent died: %+v, was %+v", k, kernel)
+	}
+	if c, ok := cond(never, NodeConditionAgentReachable); ok {
+		t.Errorf("Node %s, whose agent never answered, has %+v", never, c)
+	}
+}
