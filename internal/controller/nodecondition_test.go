@@ -368,7 +368,9 @@ func TestAgentReachableCondition(t *testing.T) {
 	node, never := "arc-n1", "arc-n2"
 	cl.crash(never) // before the controller starts: it never answers
 	cl.startController()
-	cond := func(n string, typ corev1.NodeConditionType) (corev1.NodeCondition, bool) { return nodeCondition(t, cl, n, typ) }
+	cond := func(n string, typ corev1.NodeConditionType) (corev1.NodeCondition, bool) {
+		return nodeCondition(t, cl, n, typ)
+	}
 	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: report.ReasonKernelFeaturesPresent, Message: "all"})
 	cl.eventually("reachable True", func() (bool, string) {
 		c, ok := cond(node, NodeConditionAgentReachable)
