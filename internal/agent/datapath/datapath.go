@@ -564,7 +564,8 @@ func (d *Datapath) harvest() error {
 // Egress name, for egressip_agent_packets_rejected_total{egress}; values
 // never decrease while the process runs (a restart starts from the
 // counters of the table then in place). It also reports, under the keys
-// "unknown-source", "spoofed-tunnel" and "eip-inbound" prefixed with "@",
+// "unknown-source", "spoofed-tunnel", "eip-inbound" and "eip-source"
+// (the source guard of egress IPv6 addresses) prefixed with "@",
 // the datapath's drop counters.
 func (d *Datapath) Counters(ctx context.Context) (map[string]uint64, error) {
 	d.mu.Lock()
