@@ -142,18 +142,44 @@ type probeResult struct {
 // egress IP still answers Neighbor Solicitations. With -dad.without-guard
 // the router sees the egress IP (the fault).
 func TestNodeSourceUnchangedDuringDAD(t *testing.T) {
+	d := newDADCase(t)
+	if *withoutGuard {
+		flushGuard(t, d.n2)
+	}
+	d.renew()
+	d.checkWindow(d.window())
+	d.checkAfter()
+}
+
+// dadCase is the setup of TestNodeSourceUnchangedDuringDAD: e1 held by
+// n2 (its egress IPv6 bound by the agent's binder), a local member on n2
+// and a remote one on n1, an unselected Pod on n2, the router's watch.
+type dadCase struct {
+	t                         *testing.T
+	ctx                       context.Context
+	f                         *fixture
+	n1, n2                    *dp.Node
+	local, remote, unselected *dp.Pod
+	// eip is e1's egress IP, own n2's own IPv6 address, ext and ext2 the
+	// server's two addresses (ext2 for the selected Pods only).
+	eip, own, ext, ext2 netip.Addr
+	watch               *peerWatch
+}
+
+func newDADCase(t *testing.T) *dadCase {
 	fm := families[1]
 	f := newFixture(t)
 	n1, n2 := f.c.Nodes[0], f.c.Nodes[1]
-	local, remote, unselected := n2.Pods[0], n1.Pods[0], n2.Pods[1]
+	d := &dadCase{t: t, ctx: ctxT(t, 120*time.Second), f: f, n1: n1, n2: n2,
+		local: n2.Pods[0], remote: n1.Pods[0], unselected: n2.Pods[1],
+		eip: fm.eip, own: n2.IPv6, ext: fm.ext, ext2: netip.MustParseAddr("2001:db8:ff::20")}
 	// The server's second address, for the selected Pods (TCP only:
 	// deprecated, so that the server's UDP answers to its first address
 	// keep that address as their source).
-	ext2 := netip.MustParseAddr("2001:db8:ff::20")
-	if _, err := f.c.Ext.IP("addr", "add", ext2.String()+"/64", "dev", "eth0", "nodad", "preferred_lft", "0"); err != nil {
+	if _, err := f.c.Ext.IP("addr", "add", d.ext2.String()+"/64", "dev", "eth0", "nodad", "preferred_lft", "0"); err != nil {
 		t.Fatal(err)
 	}
-	specs := []spec{{name: "e1", ip: fm.eip, node: n2, members: []*dp.Pod{local, remote}}}
+	specs := []spec{{name: "e1", ip: d.eip, node: n2, members: []*dp.Pod{d.local, d.remote}}}
 	for _, n := range f.c.Nodes {
 		f.applyNode(n, specs)
 	}
@@ -162,79 +188,87 @@ func TestNodeSourceUnchangedDuringDAD(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(b.Close)
-	if _, err := b.Bind(fm.eip); err != nil {
-		t.Fatalf("bind %s on %s: %v", fm.eip, n2.Name, err)
+	if _, err := b.Bind(d.eip); err != nil {
+		t.Fatalf("bind %s on %s: %v", d.eip, n2.Name, err)
 	}
-	if err := f.c.PointNeighbours(n2, fm.eip); err != nil {
+	if err := f.c.PointNeighbours(n2, d.eip); err != nil {
 		t.Fatal(err)
 	}
-	watch := newPeerWatch(t, f.c.Rtr, fm.eip, fm.ext, ext2)
-	ctx := ctxT(t, 120*time.Second)
-	own := n2.IPv6
-
+	d.watch = newPeerWatch(t, f.c.Rtr, d.eip, d.ext, d.ext2)
 	// Before: everything as designed.
-	for _, p := range []*dp.Pod{local, remote} {
-		if got, err := dp.TCPWho(ctx, &p.NS, ext2); err != nil || got != fm.eip {
-			t.Fatalf("before the renewal, %s reached the server from %v (%v), want the egress IP %s", p.Name, got, err, fm.eip)
+	for _, p := range []*dp.Pod{d.local, d.remote} {
+		if got, err := dp.TCPWho(d.ctx, &p.NS, d.ext2); err != nil || got != d.eip {
+			t.Fatalf("before the renewal, %s reached the server from %v (%v), want the egress IP %s", p.Name, got, err, d.eip)
 		}
 	}
-	if got, err := dp.TCPWho(ctx, &n2.NS, fm.ext); err != nil || got != own {
-		t.Fatalf("before the renewal, %s's host reached the server from %v (%v), want %s", n2.Name, got, err, own)
+	if got, err := dp.TCPWho(d.ctx, &n2.NS, d.ext); err != nil || got != d.own {
+		t.Fatalf("before the renewal, %s's host reached the server from %v (%v), want %s", n2.Name, got, err, d.own)
 	}
-	if *withoutGuard {
-		flushGuard(t, n2)
-	}
+	return d
+}
 
-	// The renewal, with DAD.
+// renew removes n2's own address and adds it again with DAD on.
+func (d *dadCase) renew() {
 	for _, kv := range [][2]string{{"net/ipv6/conf/eth0/accept_dad", "1"}, {"net/ipv6/conf/eth0/dad_transmits", "2"}} {
-		if err := n2.Sysctl(kv[0], kv[1]); err != nil {
-			t.Fatal(err)
+		if err := d.n2.Sysctl(kv[0], kv[1]); err != nil {
+			d.t.Fatal(err)
 		}
 	}
 	for _, args := range [][]string{
-		{"addr", "del", own.String() + "/64", "dev", "eth0"},
-		{"addr", "add", own.String() + "/64", "dev", "eth0"},
+		{"addr", "del", d.own.String() + "/64", "dev", "eth0"},
+		{"addr", "add", d.own.String() + "/64", "dev", "eth0"},
 		{"-6", "route", "replace", "default", "via", dp.RouterV6.String(), "dev", "eth0"},
 	} {
-		if _, err := n2.IP(args...); err != nil {
-			t.Fatal(err)
+		if _, err := d.n2.IP(args...); err != nil {
+			d.t.Fatal(err)
 		}
 	}
+}
 
-	// The window: rounds of probes while the Node's address is tentative.
+// window runs probe rounds while n2's address is tentative and the
+// kernel's source toward the server is the egress IP (the premise).
+func (d *dadCase) window() []probeResult {
+	t := d.t
 	var results []probeResult
-	rounds, premise := 0, 0
-	for tentative(t, n2, own) {
-		out, err := n2.IP("-6", "route", "get", fm.ext.String())
+	rounds := 0
+	for tentative(t, d.n2, d.own) {
+		out, err := d.n2.IP("-6", "route", "get", d.ext.String())
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(out, "src "+fm.eip.String()+" ") {
-			if tentative(t, n2, own) {
-				t.Logf("route get during DAD: %s", strings.TrimSpace(out))
-			}
+		if !strings.Contains(out, "src "+d.eip.String()+" ") {
+			t.Logf("route get while tentative: %s", strings.TrimSpace(out))
 			continue
 		}
-		premise++
+		if rounds == 0 {
+			// The return tunnel's outer source, chosen alike.
+			tun, _ := d.n2.IP("-6", "route", "get", d.n1.IPv6.String())
+			t.Logf("route get %s (the remote member's Node) while tentative: %s", d.n1.IPv6, strings.TrimSpace(tun))
+		}
 		rounds++
-		results = append(results, probeRound(ctx, n2, unselected, local, remote, fm.ext, ext2)...)
+		results = append(results, probeRound(d.ctx, d.n2, d.unselected, d.local, d.remote, d.ext, d.ext2)...)
 	}
-	if premise == 0 {
-		t.Fatalf("the kernel never chose the egress IP as the source while %s was tentative: the case under test did not occur", own)
+	if rounds == 0 {
+		t.Fatalf("the kernel never chose the egress IP as the source while %s was tentative: the case under test did not occur", d.own)
 	}
-	t.Logf("%d probe rounds while %s was tentative and the kernel's source for %s was the egress IP", rounds, own, fm.ext)
+	t.Logf("%d probe rounds while %s was tentative and the kernel's source for %s was the egress IP", rounds, d.own, d.ext)
+	return results
+}
+
+// checkWindow: nothing but the selected Pods reached the server from the
+// egress IP, and both of them did.
+func (d *dadCase) checkWindow(results []probeResult) {
+	t := d.t
 	selectedOK := map[string]int{}
 	for _, r := range results {
 		t.Logf("window: %-22s src=%v err=%v", r.who, r.src, r.err)
-		if strings.HasPrefix(r.who, "selected") {
-			if r.err == nil && r.src != fm.eip {
-				t.Errorf("%s reached the server from %s, want the egress IP %s", r.who, r.src, fm.eip)
-			}
-			if r.src == fm.eip {
-				selectedOK[r.who]++
-			}
-		} else if r.src == fm.eip {
-			t.Errorf("%s reached the server from the egress IP %s", r.who, fm.eip)
+		switch selected := strings.HasPrefix(r.who, "selected"); {
+		case selected && r.src == d.eip:
+			selectedOK[r.who]++
+		case selected && r.err == nil:
+			t.Errorf("%s reached the server from %s, want the egress IP %s", r.who, r.src, d.eip)
+		case !selected && r.src == d.eip:
+			t.Errorf("%s reached the server from the egress IP %s", r.who, d.eip)
 		}
 	}
 	for _, who := range []string{"selected-local-tcp", "selected-remote-tcp"} {
@@ -242,57 +276,62 @@ func TestNodeSourceUnchangedDuringDAD(t *testing.T) {
 			t.Errorf("%s never reached the server from the egress IP during the window", who)
 		}
 	}
+}
 
-	// After: the Node's own address again; the egress IP still works and
-	// answers Neighbor Solicitations.
-	if out, err := n2.IP("-6", "route", "get", fm.ext.String()); err != nil || !strings.Contains(out, "src "+own.String()+" ") {
-		t.Errorf("after DAD, route get %s: %s; want src %s", fm.ext, strings.TrimSpace(out), own)
+// checkAfter: the Node's own address again for the host and the
+// masqueraded Pod; the egress IP still serves the selected Pods and
+// answers Neighbor Solicitations; the router's watch saw no leak; the
+// guard counted what it stopped.
+func (d *dadCase) checkAfter() {
+	t, ctx := d.t, d.ctx
+	if out, err := d.n2.IP("-6", "route", "get", d.ext.String()); err != nil || !strings.Contains(out, "src "+d.own.String()+" ") {
+		t.Errorf("after DAD, route get %s: %s; want src %s", d.ext, strings.TrimSpace(out), d.own)
 	}
-	for _, ns := range []*dp.NS{&n2.NS, &unselected.NS} {
-		if got, err := dp.TCPWho(ctx, ns, fm.ext); err != nil || got != own {
-			t.Errorf("after DAD, TCP from %s reached the server from %v (%v), want %s", ns.Name, got, err, own)
+	for _, ns := range []*dp.NS{&d.n2.NS, &d.unselected.NS} {
+		if got, err := dp.TCPWho(ctx, ns, d.ext); err != nil || got != d.own {
+			t.Errorf("after DAD, TCP from %s reached the server from %v (%v), want %s", ns.Name, got, err, d.own)
 		}
-		if got, err := dp.UDPWho(ctx, ns, fm.ext); err != nil || got != own {
-			t.Errorf("after DAD, UDP from %s reached the server from %v (%v), want %s", ns.Name, got, err, own)
+		if got, err := dp.UDPWho(ctx, ns, d.ext); err != nil || got != d.own {
+			t.Errorf("after DAD, UDP from %s reached the server from %v (%v), want %s", ns.Name, got, err, d.own)
 		}
 	}
-	if _, err := f.c.Rtr.IP("neigh", "del", fm.eip.String(), "dev", "eth0"); err != nil {
+	if _, err := d.f.c.Rtr.IP("neigh", "del", d.eip.String(), "dev", "eth0"); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []*dp.Pod{local, remote} {
-		if got, err := dp.TCPWho(ctx, &p.NS, ext2); err != nil || got != fm.eip {
-			t.Errorf("after DAD, TCP from %s reached the server from %v (%v), want the egress IP %s", p.Name, got, err, fm.eip)
+	for _, p := range []*dp.Pod{d.local, d.remote} {
+		if got, err := dp.TCPWho(ctx, &p.NS, d.ext2); err != nil || got != d.eip {
+			t.Errorf("after DAD, TCP from %s reached the server from %v (%v), want the egress IP %s", p.Name, got, err, d.eip)
 		}
 	}
-	mac := n2Uplink(t, n2)
-	if out, _ := f.c.Rtr.IP("-6", "neigh", "show", fm.eip.String()); !strings.Contains(out, "lladdr "+mac) {
-		t.Errorf("the router did not resolve the egress IP to %s's uplink %s again (Neighbor Solicitation unanswered?): %q", n2.Name, mac, out)
+	mac := uplinkMAC(t, d.n2)
+	if out, _ := d.f.c.Rtr.IP("-6", "neigh", "show", d.eip.String()); !strings.Contains(out, "lladdr "+mac) {
+		t.Errorf("the router did not resolve the egress IP to %s's uplink %s again (Neighbor Solicitation unanswered?): %q", d.n2.Name, mac, out)
 	}
 
-	got := watch.counts(t)
-	t.Logf("router: packets with source %s: %v", fm.eip, got)
+	got := d.watch.counts(t)
+	t.Logf("router: packets with source %s: %v", d.eip, got)
 	if leaks := got["leak-tcp"] + got["leak-udp"] + got["leak-other"]; leaks != 0 {
 		t.Errorf("the router saw %d packets toward %s with the egress IP as source (tcp %d, udp %d, other %d)",
-			leaks, fm.ext, got["leak-tcp"], got["leak-udp"], got["leak-other"])
+			leaks, d.ext, got["leak-tcp"], got["leak-udp"], got["leak-other"])
 	}
 	if got["selected"] == 0 {
 		t.Errorf("the router saw none of the selected Pods' packets from the egress IP: the watch proves nothing")
 	}
 	if !*withoutGuard {
-		cs, err := f.dps[n2].Counters(ctx)
+		cs, err := d.f.dps[d.n2].Counters(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if cs["@eip-source"] == 0 {
-			t.Errorf("the source guard on %s counted nothing: %v", n2.Name, cs)
+			t.Errorf("the source guard on %s counted nothing: %v", d.n2.Name, cs)
 		}
-		t.Logf("%s: source guard stopped %d packets", n2.Name, cs["@eip-source"])
+		t.Logf("%s: source guard stopped %d packets", d.n2.Name, cs["@eip-source"])
 	}
 }
 
 // probeRound sends, at once, one probe of each kind and waits for them:
 // n2's host (UDP, TCP) and the unselected Pod (UDP, TCP) toward ext, the
-// selected Pods (UDP) toward ext2. TCP connects are bounded to 1.5 s: a
+// selected Pods (TCP) toward ext2. TCP connects are bounded to 1.5 s: a
 // SYN the guard drops in postrouting is retransmitted only after 1 s.
 func probeRound(ctx context.Context, n2 *dp.Node, unselected, local, remote *dp.Pod, ext, ext2 netip.Addr) []probeResult {
 	var mu sync.Mutex
@@ -361,8 +400,8 @@ func flushGuard(t *testing.T, n *dp.Node) {
 	t.Logf("source guard flushed on %s (-dad.without-guard)", n.Name)
 }
 
-// n2Uplink is the MAC address of n's uplink.
-func n2Uplink(t *testing.T, n *dp.Node) string {
+// uplinkMAC is the MAC address of n's uplink.
+func uplinkMAC(t *testing.T, n *dp.Node) string {
 	t.Helper()
 	h, err := n.Netlink()
 	if err != nil {
