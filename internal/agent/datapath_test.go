@@ -168,7 +168,7 @@ func TestDatapathReconciler(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), sl) })
 
-	dp1, dp2 := &recordingDP{}, &recordingDP{rejected: map[string]uint64{ops: 42}}
+	dp1, dp2 := &recordingDP{}, &recordingDP{rejected: map[string]uint64{ops: 42, "@eip-source": 7}}
 	svc := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
 	startDatapathAgent(t, n1, dp1, agent.CIDRs{ServiceCIDRs: svc})
 	mgr2 := startDatapathAgent(t, n2, dp2, agent.CIDRs{ServiceCIDRs: svc})
@@ -251,6 +251,13 @@ func TestDatapathReconciler(t *testing.T) {
 	}
 	if v := metricValue(t, "egressip_agent_packets_rejected_total", map[string]string{"egress": "@unknown-source"}); v != 0 {
 		t.Errorf("an internal counter is served as an Egress: %v", v)
+	}
+	// The source guard's drops have their own series.
+	if v := metricValue(t, "egressip_agent_source_guard_dropped_total", map[string]string{"family": "ipv6"}); v != 7 {
+		t.Errorf("egressip_agent_source_guard_dropped_total{family=ipv6} = %v, want 7", v)
+	}
+	if v := metricValue(t, "egressip_agent_packets_rejected_total", map[string]string{"egress": "@eip-source"}); v != 0 {
+		t.Errorf("the source guard's counter is served as an Egress: %v", v)
 	}
 }
 

@@ -66,14 +66,18 @@ var (
 		[]string{"egress"}, nil)
 )
 
-// rejectedCollector serves egressip_agent_packets_rejected_total from the
-// newest DatapathReconciler's engine at scrape time.
+// rejectedCollector serves egressip_agent_packets_rejected_total and
+// egressip_agent_source_guard_dropped_total from the newest
+// DatapathReconciler's engine at scrape time.
 type rejectedCollector struct {
 	mu sync.Mutex
 	r  *DatapathReconciler
 }
 
-func (c *rejectedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- rejectedDesc }
+func (c *rejectedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- rejectedDesc
+	ch <- sourceGuardDesc
+}
 
 func (c *rejectedCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
@@ -103,7 +107,12 @@ func (c *rejectedCollector) Collect(ch chan<- prometheus.Metric) {
 	for n := range names {
 		ch <- prometheus.MustNewConstMetric(rejectedDesc, prometheus.CounterValue, float64(counts[n]), n)
 	}
+	ch <- prometheus.MustNewConstMetric(sourceGuardDesc, prometheus.CounterValue, float64(counts[sourceGuardKey]), familyIPv6)
 }
+
+// sourceGuardKey is the key of the source guard's drop counter in
+// Datapath.Counters (package datapath's counter eip-source).
+const sourceGuardKey = "@eip-source"
 
 var rejected = &rejectedCollector{}
 

@@ -41,8 +41,11 @@ func TestNodeSourceUnchanged(t *testing.T) {
 				if tc.family == "-6" {
 					// Without DAD: while a re-added IPv6 address is
 					// tentative (about 1 s) the kernel has no other
-					// global source and takes the deprecated egress IP
-					// (a gap this binding cannot close; docs/agent.md).
+					// global source and takes the deprecated egress IP,
+					// a gap no binding closes; the datapath's source
+					// guard stops those packets instead
+					// (TestNodeSourceUnchangedDuringDAD in
+					// test/datapath; docs/agent.md).
 					own = append(own, "nodad")
 					p.Peer.MustIP(t, "addr", "add", tc.peer+tc.peerBits, "dev", p.PeerIf, "nodad")
 				} else {

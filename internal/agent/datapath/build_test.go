@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/xt"
 )
@@ -264,5 +265,57 @@ func TestBuildRejectQueue(t *testing.T) {
 	}
 	if rs := rules(Config{UplinkMTU: 1500, RejectQueue: -1}); len(rs) != 0 {
 		t.Errorf("RejectQueue -1: %d rules, want none", len(rs))
+	}
+}
+
+// TestBuildSourceGuard: the source guard's exception set holds one
+// element per IPv6 Egress held here (ID mark . egress IP, Egresses
+// sharing an address each with their own mark), nothing of IPv4 or of
+// Egresses sourced here; its base chains hook output and postrouting
+// after srcnat (100), where the NAT hooks have already rewritten the
+// source.
+func TestBuildSourceGuard(t *testing.T) {
+	st := sampleState()
+	st.Egresses = append(st.Egresses, Egress{Name: "egr6b", IP: ap("2001:db8::101"), Role: RoleEgress})
+	cfg := Config{UplinkMTU: 1500}
+	p, err := Build(cfg, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := cfg.withDefaults()
+	var got []string
+	for _, s := range p.NFT.Sets {
+		if s.Set.Name != setSNATSrc6 {
+			continue
+		}
+		for _, e := range s.Elements {
+			mark, _ := markOf(e.Key[:4])
+			ip, _ := netip.AddrFromSlice(e.Key[4:])
+			got = append(got, fmt.Sprintf("%#x . %s", mark, ip))
+		}
+	}
+	want := []string{
+		fmt.Sprintf("%#x . 2001:db8::101", c.Mark(p.IDs["egr6"])),
+		fmt.Sprintf("%#x . 2001:db8::101", c.Mark(p.IDs["egr6b"])),
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("%s = %v, want %v", setSNATSrc6, got, want)
+	}
+	hooks := map[string]string{}
+	for _, ch := range p.NFT.Chains {
+		if ch.Chain.Hooknum != nil && ch.Chain.Priority != nil {
+			hooks[ch.Chain.Name] = fmt.Sprintf("%d/%d", *ch.Chain.Hooknum, *ch.Chain.Priority)
+		}
+	}
+	if h := hooks[chainSourceOut]; h != fmt.Sprintf("%d/-10", *nftables.ChainHookOutput) {
+		t.Errorf("%s hooks %s, want output at -10", chainSourceOut, h)
+	}
+	if h := hooks[chainSourcePost]; h != fmt.Sprintf("%d/110", *nftables.ChainHookPostrouting) {
+		t.Errorf("%s hooks %s, want postrouting at 110 (after srcnat)", chainSourcePost, h)
+	}
+	if !slices.Contains(p.NFT.Counters, counterEIPSource) {
+		t.Errorf("counters %v lack %s", p.NFT.Counters, counterEIPSource)
 	}
 }

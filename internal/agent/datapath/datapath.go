@@ -539,8 +539,8 @@ func (d *Datapath) readCounters() (map[string]uint64, error) {
 	return out, nil
 }
 
-// harvest adds the current rejected counters to d.rejected before the
-// table that holds them is replaced.
+// harvest adds the current rejected and drop counters to d.rejected
+// before the table that holds them is replaced.
 func (d *Datapath) harvest() error {
 	cur, err := d.readCounters()
 	if err != nil {
@@ -555,7 +555,11 @@ func (d *Datapath) harvest() error {
 			if n, err := strconv.Atoi(id); err == nil && names[uint16(n)] != "" {
 				d.rejected[names[uint16(n)]] += v
 			}
+			continue
 		}
+		// The guards' drop counters, kept under their "@" keys (no
+		// Egress name starts with "@").
+		d.rejected["@"+k] += v
 	}
 	return nil
 }
@@ -564,8 +568,9 @@ func (d *Datapath) harvest() error {
 // Egress name, for egressip_agent_packets_rejected_total{egress}; values
 // never decrease while the process runs (a restart starts from the
 // counters of the table then in place). It also reports, under the keys
-// "unknown-source", "spoofed-tunnel" and "eip-inbound" prefixed with "@",
-// the datapath's drop counters.
+// "unknown-source", "spoofed-tunnel", "eip-inbound" and "eip-source"
+// (the source guard of egress IPv6 addresses) prefixed with "@",
+// the datapath's drop counters, likewise carried over table replacements.
 func (d *Datapath) Counters(ctx context.Context) (map[string]uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -585,7 +590,7 @@ func (d *Datapath) Counters(ctx context.Context) (map[string]uint64, error) {
 			}
 			continue
 		}
-		out["@"+k] = v
+		out["@"+k] += v
 	}
 	return out, nil
 }

@@ -30,6 +30,10 @@ const (
 	mapSNAT    = "snat"    // ct mark (ID) -> egress IP held here
 	setFailed  = "failed"  // ct marks (ID) of Egresses whose traffic is rejected
 	mapEIPID   = "eipid"   // egress IP held here -> ct mark (ID) of an Egress holding it
+	// setSNATSrc6 holds ct mark (ID) . egress IPv6 held here for every
+	// Egress held here: the flows allowed to leave with that address as
+	// their source (the source guard, chainEIPSource).
+	setSNATSrc6 = "snatsrc6"
 	// setPeerPods + family + "-" + prefix length: peer Node IP . its Pod
 	// network, masked to that length (the sources an egress Node admits
 	// from a peer before the member slice names them).
@@ -49,6 +53,13 @@ const (
 	chainSNAT        = "snat"
 	chainInput       = "input"
 	chainEIPGuard    = "eip-guard"
+	// chainEIPSource holds the exceptions of the source guard: the
+	// packets that may leave with an egress IPv6 address held here as
+	// their source. chainSourceOut and chainSourcePost are its base
+	// chains (filter output, filter postrouting after srcnat).
+	chainEIPSource  = "eip-source"
+	chainSourceOut  = "source-out"
+	chainSourcePost = "source-post"
 
 	// counterUnknown counts tunnel packets dropped for an unknown inner source.
 	counterUnknown = "unknown-source"
@@ -60,6 +71,10 @@ const (
 	// counterPeerPod counts tunnelled flows admitted from a peer's Pod
 	// CIDR before the member slice named their source.
 	counterPeerPod = "peer-pod-source"
+	// counterEIPSource counts packets the source guard stopped: packets
+	// about to leave with an egress IPv6 address held here as their
+	// source that no exception allows (see chainEIPSource).
+	counterEIPSource = "eip-source"
 	// rejectedPrefix + ID names the counter of one failed Egress's rejected
 	// packets.
 	rejectedPrefix = "rejected-"
@@ -68,6 +83,17 @@ const (
 // icmpPktFiltered is ICMP destination unreachable code 13, communication
 // administratively prohibited (RFC 1812 5.2.7.1; ICMP_PKT_FILTERED).
 const icmpPktFiltered = 13
+
+// icmp6PolicyFail is ICMPv6 destination unreachable code 5, source
+// address failed ingress/egress policy (RFC 4443 section 3.1); Linux
+// reports it to the socket as EACCES.
+const icmp6PolicyFail = 5
+
+// ICMPv6 Neighbor Solicitation and Advertisement (RFC 4861 section 4).
+const (
+	icmp6NeighSolicit = 135
+	icmp6NeighAdvert  = 136
+)
 
 // roleWord is the role as written in the ids set's comments.
 var roleWord = map[Role]string{RoleSource: "source", RoleEgress: "egress", RoleFailed: "failed", RoleDrain: "drain"}
@@ -263,6 +289,7 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 			b.peerLens[f.suffix] = append(b.peerLens[f.suffix], l)
 		}
 	}
+	add(nftables.Set{Name: setSNATSrc6, KeyType: nftables.MustConcatSetType(markType, nftables.TypeIP6Addr)})
 	add(nftables.Set{Name: setFailed, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian})
 	add(nftables.Set{Name: setIDs, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian})
 
@@ -294,6 +321,9 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 		}
 		elem(setEIPs+f.suffix, f.addr(e.IP.Unmap()), nil)
 		elem(mapSNAT+f.suffix, native(mark), f.addr(e.IP.Unmap()))
+		if f.v6 {
+			elem(setSNATSrc6, slices.Concat(native(mark), f.addr(e.IP.Unmap())), nil)
+		}
 		// Egresses sharing an IP: the first in name order names it (the
 		// SNAT address is the same whichever it is).
 		if !slices.ContainsFunc(b.sets[mapEIPID+f.suffix].Elements, func(x nftables.SetElement) bool { return slices.Equal(x.Key, f.addr(e.IP.Unmap())) }) {
@@ -499,7 +529,8 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		rule(l4proto(unix.IPPROTO_ICMPV6), one(verdict(expr.VerdictAccept, ""))),
 		rule(one(&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterEIPDrop}, verdict(expr.VerdictDrop, ""))),
 	}
-	counters = append(counters, counterUnknown, counterSpoofed, counterEIPDrop, counterPeerPod)
+	eipSource, sourceOut, sourcePost := b.sourceGuard()
+	counters = append(counters, counterUnknown, counterSpoofed, counterEIPDrop, counterPeerPod, counterEIPSource)
 	slices.Sort(counters)
 
 	filter, nat := nftables.ChainTypeFilter, nftables.ChainTypeNAT
@@ -513,8 +544,81 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		{Chain: nftables.Chain{Name: chainForward, Type: filter, Hooknum: nftables.ChainHookForward, Priority: prio(-150 - 10)}, Rules: forward},
 		{Chain: nftables.Chain{Name: chainSNAT, Type: nat, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 - 10)}, Rules: snat},
 		{Chain: nftables.Chain{Name: chainInput, Type: filter, Hooknum: nftables.ChainHookInput, Priority: prio(0 - 10)}, Rules: input},
+		{Chain: nftables.Chain{Name: chainEIPSource}, Rules: eipSource},
+		{Chain: nftables.Chain{Name: chainSourceOut, Type: filter, Hooknum: nftables.ChainHookOutput, Priority: prio(0 - 10)}, Rules: sourceOut},
+		{Chain: nftables.Chain{Name: chainSourcePost, Type: filter, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 + 10)}, Rules: sourcePost},
 	}
 	return chains, counters
+}
+
+// sourceGuard builds the source guard (issue 23, fault 4): no packet
+// leaves the Node with an egress IPv6 address held here as its source
+// unless an exception of eip-source allows it. Egress IPv6 addresses are
+// bound deprecated, which RFC 6724 rule 3 ranks below the Node's own
+// preferred address, but while that address is tentative (duplicate
+// address detection after it was added again, about a second; RFC 4862
+// section 5.4) it is no candidate at all, and the kernel's source
+// selection then takes the egress IP for host traffic and for the CNI's
+// masquerade. IPv4 needs no guard: its egress IPs are bound with scope
+// host, which source selection never takes for a routed destination.
+//
+// Exceptions (accept in eip-source): packets delivered on this Node
+// (oif lo); reply-direction packets, whose source is the address their
+// connection was opened to (echo replies, errors about packets sent to
+// the egress IP); Neighbor Solicitations and Advertisements (the
+// address answers and announces itself, RFC 4861); tunnel packets to a
+// Node or egress IP (the outer source of the return path may be any
+// local address; peers accept egress IPs as outer sources); and flows
+// whose connection mark carries the ID of an Egress that holds that very
+// address here (members' flows SNATed to it, set snatsrc6).
+//
+// Everything else is counted (counter eip-source) and stopped. In
+// output, where the packet is the Node's own, it is rejected so that the
+// application learns at once instead of retransmitting from an address
+// that stays wrong for its socket: TCP with a reset (ECONNREFUSED), the
+// rest with ICMPv6 "source address failed ingress/egress policy"
+// (EACCES). In postrouting, after the NAT hooks at srcnat (priority 100)
+// have rewritten the source (a masquerade that picked the egress IP),
+// it is dropped: the kernel rejects nowhere in postrouting, and the
+// dropped packet's conntrack entry is never confirmed, so the next
+// packet (a retransmitted SYN) is masqueraded afresh.
+func (b *builder) sourceGuard() (eipSource, out, post []Rule) {
+	f := families[1]
+	const dirReply = 1
+	accept := one(verdict(expr.VerdictAccept, ""))
+	icmpType := func(t byte) []expr.Any {
+		return one(&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1}, eq([]byte{t}))
+	}
+	s := b.set(setSNATSrc6)
+	eipSource = []Rule{
+		rule(oif("lo"), accept),
+		rule(ctDir(dirReply), accept),
+		rule(l4proto(unix.IPPROTO_ICMPV6), icmpType(icmp6NeighSolicit), accept),
+		rule(l4proto(unix.IPPROTO_ICMPV6), icmpType(icmp6NeighAdvert), accept),
+		rule(udpDport(b.cfg.TunnelPort), one(payload(f.daddrOff, f.addrLen), b.lookup(setNodes+f.suffix, false)), accept),
+		// ct mark & ID mask . ip6 saddr @snatsrc6: the mark in register
+		// 8, the address in 9-12 (a concatenation's layout).
+		rule(one(&expr.Ct{Key: expr.CtKeyMARK, Register: 8},
+			&expr.Bitwise{SourceRegister: 8, DestRegister: 8, Len: 4, Mask: native(b.cfg.IDMask), Xor: native(0)},
+			&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 9, Base: expr.PayloadBaseNetworkHeader, Offset: f.saddrOff, Len: f.addrLen},
+			&expr.Lookup{SourceRegister: 8, SetName: s.Name, SetID: s.ID}), accept),
+	}
+	held := func() []expr.Any {
+		return rule(nfproto(f.nfproto), one(payload(f.saddrOff, f.addrLen), b.lookup(setEIPs+f.suffix, false)))
+	}
+	count := one(&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterEIPSource})
+	out = []Rule{
+		rule(held(), one(verdict(expr.VerdictJump, chainEIPSource))),
+		// Counted here, once: a TCP segment is reset, any other packet
+		// falls through to the next rule.
+		rule(held(), count, l4proto(unix.IPPROTO_TCP), one(&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})),
+		rule(held(), one(&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmp6PolicyFail})),
+	}
+	post = []Rule{
+		rule(held(), one(verdict(expr.VerdictJump, chainEIPSource))),
+		rule(held(), count, one(verdict(expr.VerdictDrop, ""))),
+	}
+	return eipSource, out, post
 }
 
 // clusterPrefixes lists the destinations of family f that never take an
