@@ -72,12 +72,17 @@ func (c Config) ProbeTimeout() time.Duration { return c.ProbeInterval * 4 / 5 }
 func (c Config) ProbeStart() time.Duration { return c.Timeout - 3*c.ProbeInterval }
 
 // PolledMargin is how much later than this Node's last poll a peer's last
-// poll must be for the peer to count as polled by a live controller: half
-// the controller's poll interval. The controller polls every agent in one
-// round, in parallel, so agents polled in the same round (the last round
-// before a controller stops) are polled within a few milliseconds of each
-// other, while a live controller polls again one interval later.
-func (c Config) PolledMargin() time.Duration { return c.ControllerPollInterval / 2 }
+// poll must be for the peer to count as polled by a live controller: one
+// and a half of the controller's poll intervals, so the controller must
+// have polled the peer in two rounds after this Node's last poll. The
+// controller polls every agent in one round, in parallel, so agents polled
+// in one round are polled within milliseconds of each other; but a
+// controller that stops in the middle of a round (it lost its Lease during
+// an API-server outage) leaves the agents it had not polled yet one round
+// behind the others. Half an interval took that for a live controller, and
+// two Nodes fenced during an API-server outage in the flake sweep (3 of 20
+// e2e runs); a second round only comes from a live controller.
+func (c Config) PolledMargin() time.Duration { return c.ControllerPollInterval * 3 / 2 }
 
 // Validate checks that the timings work together and returns an error
 // naming the flags involved. It passes for a zero Timeout (fencing off)
@@ -85,7 +90,10 @@ func (c Config) PolledMargin() time.Duration { return c.ControllerPollInterval /
 //
 // The rules: every value positive; the probes must start after a normal
 // poll gap (ProbeStart > ControllerPollInterval, or every Node would probe
-// the API server and its peers after every poll); and the fence must be
+// the API server and its peers after every poll); a live controller's
+// second round after this Node's last poll must be due by the fence
+// timeout (Timeout >= 2 × ControllerPollInterval, see PolledMargin); and
+// the fence must be
 // complete before the controller can declare the Node dead:
 // Timeout + ProbeInterval + UnbindAllowance < ControllerDeadAfter.
 func (c Config) Validate() error {
@@ -115,6 +123,10 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%s %v minus 3 × %s %v is %v, not more than %s %v: every normal poll gap would start probes; raise %s or lower %s",
 			FlagTimeout, c.Timeout, FlagProbeInterval, c.ProbeInterval, c.ProbeStart(), FlagControllerPollInterval, c.ControllerPollInterval,
 			FlagTimeout, FlagProbeInterval))
+	}
+	if c.Timeout < 2*c.ControllerPollInterval {
+		errs = append(errs, fmt.Errorf("%s %v is less than twice %s %v: a cut-off Node sees its peers polled in two rounds since its own last poll only after two intervals; raise %s or lower %s",
+			FlagTimeout, c.Timeout, FlagControllerPollInterval, c.ControllerPollInterval, FlagTimeout, FlagControllerPollInterval))
 	}
 	if sum := c.Timeout + c.ProbeInterval + UnbindAllowance; sum >= c.ControllerDeadAfter {
 		errs = append(errs, fmt.Errorf("%s %v + %s %v + %v to unbind is %v, not less than %s %v: the controller could reassign this Node's IPs before it fences; lower %s or raise %s (on the controller: --agent-dead-after)",

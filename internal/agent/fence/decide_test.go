@@ -33,13 +33,14 @@ func TestDecide(t *testing.T) {
 		{"minority side: 1 of 3 answers", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", -5), silent("b"), silent("c")}}, true, ReasonPeersLost},
 		{"stale answers count as lost", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{
 			{Node: "a", Reached: true, At: ms(1000), LastPoll: ms(900)}, {Node: "b", Reached: true, At: ms(1000), LastPoll: ms(900)}}}, true, ReasonPeersLost},
-		{"cut off, peers polled since (two peers)", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 1510)}}, true, ReasonControllerPollsOthers},
-		{"cut off, 2 of 3 reached, both polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 1510), silent("c")}}, true, ReasonControllerPollsOthers},
+		{"cut off, peers polled since (two peers)", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 2010)}}, true, ReasonControllerPollsOthers},
+		{"cut off, 2 of 3 reached, both polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 2010), silent("c")}}, true, ReasonControllerPollsOthers},
 		{"controller gone: peers last polled with this Node", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 3), polled("b", -2), polled("c", 40)}}, false, ReasonControllerGone},
-		{"controller gone: a peer polled just within the margin", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 500), polled("b", 499)}}, false, ReasonControllerGone},
-		{"split: 1 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 0), polled("c", 0)}}, false, ReasonControllerGone},
-		{"split: 2 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 1400), polled("c", 0)}}, true, ReasonControllerPollsOthers},
-		{"one peer, answers and polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1200)}}, true, ReasonControllerPollsOthers},
+		{"controller gone: a peer polled just within the margin", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 1499)}}, false, ReasonControllerGone},
+		{"controller stopped mid-round: the peers were polled in the round after this Node's last poll only", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1000), polled("b", 1010)}}, false, ReasonControllerGone},
+		{"split: 1 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 0), polled("c", 0)}}, false, ReasonControllerGone},
+		{"split: 2 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 1900), polled("c", 0)}}, true, ReasonControllerPollsOthers},
+		{"one peer, answers and polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1800)}}, true, ReasonControllerPollsOthers},
 		{"one peer, silent", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{silent("a")}}, true, ReasonPeersLost},
 	}
 	for _, tt := range tests {
@@ -75,6 +76,7 @@ func TestValidate(t *testing.T) {
 		{"timeout within a poll gap", mod(func(c *Config) {
 			c.Timeout, c.ControllerDeadAfter = 1200*time.Millisecond, 3*time.Second
 		}), []string{FlagTimeout, FlagControllerPollInterval}},
+		{"timeout shorter than two poll intervals", mod(func(c *Config) { c.ControllerPollInterval = 1100 * time.Millisecond }), []string{FlagTimeout, FlagControllerPollInterval}},
 		{"negative timeout", mod(func(c *Config) { c.Timeout = -time.Second }), []string{FlagTimeout}},
 		{"no peers", mod(func(c *Config) { c.Peers = 0 }), []string{FlagPeers}},
 		{"zero probe interval", mod(func(c *Config) { c.ProbeInterval = 0 }), []string{FlagProbeInterval}},
