@@ -80,7 +80,7 @@ func (c Config) ProbeStart() time.Duration { return c.Timeout - 3*c.ProbeInterva
 // controller that stops in the middle of a round (it lost its Lease during
 // an API-server outage) leaves the agents it had not polled yet one round
 // behind the others. Half an interval took that for a live controller, and
-// two Nodes fenced during an API-server outage in the flake sweep (3 of 20
+// Nodes fenced during an API-server outage in the flake sweep (3 of the first 10
 // e2e runs); a second round only comes from a live controller.
 func (c Config) PolledMargin() time.Duration { return c.ControllerPollInterval * 3 / 2 }
 
