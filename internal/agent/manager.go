@@ -559,6 +559,14 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The report is served until the manager has stopped, not only until
+	// the SIGTERM: the addresses stay bound and renewed while the agent
+	// exits, so the controller must go on seeing it alive. A shutdown that
+	// outlasted --agent-dead-after with the report port already closed got
+	// the IPs moved while this Node still held them (two Nodes answered in
+	// TestAgentRestart, 2 of 20 e2e runs in the flake sweep).
+	repCtx, repCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer repCancel()
 	repErr := make(chan error, 1)
 	var lateHealth sync.WaitGroup // the health server a surge agent opens late
 	defer func() { cancel(); lateHealth.Wait() }()
@@ -585,7 +593,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 			}
 			log.Info("reconciled: serving the report and health probes beside the other agent of this Node", "report", reportAddr)
 		}
-		err := a.ServeReport(runCtx, l)
+		err := a.ServeReport(repCtx, l)
 		if err != nil {
 			cancel() // stop the manager too
 		}
@@ -598,6 +606,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	}
 	mgrErr := mgr.Start(runCtx)
 	cancel()
+	repCancel()
 	err = errors.Join(mgrErr, <-repErr)
 	if err != nil && ctx.Err() != nil {
 		// Shutting down as asked; a controller interrupted while waiting
