@@ -137,12 +137,15 @@ func (p *pass) assignedCondition(es *egressStatus, pl scheduler.Placement, targe
 	case target != "":
 		p.scheduled(es, target)
 	case !isWaiting(es.st.Conditions) && !isAttaching(es.st.Conditions) || pl.Node == "":
-		reason, msg := ReasonNotAssigned, "waiting for an IP (see condition IPAllocated)"
+		// An Egress without an address counts under its IPAllocated
+		// reason (PoolExhausted, ...): that says why it has no Node.
+		reason, msg, counted := ReasonNotAssigned, "waiting for an IP (see condition IPAllocated)", p.alloc[es.i].cond.Reason
 		if p.alloc[es.i].ip.IsValid() {
 			reason, msg = pl.Reason, unplacedMessage(pl, p.noNodeDetail(e.Spec.ExternalIPPool, pl))
+			counted = reason
 		}
 		meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: reason, Message: msg, ObservedGeneration: e.Generation})
-		p.out.Unplaced[reason]++
+		p.out.Unplaced[counted]++
 		if cur != "" {
 			es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, "Unassigned", fmt.Sprintf("%s removed from Node %s: %s; %s", es.st.EgressIP, cur, msg, failureEffect(e.Spec.FailurePolicy))
 			es.ch.MoveReason = cmp.Or(p.sched.moveReason[e.Name], reason)

@@ -133,7 +133,9 @@ type passOutput struct {
 	// InvalidCapacity lists Nodes whose capacity annotation is invalid, with
 	// the parse error.
 	InvalidCapacity map[string]error
-	// Unplaced counts Egresses without a Node, by reason.
+	// Unplaced counts Egresses without a Node, by reason: the Assigned
+	// condition's, or for an Egress without an address the IPAllocated
+	// condition's (PoolExhausted, PoolNotFound, ...).
 	Unplaced map[string]int
 	// Awaited lists the Nodes whose next report the pass waits for: to
 	// release an IP before a planned move completes, or to bind and announce
@@ -298,6 +300,11 @@ func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentS
 	c := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: e.Generation}
 	if st.EgressNode == "" {
 		c.Reason, c.Message = ReasonNoEgressNode, "no Node holds the egress IP (see condition Assigned); "+failureEffect(e.Spec.FailurePolicy)
+		if a := meta.FindStatusCondition(st.Conditions, v1.ConditionIPAllocated); st.EgressIP == "" && a != nil && a.Status != metav1.ConditionTrue {
+			// Say why at once rather than send the reader through
+			// Assigned to IPAllocated.
+			c.Message = fmt.Sprintf("no egress IP is allocated (IPAllocated %s: %s); %s", a.Reason, a.Message, failureEffect(e.Spec.FailurePolicy))
+		}
 		return c
 	}
 	a := agents(st.EgressNode)

@@ -168,11 +168,12 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{planNode("n1")},
 		agents:   agents(nil),
 		want: map[string]want{
-			"old":   {ip: "198.51.100.1", node: "n1", allocated: ReasonAllocated},
-			"mid":   {ip: "198.51.100.2", node: "n1", allocated: ReasonAllocated},
-			"young": {ip: "", node: "", allocated: ReasonPoolExhausted, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, event: ReasonNoEgressNode, allocMsg: "(2 of 2 used)"},
+			"old": {ip: "198.51.100.1", node: "n1", allocated: ReasonAllocated},
+			"mid": {ip: "198.51.100.2", node: "n1", allocated: ReasonAllocated},
+			"young": {ip: "", node: "", allocated: ReasonPoolExhausted, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, event: ReasonNoEgressNode, allocMsg: "(2 of 2 used)",
+				readyMsg: `no egress IP is allocated (IPAllocated PoolExhausted: ExternalIPPool "l2" has no free IP (2 of 2 used)`},
 		},
-		unplaced: map[string]int{ReasonNotAssigned: 1},
+		unplaced: map[string]int{ReasonPoolExhausted: 1},
 		awaited:  []string{"n1", "n1"},
 	}, {
 		name:  "named addresses: in the pool it is reserved, outside it is refused, a Node's address conflicts",
@@ -189,11 +190,11 @@ func TestPlanL2(t *testing.T) {
 		want: map[string]want{
 			"named":   {ip: "198.51.100.1", node: "n1", allocated: ReasonAllocated, allocMsg: "named in spec"},
 			"free":    {ip: "198.51.100.2", node: "n1", allocated: ReasonAllocated},
-			"outside": {ip: "", node: "", allocated: ReasonIPOutsidePool, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, allocMsg: "203.0.113.9"},
+			"outside": {ip: "", node: "", allocated: ReasonIPOutsidePool, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, allocMsg: "203.0.113.9", readyMsg: "IPAllocated IPOutsidePool"},
 			"nodeip": {ip: "198.51.100.6", node: "", allocated: ReasonAllocated, assigned: v1.ReasonNodeAddressConflict, ready: ReasonNoEgressNode,
 				event: v1.ReasonNodeAddressConflict, assignedMsg: "n1"},
 		},
-		unplaced: map[string]int{ReasonNotAssigned: 1, v1.ReasonNodeAddressConflict: 1},
+		unplaced: map[string]int{ReasonIPOutsidePool: 1, v1.ReasonNodeAddressConflict: 1},
 		awaited:  []string{"n1", "n1"},
 	}, {
 		name:     "a status address outside the pool is replaced by the lowest free one",
@@ -216,7 +217,7 @@ func TestPlanL2(t *testing.T) {
 			"nopool":  {allocated: ReasonPoolNotFound, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, allocMsg: `"absent" does not exist`},
 			"overlap": {allocated: ReasonPoolInvalid, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, allocMsg: `overlaps ExternalIPPool "l2"`},
 		},
-		unplaced: map[string]int{ReasonNotAssigned: 2},
+		unplaced: map[string]int{ReasonPoolNotFound: 1, ReasonPoolInvalid: 1},
 	}, {
 		name:     "a full Node: the younger Egress is CapacityExhausted",
 		pools:    []v1.ExternalIPPool{l2PoolOf("198.51.100.0/29", 0)},

@@ -1,6 +1,3 @@
-// Package controller holds egressip-controller's reconcilers: one scheduling
-// pass over every Egress (allocation, placement, status) and the liveness
-// poller that tells the pass which agents are alive and what they have bound.
 package controller
 
 import (
@@ -10,11 +7,9 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,7 +24,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -44,64 +38,6 @@ import (
 // agent liveness) is coalesced into one pending pass.
 var passKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "egressip-scheduling-pass"}}
 
-// Label names and values several of the controller's metrics share.
-const (
-	labelResult    = "result"
-	labelPool      = "pool"
-	resultOK       = "ok"
-	resultConflict = "conflict"
-	resultError    = "error"
-
-	kindEgress         = "Egress"
-	kindExternalIPPool = "ExternalIPPool"
-)
-
-var (
-	passDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "egressip_controller_schedule_pass_duration_seconds",
-		Help:    "Duration of one scheduling pass (read cache, allocate, schedule, write changed statuses), in seconds.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
-	})
-	movesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "egressip_controller_moves_total",
-		Help: "Egress IPs that left a Node, by reason (NodeRemoved, NodeIneligible/<why>, NodeNotInPool, CapacityReduced, ...).",
-	}, []string{"reason"})
-	unplacedEgresses = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "egressip_controller_unplaced_egresses",
-		Help: "Egresses without an egress Node after the last pass, by reason.",
-	}, []string{"reason"})
-	statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "egressip_controller_status_writes_total",
-		Help: "Status patches issued, by kind (Egress, ExternalIPPool) and result (ok, conflict, error).",
-	}, []string{"kind", labelResult})
-	invalidCapacity = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "egressip_controller_invalid_capacity_annotations",
-		Help: "Nodes whose egressip.io/max-egress-ips annotation is invalid (the default capacity applies).",
-	})
-	conflictEgresses = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "egressip_controller_ip_conflicts",
-		Help: "Egresses whose condition Conflict is True after the last pass: the agent of the egress Node sees another host answer for the egress IP.",
-	})
-	conflictEvents = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "egressip_controller_ip_conflict_events_total",
-		Help: "DuplicateIP Warning Events recorded on Egresses (a conflict started, or the other MACs changed).",
-	})
-)
-
-func init() {
-	metrics.Registry.MustRegister(passDuration, movesTotal, unplacedEgresses, statusWrites, invalidCapacity, conflictEgresses, conflictEvents)
-	// Start the common series at zero so dashboards see them before the
-	// first move or write.
-	for _, r := range []string{scheduler.MoveNodeRemoved, scheduler.MoveNodeIneligible, scheduler.MoveNodeNotInPool, scheduler.MoveCapacityReduced} {
-		movesTotal.WithLabelValues(r)
-	}
-	for _, k := range []string{kindEgress, kindExternalIPPool} {
-		for _, res := range []string{resultOK, resultConflict, resultError} {
-			statusWrites.WithLabelValues(k, res)
-		}
-	}
-}
-
 // PassReconciler runs the scheduling pass.
 type PassReconciler struct {
 	Client   client.Client
@@ -109,7 +45,7 @@ type PassReconciler struct {
 	Liveness *Liveness
 	Config   PassConfig
 	// Cloud serves cloud-backed pools; nil without a cloud provider.
-	Cloud *Cloud
+	Cloud *CloudActuator
 	// WriteParallelism bounds concurrent status patches. Default 16.
 	WriteParallelism int
 	// APIReader reads the API server without the cache (consistent
@@ -191,7 +127,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		r.Liveness.Expedite(n)
 	}
 	unplacedEgresses.Reset()
-	for _, reason := range []string{scheduler.ReasonNoEligibleNode, scheduler.ReasonCapacityExhausted, ReasonNotAssigned} {
+	for _, reason := range []string{scheduler.ReasonNoEligibleNode, scheduler.ReasonCapacityExhausted, ReasonPoolExhausted} {
 		unplacedEgresses.WithLabelValues(reason).Set(0)
 	}
 	for reason, n := range out.Unplaced {
@@ -529,84 +465,4 @@ func builderNodePredicate() builder.Predicates {
 			return !ok1 || !ok2 || nodeChanged(o, n)
 		},
 	})
-}
-
-// collector is registered once per process (the registry is global); each
-// Setup points it at the newest manager's cache.
-var (
-	collectorOnce sync.Once
-	collector     = &stateCollector{}
-)
-
-// Options are the controller's tunables, set by egressip-controller's flags.
-type Options struct {
-	Pass     PassConfig
-	Liveness LivenessConfig
-	// MaxMembersPerSlice bounds the members of one EgressMemberSlice;
-	// 0 means v1alpha1.MaxMembersPerSlice (100), also the largest allowed.
-	MaxMembersPerSlice int
-	// Cloud enables cloud-backed pools when Cloud.Provider is set.
-	Cloud CloudConfig
-	// beforePass is PassReconciler.beforePass (tests only).
-	beforePass func(context.Context, client.Reader)
-}
-
-// checkReleaseTimeout refuses a release timeout that cannot work with the
-// poll settings: the wait needs one poll to carry the instruction and
-// another to show the release, so it must last at least two poll
-// intervals. 0 (no limit) is accepted here, for tests of the pass;
-// egressip-controller refuses it (CheckFlags).
-func checkReleaseTimeout(t time.Duration, lc LivenessConfig) error {
-	lc.defaults()
-	switch {
-	case t < 0:
-		return fmt.Errorf("--release-timeout %v is negative", t)
-	case t > 0 && t < 2*lc.Interval:
-		return fmt.Errorf("--release-timeout %v must be at least twice --agent-poll-interval %v: one poll carries the release instruction, the next shows the release", t, lc.Interval)
-	}
-	return nil
-}
-
-// CheckFlags checks the timings egressip-controller was started with
-// against each other, as Setup does, and also refuses a release timeout of
-// 0 (the wait for a release must end). The error names both flags.
-func CheckFlags(o Options) error {
-	if o.Pass.ReleaseTimeout <= 0 {
-		return fmt.Errorf("--release-timeout %v must be positive (at least twice --agent-poll-interval)", o.Pass.ReleaseTimeout)
-	}
-	return checkReleaseTimeout(o.Pass.ReleaseTimeout, o.Liveness)
-}
-
-// Setup registers the scheduling pass, the agent liveness poller and the
-// member slice publication with mgr; mgr's cache should be built with
-// CacheOptions (Pods stripped). They run only on the elected leader.
-func Setup(mgr ctrl.Manager, o Options) error {
-	if o.Pass.DefaultCapacity <= 0 {
-		return fmt.Errorf("default capacity must be positive, got %d", o.Pass.DefaultCapacity)
-	}
-	if err := checkReleaseTimeout(o.Pass.ReleaseTimeout, o.Liveness); err != nil {
-		return err
-	}
-	if o.MaxMembersPerSlice < 0 || o.MaxMembersPerSlice > v1.MaxMembersPerSlice {
-		return fmt.Errorf("members per slice must be between 1 and %d, got %d", v1.MaxMembersPerSlice, o.MaxMembersPerSlice)
-	}
-	collectorOnce.Do(func() { metrics.Registry.MustRegister(collector) })
-	collector.set(mgr.GetCache(), o.Pass.DefaultCapacity)
-	l := NewLiveness(mgr.GetClient(), o.Liveness)
-	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass, beforePass: o.beforePass}
-	if o.Cloud.Provider != nil {
-		r.Cloud = NewCloud(mgr.GetClient(), o.Cloud)
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
-		return err
-	}
-	nd := &NodeDatapathReconciler{Client: mgr.GetClient(), Recorder: r.Recorder, Liveness: l}
-	if err := nd.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the Node datapath condition: %w", err)
-	}
-	m := &MembersReconciler{Client: mgr.GetClient(), MaxPerSlice: o.MaxMembersPerSlice}
-	if err := m.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up member slices: %w", err)
-	}
-	return nil
 }
