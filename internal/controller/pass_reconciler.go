@@ -77,6 +77,11 @@ type PassReconciler struct {
 // Reconcile runs one pass. It returns an error (and is retried with backoff)
 // when it cannot read the cache or some status writes failed; the writes
 // that succeeded stay.
+//
+// The steps: read the cache (and wait for it to show this controller's
+// writes), plan (a pure function), hand the cloud its calls, export the
+// pass's metrics, write the statuses and finalizers that changed, and tell
+// the liveness poller which releases to ask of the agents.
 func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	start := time.Now()
 	defer func() { passDuration.Observe(time.Since(start).Seconds()) }()
@@ -126,6 +131,30 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	for _, n := range out.Awaited {
 		r.Liveness.Expedite(n)
 	}
+	setPassMetrics(&out)
+
+	ew := r.egressWrites(egs.Items, &out)
+	writes := append(ew.writes, r.poolWrites(pools.Items, &out)...)
+	errs, unknown := r.runWrites(ctx, writes)
+	for _, e := range ew.written {
+		if e != nil {
+			r.written.record(e)
+		}
+	}
+	r.Liveness.SetReleases(releaseInstructions(ew.final(egs.Items), nodes.Items, r.Liveness.State))
+	if unknown {
+		r.synced = false
+	}
+	if err := errors.Join(errs...); err != nil {
+		return reconcile.Result{}, err
+	}
+	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "duration", time.Since(start))
+	return result, nil
+}
+
+// setPassMetrics exports what a pass found: the unplaced Egresses by
+// reason (the common reasons at zero when none) and the conflicts.
+func setPassMetrics(out *passOutput) {
 	unplacedEgresses.Reset()
 	for _, reason := range []string{scheduler.ReasonNoEligibleNode, scheduler.ReasonCapacityExhausted, ReasonPoolExhausted} {
 		unplacedEgresses.WithLabelValues(reason).Set(0)
@@ -134,51 +163,93 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		unplacedEgresses.WithLabelValues(reason).Set(float64(n))
 	}
 	conflictEgresses.Set(float64(out.Conflicts))
+}
 
-	type write struct {
-		obj client.Object
-		do  func(context.Context) error
+// statusWrite is one patch a pass issues.
+type statusWrite struct {
+	obj client.Object
+	do  func(context.Context) error
+}
+
+// egressWriteSet are the Egress status patches of a pass: written holds
+// what each successful patch returned, patched marks the Egresses a patch
+// was attempted for (both indexed like the Egresses read).
+type egressWriteSet struct {
+	writes  []statusWrite
+	written []*v1.Egress
+	patched []bool
+}
+
+// final is what the API server holds now, as far as this pass knows: the
+// Egresses it wrote as returned, the others as read (a failed patch
+// leaves its Egress out: its state is unknown).
+func (w *egressWriteSet) final(egs []v1.Egress) []*v1.Egress {
+	final := make([]*v1.Egress, 0, len(egs))
+	for i := range egs {
+		switch {
+		case w.written[i] != nil:
+			final = append(final, w.written[i])
+		case !w.patched[i]:
+			final = append(final, &egs[i])
+		}
 	}
-	var writes []write
-	written := make([]*v1.Egress, len(egs.Items)) // what each successful patch returned
-	patched := make([]bool, len(egs.Items))       // a patch was attempted
-	for i := range egs.Items {
-		e := &egs.Items[i]
+	return final
+}
+
+// egressWrites are the status patches (with their Events and move
+// metrics) of the Egresses whose status the pass changed.
+func (r *PassReconciler) egressWrites(egs []v1.Egress, out *passOutput) *egressWriteSet {
+	w := &egressWriteSet{written: make([]*v1.Egress, len(egs)), patched: make([]bool, len(egs))}
+	for i := range egs {
+		e := &egs[i]
 		ch, ok := out.Egresses[e.Name]
 		if !ok || equality.Semantic.DeepEqual(e.Status, ch.Status) {
 			continue
 		}
-		patched[i] = true
-		writes = append(writes, write{obj: e, do: func(ctx context.Context) error {
+		w.patched[i] = true
+		w.writes = append(w.writes, statusWrite{obj: e, do: func(ctx context.Context) error {
 			patch := client.MergeFromWithOptions(e.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			e.Status = ch.Status
 			if err := r.Client.Status().Patch(ctx, e, patch); err != nil {
 				return err
 			}
-			written[i] = e.DeepCopy()
-			if ch.EventReason != "" {
-				r.Recorder.Eventf(e, nil, ch.EventType, ch.EventReason, "Schedule", "%s", ch.EventNote)
-			}
-			if ch.IPChangedNote != "" {
-				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, EventEgressIPChanged, "Allocate", "%s", ch.IPChangedNote)
-			}
-			if ch.SelectorEvent != "" {
-				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
-			}
-			if ch.ConflictEvent != "" {
-				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1.ReasonDuplicateIP, "Probe", "%s", ch.ConflictEvent)
-				conflictEvents.Inc()
-			}
-			if ch.MoveReason != "" {
-				movesTotal.WithLabelValues(ch.MoveReason).Inc()
-			}
+			w.written[i] = e.DeepCopy()
+			r.recordChange(e, ch)
 			return nil
 		}})
 	}
-	for i := range pools.Items {
-		p := &pools.Items[i]
+	return w
+}
+
+// recordChange records the Events of a written Egress change and counts
+// its move.
+func (r *PassReconciler) recordChange(e *v1.Egress, ch egressChange) {
+	if ch.EventReason != "" {
+		r.Recorder.Eventf(e, nil, ch.EventType, ch.EventReason, "Schedule", "%s", ch.EventNote)
+	}
+	if ch.IPChangedNote != "" {
+		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, EventEgressIPChanged, "Allocate", "%s", ch.IPChangedNote)
+	}
+	if ch.SelectorEvent != "" {
+		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
+	}
+	if ch.ConflictEvent != "" {
+		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1.ReasonDuplicateIP, "Probe", "%s", ch.ConflictEvent)
+		conflictEvents.Inc()
+	}
+	if ch.MoveReason != "" {
+		movesTotal.WithLabelValues(ch.MoveReason).Inc()
+	}
+}
+
+// poolWrites are the finalizer patches of the pools whose protection
+// changes, else the status patches of the pools whose status changed.
+func (r *PassReconciler) poolWrites(pools []v1.ExternalIPPool, out *passOutput) []statusWrite {
+	var writes []statusWrite
+	for i := range pools {
+		p := &pools[i]
 		if want := out.Finalize[p.Name]; want != controllerutil.ContainsFinalizer(p, PoolFinalizer) {
-			writes = append(writes, write{obj: p, do: func(ctx context.Context) error {
+			writes = append(writes, statusWrite{obj: p, do: func(ctx context.Context) error {
 				patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
 				if want {
 					controllerutil.AddFinalizer(p, PoolFinalizer)
@@ -193,15 +264,23 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		if equality.Semantic.DeepEqual(p.Status, st) {
 			continue
 		}
-		writes = append(writes, write{obj: p, do: func(ctx context.Context) error {
+		writes = append(writes, statusWrite{obj: p, do: func(ctx context.Context) error {
 			patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			p.Status = st
 			return r.Client.Status().Patch(ctx, p, patch)
 		}})
 	}
+	return writes
+}
 
-	errs := make([]error, len(writes))
-	var unknown atomic.Bool
+// runWrites issues writes, WriteParallelism at a time, counting each
+// result. A conflict or a missing object is no error (the cache is
+// behind; the watch event that follows brings a new pass). unknown is set
+// when an Egress patch failed otherwise: it may have been applied all the
+// same.
+func (r *PassReconciler) runWrites(ctx context.Context, writes []statusWrite) (errs []error, unknown bool) {
+	errs = make([]error, len(writes))
+	var unsure atomic.Bool
 	par := r.WriteParallelism
 	if par <= 0 {
 		par = 16
@@ -217,43 +296,16 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		case err == nil:
 			statusWrites.WithLabelValues(kind, resultOK).Inc()
 		case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
-			// The cache is behind; the watch event that follows brings a
-			// new pass with fresh objects.
 			statusWrites.WithLabelValues(kind, resultConflict).Inc()
 		default:
 			statusWrites.WithLabelValues(kind, resultError).Inc()
 			errs[i] = fmt.Errorf("patch status of %s %s: %w", kind, w.obj.GetName(), err)
 			if kind == kindEgress {
-				unknown.Store(true) // it may have been applied all the same
+				unsure.Store(true)
 			}
 		}
 	})
-	for _, e := range written {
-		if e != nil {
-			r.written.record(e)
-		}
-	}
-	// What the API server holds now, as far as this pass knows: the
-	// Egresses it wrote as returned, the others as read (a failed patch
-	// leaves its Egress out: its state is unknown).
-	final := make([]*v1.Egress, 0, len(egs.Items))
-	for i := range egs.Items {
-		switch {
-		case written[i] != nil:
-			final = append(final, written[i])
-		case !patched[i]:
-			final = append(final, &egs.Items[i])
-		}
-	}
-	r.Liveness.SetReleases(releaseInstructions(final, nodes.Items, r.Liveness.State))
-	if unknown.Load() {
-		r.synced = false
-	}
-	if err := errors.Join(errs...); err != nil {
-		return reconcile.Result{}, err
-	}
-	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "duration", time.Since(start))
-	return result, nil
+	return errs, unsure.Load()
 }
 
 // trackReleases keeps when each wait of waits began (now for new ones) and

@@ -1,6 +1,14 @@
 // Package controller holds egressip-controller's reconcilers: one scheduling
 // pass over every Egress (allocation, placement, status) and the liveness
 // poller that tells the pass which agents are alive and what they have bound.
+//
+// Where things are: setup.go wires the reconcilers to a manager;
+// pass_reconciler.go reads the cache, calls plan and writes what changed;
+// plan (pass.go) is the pure pass, one phase per pass_*.go file, with what
+// differs between L2 and cloud pools in pass_l2.go and pass_cloud.go;
+// cloud*.go hold the cloud runnable (CloudActuator) and its planning
+// helpers; liveness.go polls the agents; members.go publishes
+// EgressMemberSlices; metrics.go and collector.go export the metrics.
 package controller
 
 import (
