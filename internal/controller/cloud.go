@@ -105,15 +105,45 @@ type overlayEntry struct {
 	deadline time.Time
 }
 
-// Cloud holds the controller's view of the cloud and runs its calls off
-// the pass's critical path: the pass reads a snapshot (Input), decides,
+// backoffKind says what a failed cloud call backs off.
+type backoffKind uint8
+
+const (
+	// backoffInterface: calls on one network interface (id: its ID); the
+	// pass treats the interface as blocked meanwhile.
+	backoffInterface backoffKind = iota + 1
+	// backoffPool: warm attaches for one pool after a full subnet or
+	// throttling (id: the pool's name).
+	backoffPool
+	// backoffCreate: creating and attaching interfaces of the controller's
+	// own for one pool (id: the pool's name).
+	backoffCreate
+	// backoffDelete: deleting one interface of the controller's own (id:
+	// its ID).
+	backoffDelete
+)
+
+// backoffKey names one backoff: what backs off, and which one.
+type backoffKey struct {
+	kind backoffKind
+	id   string
+}
+
+// String is the key's ID in flowcontrol.Backoff, unique per key.
+func (k backoffKey) String() string {
+	return [...]string{backoffInterface: "eni", backoffPool: "pool", backoffCreate: "create", backoffDelete: "delete"}[k.kind] + "/" + k.id
+}
+
+// CloudActuator is the runnable that holds the controller's view of the
+// cloud and runs the cloud calls the pass decides, off the pass's critical
+// path: the pass reads a snapshot (Input), decides,
 // and hands the calls to Run, which executes them in the background and
 // signals a new pass through Events when they complete.
 //
 // Nothing here is the only copy of anything: a restarted controller
 // rebuilds the view from the cloud (Interfaces) and its ownership of
 // addresses from the pool statuses (warm list) and Egress statuses.
-type Cloud struct {
+type CloudActuator struct {
 	cfg    CloudConfig
 	reader client.Reader
 	// Events receives one event when a call completed or the view
@@ -139,7 +169,7 @@ type Cloud struct {
 	eips          map[string]eipView    // pool -> its Elastic IPs as last read
 	runCtx        context.Context
 	backoff       *flowcontrol.Backoff
-	backoffUntil  map[string]time.Time // "pool/<name>" and "eni/<id>"
+	backoffUntil  map[backoffKey]time.Time
 	refreshNow    chan struct{}
 	// Own interfaces (OwnInterfaces pools): every interface tagged with
 	// our cluster, the pools' subnets, the "node/pool" pairs with a
@@ -153,10 +183,10 @@ type Cloud struct {
 	lateAsked map[string]bool
 }
 
-// NewCloud returns a Cloud over cfg.Provider, which must not be nil.
-func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
+// NewCloudActuator returns a CloudActuator over cfg.Provider, which must not be nil.
+func NewCloudActuator(reader client.Reader, cfg CloudConfig) *CloudActuator {
 	cfg.defaults()
-	return &Cloud{
+	return &CloudActuator{
 		cfg: cfg, reader: reader,
 		Events:        make(chan event.GenericEvent, 1),
 		ifaces:        map[string]cloud.Interface{},
@@ -173,7 +203,7 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		held:          map[netip.Addr]heldAddr{},
 		ours:          map[netip.Addr]string{},
 		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
-		backoffUntil:  map[string]time.Time{},
+		backoffUntil:  map[backoffKey]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
 		subnets:       map[string]cloud.Subnet{},
 		subnetErr:     map[string]string{},
@@ -184,10 +214,10 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 }
 
 // NeedLeaderElection makes the refresher run only on the elected leader.
-func (c *Cloud) NeedLeaderElection() bool { return true }
+func (c *CloudActuator) NeedLeaderElection() bool { return true }
 
 // Ready reports whether the interfaces were read at least once.
-func (c *Cloud) Ready() bool {
+func (c *CloudActuator) Ready() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.ready
@@ -195,7 +225,7 @@ func (c *Cloud) Ready() bool {
 
 // Start re-reads the Nodes' interfaces every RefreshInterval (and sooner
 // after a call reported a full interface or subnet) until ctx ends.
-func (c *Cloud) Start(ctx context.Context) error {
+func (c *CloudActuator) Start(ctx context.Context) error {
 	c.mu.Lock()
 	c.runCtx = ctx
 	c.mu.Unlock()
@@ -222,7 +252,7 @@ func (c *Cloud) Start(ctx context.Context) error {
 
 // Refresh reads every Node's interface from the cloud, keeping the results
 // of our own recent calls that the read does not show yet.
-func (c *Cloud) Refresh(ctx context.Context) error {
+func (c *CloudActuator) Refresh(ctx context.Context) error {
 	var nodes corev1.NodeList
 	if err := c.reader.List(ctx, &nodes); err != nil {
 		return fmt.Errorf("list Nodes: %w", err)
@@ -299,7 +329,7 @@ func sameInterface(a, b cloud.Interface) bool {
 }
 
 // input is the snapshot a pass reads.
-func (c *Cloud) input(now time.Time) *cloudInput {
+func (c *CloudActuator) input(now time.Time) *cloudInput {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ci := &cloudInput{
@@ -337,11 +367,11 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 		if !now.Before(until) {
 			continue
 		}
-		switch {
-		case len(k) > 5 && k[:5] == "pool/":
-			ci.PoolBackoff[k[5:]] = until
-		case len(k) > 4 && k[:4] == "eni/":
-			ci.Blocked[k[4:]] = true
+		switch k.kind {
+		case backoffPool:
+			ci.PoolBackoff[k.id] = until
+		case backoffInterface:
+			ci.Blocked[k.id] = true
 		}
 	}
 	return ci
@@ -349,7 +379,7 @@ func (c *Cloud) input(now time.Time) *cloudInput {
 
 // remember records a pass's outcome: which addresses each pool owns and
 // allocates, and which were released (they cool down).
-func (c *Cloud) remember(out *cloudOutput, now time.Time) {
+func (c *CloudActuator) remember(out *cloudOutput, now time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for ip, until := range c.cool {
@@ -390,7 +420,7 @@ func (c *Cloud) remember(out *cloudOutput, now time.Time) {
 // attaches (one call per interface), then each pool's warm attaches and
 // detaches (one call per interface). Interfaces with a call in flight are
 // skipped (the next pass asks again).
-func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
+func (c *CloudActuator) Run(ctx context.Context, out *cloudOutput) {
 	var jobs []cloudJob
 	c.mu.Lock()
 	claim := func(iface string) bool {
@@ -513,12 +543,13 @@ func (c *Cloud) Run(ctx context.Context, out *cloudOutput) {
 
 // applied records a successful call in the view and, for warm attaches,
 // in the pool's ownership.
-func (c *Cloud) applied(pool, node, iface string, ips []netip.Addr, attach bool) {
+func (c *CloudActuator) applied(pool, node, iface string, ips []netip.Addr, attach bool) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.backoff.Reset("eni/" + iface)
-	delete(c.backoffUntil, "eni/"+iface)
+	key := backoffKey{backoffInterface, iface}
+	c.backoff.Reset(key.String())
+	delete(c.backoffUntil, key)
 	delete(c.lastError, iface)
 	for _, ip := range ips {
 		placeIP(c.ifaces, ip, iface, attach)
@@ -550,18 +581,18 @@ func (c *Cloud) applied(pool, node, iface string, ips []netip.Addr, attach bool)
 // failed backs off after an error: the interface after a full interface or
 // an unknown error, the pool after a full subnet or throttling; and asks
 // for a re-read of the real state instead of retrying blindly.
-func (c *Cloud) failed(ctx context.Context, action, pool, iface string, err error) {
+func (c *CloudActuator) failed(ctx context.Context, action, pool, iface string, err error) {
 	if err == nil {
 		return
 	}
-	key := "eni/" + iface
+	key := backoffKey{backoffInterface, iface}
 	if pool != "" && (errors.Is(err, cloud.ErrSubnetFull) || errors.Is(err, cloud.ErrThrottled)) {
-		key = "pool/" + pool
+		key = backoffKey{backoffPool, pool}
 	}
 	now := time.Now()
 	c.mu.Lock()
-	c.backoff.Next(key, now)
-	until := now.Add(c.backoff.Get(key))
+	c.backoff.Next(key.String(), now)
+	until := now.Add(c.backoff.Get(key.String()))
 	c.backoffUntil[key] = until
 	msg := err.Error()
 	if len(msg) > 200 {
@@ -577,7 +608,7 @@ func (c *Cloud) failed(ctx context.Context, action, pool, iface string, err erro
 }
 
 // call runs one provider call with its metrics.
-func (c *Cloud) call(ctx context.Context, action string, f func() error) error {
+func (c *CloudActuator) call(ctx context.Context, action string, f func() error) error {
 	start := time.Now()
 	err := f()
 	cloudCallDuration.WithLabelValues(action).Observe(time.Since(start).Seconds())
@@ -606,7 +637,7 @@ func (c *Cloud) call(ctx context.Context, action string, f func() error) error {
 	return err
 }
 
-func (c *Cloud) notify() {
+func (c *CloudActuator) notify() {
 	select {
 	case c.Events <- event.GenericEvent{Object: &corev1.Node{}}:
 	default:
@@ -614,7 +645,7 @@ func (c *Cloud) notify() {
 }
 
 // nextBackoff is how long until the earliest backoff ends, or 0.
-func (c *Cloud) nextBackoff(now time.Time) time.Duration {
+func (c *CloudActuator) nextBackoff(now time.Time) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var d time.Duration

@@ -23,7 +23,7 @@ const (
 	actionDisassociate = "Disassociate"
 )
 
-// eipView is what the Cloud last read of one pool's Elastic IPs.
+// eipView is what the CloudActuator last read of one pool's Elastic IPs.
 type eipView struct {
 	// IPs are the allocations found (by ID or by tag).
 	IPs []cloud.ElasticIP
@@ -33,7 +33,7 @@ type eipView struct {
 	Err string
 }
 
-// eipOp is one Elastic IP call for the Cloud to run.
+// eipOp is one Elastic IP call for the CloudActuator to run.
 type eipOp struct {
 	Pool, AllocationID string
 	// Associate with InterfaceID/Private, or (false) disassociate
@@ -145,7 +145,7 @@ func planElasticIPs(view eipView, wants []eipWant, ours func(netip.Addr) bool, b
 
 // refreshElasticIPs reads the Elastic IPs of every pool that names some,
 // one provider call per pool.
-func (c *Cloud) refreshElasticIPs(ctx context.Context, pools []v1.ExternalIPPool) {
+func (c *CloudActuator) refreshElasticIPs(ctx context.Context, pools []v1.ExternalIPPool) {
 	prov, ok := c.cfg.Provider.(cloud.ElasticIPs)
 	if !ok {
 		return
@@ -185,7 +185,7 @@ func (c *Cloud) refreshElasticIPs(ctx context.Context, pools []v1.ExternalIPPool
 
 // runElasticIPs runs the pass's Elastic IP calls, each in the background,
 // one at a time per allocation.
-func (c *Cloud) runElasticIPs(ctx context.Context, ops []eipOp) {
+func (c *CloudActuator) runElasticIPs(ctx context.Context, ops []eipOp) {
 	prov, ok := c.cfg.Provider.(cloud.ElasticIPs)
 	if !ok {
 		return

@@ -39,14 +39,14 @@ func ownInterfaces(p *v1.CloudPool) bool {
 	return p != nil && p.AWS != nil && p.AWS.Interfaces() == v1.AWSOwnInterfaces
 }
 
-// eniCreate asks the Cloud to create one interface for a pool on a Node
+// eniCreate asks the CloudActuator to create one interface for a pool on a Node
 // and attach it.
 type eniCreate struct {
 	Pool, Node, InstanceID, SubnetID string
 	Groups                           []string
 }
 
-// eniDelete asks the Cloud to detach (when attached) and delete one of its
+// eniDelete asks the CloudActuator to detach (when attached) and delete one of its
 // interfaces.
 type eniDelete struct {
 	Pool, Node, InterfaceID, AttachmentID string

@@ -65,7 +65,7 @@ func heldMessage(ip netip.Addr, what string, h heldAddr) string {
 // included (a Pod IP on the Node's interface), is dropped and recorded in
 // c.held (the next pass puts it in a condition). A failed
 // look-up fails the jobs it covered: nothing is attached blind.
-func (c *Cloud) screen(ctx context.Context, jobs []cloudJob) []cloudJob {
+func (c *CloudActuator) screen(ctx context.Context, jobs []cloudJob) []cloudJob {
 	lookup, ok := c.cfg.Provider.(cloud.AddressLookup)
 	if !ok {
 		// A provider that cannot look addresses up (test doubles):
@@ -150,7 +150,7 @@ func (c *Cloud) screen(ctx context.Context, jobs []cloudJob) []cloudJob {
 
 // dropAttaching undoes Run's bookkeeping for an address screen removed
 // from a job; c.mu is held.
-func (c *Cloud) dropAttaching(j *cloudJob, ip netip.Addr) {
+func (c *CloudActuator) dropAttaching(j *cloudJob, ip netip.Addr) {
 	if c.attaching[ip] == j.node {
 		delete(c.attaching, ip)
 	}
@@ -165,7 +165,7 @@ func (c *Cloud) dropAttaching(j *cloudJob, ip netip.Addr) {
 // recheckHeld looks the held addresses up again (one call per subnet) and
 // forgets those nobody holds any more, so that the next pass attaches
 // them; it runs with each Refresh.
-func (c *Cloud) recheckHeld(ctx context.Context) {
+func (c *CloudActuator) recheckHeld(ctx context.Context) {
 	lookup, ok := c.cfg.Provider.(cloud.AddressLookup)
 	if !ok {
 		return
@@ -244,7 +244,7 @@ func interfaceSubnet(ifc cloud.Interface, id string) string {
 // it was put there by egressip, so a look-up finding an address there
 // finds it ours. A Node's primary interface and the VPC CNI's interfaces
 // never are. c.mu is held.
-func (c *Cloud) ownInterface(id string) bool {
+func (c *CloudActuator) ownInterface(id string) bool {
 	if id == "" {
 		return false
 	}
@@ -260,7 +260,7 @@ func (c *Cloud) ownInterface(id string) bool {
 // without reassignment (cloud.AddressLookup.AssignFree), then the moves
 // from our other interfaces with it (Provider.Assign); one call each, on
 // the job's interface.
-func (c *Cloud) assignNamed(ctx context.Context, j cloudJob) error {
+func (c *CloudActuator) assignNamed(ctx context.Context, j cloudJob) error {
 	if j.err != nil {
 		return j.err
 	}

@@ -90,7 +90,7 @@ func tagOthers(ifaces map[string]cloud.Interface, tagged []cloud.ENI) {
 // readOwn lists the interfaces tagged with our cluster and describes the
 // subnets of the OwnInterfaces pools. ok is false when the provider cannot
 // manage interfaces or the listing failed (the last one is kept).
-func (c *Cloud) readOwn(ctx context.Context) (tagged []cloud.ENI, subnets map[string]cloud.Subnet, subnetErr map[string]string, ok bool) {
+func (c *CloudActuator) readOwn(ctx context.Context) (tagged []cloud.ENI, subnets map[string]cloud.Subnet, subnetErr map[string]string, ok bool) {
 	im, can := c.cfg.Provider.(cloud.InterfaceManager)
 	if !can {
 		return nil, nil, nil, false
@@ -142,7 +142,7 @@ func (c *Cloud) readOwn(ctx context.Context) (tagged []cloud.ENI, subnets map[st
 // runENIJobs creates and attaches, or detaches and deletes, our
 // interfaces in the background; each completed job asks for a re-read and
 // a pass.
-func (c *Cloud) runENIJobs(ctx context.Context, out *cloudOutput) {
+func (c *CloudActuator) runENIJobs(ctx context.Context, out *cloudOutput) {
 	im, ok := c.cfg.Provider.(cloud.InterfaceManager)
 	if !ok {
 		return
@@ -152,7 +152,7 @@ func (c *Cloud) runENIJobs(ctx context.Context, out *cloudOutput) {
 	now := time.Now()
 	for _, cr := range out.CreateENIs {
 		k := cr.Node + "/" + cr.Pool
-		if c.creating[k] || now.Before(c.backoffUntil["create/"+cr.Pool]) {
+		if c.creating[k] || now.Before(c.backoffUntil[backoffKey{backoffCreate, cr.Pool}]) {
 			continue
 		}
 		c.creating[k] = true
@@ -160,7 +160,7 @@ func (c *Cloud) runENIJobs(ctx context.Context, out *cloudOutput) {
 	}
 	var deletes []eniDelete
 	for _, d := range out.DeleteENIs {
-		if c.busy[d.InterfaceID] || now.Before(c.backoffUntil["delete/"+d.InterfaceID]) {
+		if c.busy[d.InterfaceID] || now.Before(c.backoffUntil[backoffKey{backoffDelete, d.InterfaceID}]) {
 			continue
 		}
 		c.busy[d.InterfaceID] = true
@@ -195,7 +195,7 @@ func nextDevice(used []int) int {
 	}
 }
 
-func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eniCreate, device int) {
+func (c *CloudActuator) createENI(ctx context.Context, im cloud.InterfaceManager, cr eniCreate, device int) {
 	k := cr.Node + "/" + cr.Pool
 	defer func() {
 		c.mu.Lock()
@@ -215,7 +215,7 @@ func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eni
 		return err
 	})
 	if err != nil {
-		c.poolFailed(ctx, cr.Pool, "create/"+cr.Pool, fmt.Errorf("creating a network interface in %s for Node %s: %w", cr.SubnetID, cr.Node, err))
+		c.poolFailed(ctx, cr.Pool, backoffKey{backoffCreate, cr.Pool}, fmt.Errorf("creating a network interface in %s for Node %s: %w", cr.SubnetID, cr.Node, err))
 		return
 	}
 	c.mu.Lock()
@@ -234,10 +234,10 @@ func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eni
 		// Do not leave it behind: delete it now (the collector would
 		// later anyway).
 		_ = c.call(ctx, actionDeleteENI, func() error { return im.DeleteInterface(ctx, eni.ID, "") })
-		c.poolFailed(ctx, cr.Pool, "create/"+cr.Pool, fmt.Errorf("attaching network interface %s to Node %s (instance %s) at device index %d: %w", eni.ID, cr.Node, cr.InstanceID, device, err))
+		c.poolFailed(ctx, cr.Pool, backoffKey{backoffCreate, cr.Pool}, fmt.Errorf("attaching network interface %s to Node %s (instance %s) at device index %d: %w", eni.ID, cr.Node, cr.InstanceID, device, err))
 		return
 	}
-	c.succeeded("create/" + cr.Pool)
+	c.succeeded(backoffKey{backoffCreate, cr.Pool})
 	c.mu.Lock()
 	delete(c.poolError, cr.Pool)
 	// In the view at once, so that the next create on this instance picks
@@ -252,7 +252,7 @@ func (c *Cloud) createENI(ctx context.Context, im cloud.InterfaceManager, cr eni
 	log.FromContext(ctx).Info("attached a network interface of our own", "pool", cr.Pool, "node", cr.Node, "interface", eni.ID, "deviceIndex", device)
 }
 
-func (c *Cloud) deleteENI(ctx context.Context, im cloud.InterfaceManager, d eniDelete) {
+func (c *CloudActuator) deleteENI(ctx context.Context, im cloud.InterfaceManager, d eniDelete) {
 	defer func() {
 		c.mu.Lock()
 		delete(c.busy, d.InterfaceID)
@@ -261,18 +261,19 @@ func (c *Cloud) deleteENI(ctx context.Context, im cloud.InterfaceManager, d eniD
 	}()
 	err := c.call(ctx, actionDeleteENI, func() error { return im.DeleteInterface(ctx, d.InterfaceID, d.AttachmentID) })
 	if err != nil && !errors.Is(err, cloud.ErrNotFound) {
-		c.poolFailed(ctx, d.Pool, "delete/"+d.InterfaceID, fmt.Errorf("deleting network interface %s (%s): %w", d.InterfaceID, d.Why, err))
+		c.poolFailed(ctx, d.Pool, backoffKey{backoffDelete, d.InterfaceID}, fmt.Errorf("deleting network interface %s (%s): %w", d.InterfaceID, d.Why, err))
 		return
 	}
-	c.succeeded("delete/" + d.InterfaceID)
+	c.succeeded(backoffKey{backoffDelete, d.InterfaceID})
 	log.FromContext(ctx).Info("deleted a network interface of our own", "pool", d.Pool, "node", d.Node, "interface", d.InterfaceID, "why", d.Why)
 }
 
 // poolFailed records a pool's interface error for its condition and backs
-// off the key ("create/<pool>" or "delete/<interface>") exponentially
+// off the key (backoffCreate for the pool, or backoffDelete for the
+// interface) exponentially
 // (CloudConfig.BackoffInitial doubling to BackoffMax), so that a missing
 // permission or a bad security group is not retried on every pass.
-func (c *Cloud) poolFailed(ctx context.Context, pool, key string, err error) {
+func (c *CloudActuator) poolFailed(ctx context.Context, pool string, key backoffKey, err error) {
 	msg := err.Error()
 	if len(msg) > 400 {
 		msg = msg[:400] + "..."
@@ -280,18 +281,18 @@ func (c *Cloud) poolFailed(ctx context.Context, pool, key string, err error) {
 	now := time.Now()
 	c.mu.Lock()
 	c.poolError[pool] = msg
-	c.backoff.Next(key, now)
-	until := now.Add(c.backoff.Get(key))
+	c.backoff.Next(key.String(), now)
+	until := now.Add(c.backoff.Get(key.String()))
 	c.backoffUntil[key] = until
 	c.mu.Unlock()
 	log.FromContext(ctx).Info("network interface call failed; backing off", "pool", pool, "until", until, "err", err)
 }
 
 // succeeded clears a backoff key after a successful interface call.
-func (c *Cloud) succeeded(key string) {
+func (c *CloudActuator) succeeded(key backoffKey) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.backoff.Reset(key)
+	c.backoff.Reset(key.String())
 	delete(c.backoffUntil, key)
 }
 
@@ -319,7 +320,7 @@ func lateFacts(nodes []corev1.Node, ci *cloudInput) []string {
 // askLate asks for a re-read for each late fact not asked for before
 // (each fact once, so that a Node the cloud does not know, e.g. a
 // Fargate one, costs one re-read, not one per pass).
-func (c *Cloud) askLate(keys []string) {
+func (c *CloudActuator) askLate(keys []string) {
 	c.mu.Lock()
 	fresh := false
 	for _, k := range keys {
@@ -341,7 +342,7 @@ func (c *Cloud) askLate(keys []string) {
 }
 
 // reread asks the refresher for a re-read now (which notifies a pass).
-func (c *Cloud) reread() {
+func (c *CloudActuator) reread() {
 	select {
 	case c.refreshNow <- struct{}{}:
 	default:

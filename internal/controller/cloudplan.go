@@ -25,12 +25,9 @@ const (
 	// ReasonAttaching: Assigned=False while the cloud attaches the address
 	// to the chosen Node's interface.
 	ReasonAttaching = "Attaching"
-	// ReasonCloudDisabled: the pool is cloud-backed but the controller runs
-	// without a cloud provider.
-	ReasonCloudDisabled = "CloudProviderDisabled"
 )
 
-// cloudInput is the cloud side of a pass, read from the Cloud's memory.
+// cloudInput is the cloud side of a pass, read from the CloudActuator's memory.
 // Everything here is a snapshot; plan does not modify it.
 type cloudInput struct {
 	// Now is the pass's time (cooldowns, spacing, backoffs).
@@ -102,7 +99,7 @@ type cloudInput struct {
 	EIPs map[string]eipView
 }
 
-// cloudOp is one named-address attach for the Cloud to run: every address
+// cloudOp is one named-address attach for the CloudActuator to run: every address
 // for one interface in one call.
 type cloudOp struct {
 	Node, InterfaceID string
@@ -110,7 +107,7 @@ type cloudOp struct {
 	// From maps the addresses that are ours now (attached for an Egress
 	// or warm, on a known interface) to the interface holding them: only
 	// those may be taken with reassignment. Every other address must be
-	// free when the Cloud looks it up.
+	// free when the CloudActuator looks it up.
 	From map[netip.Addr]string
 }
 
@@ -163,7 +160,7 @@ type cloudOutput struct {
 	// Allocations maps every cloud-pool Egress with an address to it.
 	Allocations map[string]netip.Addr
 	// HeldWanted are the held addresses (cloudInput.Held) an Egress or a
-	// pool's ipRanges still ask for; the Cloud forgets the others.
+	// pool's ipRanges still ask for; the CloudActuator forgets the others.
 	HeldWanted map[netip.Addr]bool
 	// EIPOps are the Elastic IP calls of the pass.
 	EIPOps []eipOp

@@ -27,7 +27,7 @@ var (
 	descEgresses = prometheus.NewDesc("egressip_controller_egresses",
 		"Egresses by state: Ready (bound and announced), Assigned (on a Node, not yet announced), Unassigned (IP but no Node), NoIP.",
 		[]string{"state"}, nil)
-	descPoolTotal = prometheus.NewDesc("egressip_controller_pool_ips_total",
+	descPoolTotal = prometheus.NewDesc("egressip_controller_pool_ips_allocatable",
 		"Allocatable IPs of an ExternalIPPool (status.usage.total).", []string{labelPool}, nil)
 	descPoolUsed = prometheus.NewDesc("egressip_controller_pool_ips_used",
 		"IPs of an ExternalIPPool allocated to Egresses (status.usage.used).", []string{labelPool}, nil)

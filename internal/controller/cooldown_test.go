@@ -150,9 +150,9 @@ func TestCooldownSamePassPlan(t *testing.T) {
 			if po.Plan.Recheck != tc.want.recheck {
 				t.Errorf("recheck %v, want %v", po.Plan.Recheck, tc.want.recheck)
 			}
-			// The cooldown the Cloud records for a released address is
+			// The cooldown the CloudActuator records for a released address is
 			// warm.Cooldown from the pass's time.
-			c := NewCloud(nil, CloudConfig{Provider: nil})
+			c := NewCloudActuator(nil, CloudConfig{Provider: nil})
 			c.remember(out.Cloud, tc.ci().Now)
 			for _, ip := range tc.want.released {
 				if until := c.cool[ip]; until != tc.ci().Now.Add(warm.Cooldown) {

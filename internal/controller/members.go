@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -38,20 +36,6 @@ import (
 // membersKey is the single work item of the member publication: every Pod,
 // Namespace, Egress, pool or slice event coalesces into one pending pass.
 var membersKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "egressip-member-slices"}}
-
-var sliceWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
-	Name: "egressip_controller_member_slice_writes_total",
-	Help: "EgressMemberSlice writes, by operation (create, update, delete) and result (ok, conflict, error).",
-}, []string{"op", labelResult})
-
-func init() {
-	metrics.Registry.MustRegister(sliceWrites)
-	for _, op := range []string{"create", "update", "delete"} {
-		for _, res := range []string{resultOK, resultConflict, resultError} {
-			sliceWrites.WithLabelValues(op, res)
-		}
-	}
-}
 
 // CacheOptions are the controller manager's cache options: Pods are cached
 // through selection.StripPod and every object without its managedFields.

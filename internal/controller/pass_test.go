@@ -452,7 +452,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"egressip_controller_status_writes_total",
 		"egressip_controller_invalid_capacity_annotations",
 		`egressip_controller_egresses{state="Ready"}`,
-		`egressip_controller_pool_ips_total{pool="metrics"} 14`,
+		`egressip_controller_pool_ips_allocatable{pool="metrics"} 14`,
 		`egressip_controller_pool_ips_used{pool="metrics"} 1`,
 		`egressip_controller_node_capacity_ips{node="metrics-n1"} 10`,
 		`egressip_controller_node_assigned_ips{node="metrics-n1"}`,

@@ -1,6 +1,3 @@
-// Package controller holds egressip-controller's reconcilers: one scheduling
-// pass over every Egress (allocation, placement, status) and the liveness
-// poller that tells the pass which agents are alive and what they have bound.
 package controller
 
 import (
@@ -10,11 +7,9 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -29,7 +24,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/recorder"
@@ -44,64 +38,6 @@ import (
 // agent liveness) is coalesced into one pending pass.
 var passKey = reconcile.Request{NamespacedName: types.NamespacedName{Name: "egressip-scheduling-pass"}}
 
-// Label names and values several of the controller's metrics share.
-const (
-	labelResult    = "result"
-	labelPool      = "pool"
-	resultOK       = "ok"
-	resultConflict = "conflict"
-	resultError    = "error"
-
-	kindEgress         = "Egress"
-	kindExternalIPPool = "ExternalIPPool"
-)
-
-var (
-	passDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "egressip_controller_schedule_pass_duration_seconds",
-		Help:    "Duration of one scheduling pass (read cache, allocate, schedule, write changed statuses), in seconds.",
-		Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
-	})
-	movesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "egressip_controller_moves_total",
-		Help: "Egress IPs that left a Node, by reason (NodeRemoved, NodeIneligible/<why>, NodeNotInPool, CapacityReduced, ...).",
-	}, []string{"reason"})
-	unplacedEgresses = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "egressip_controller_unplaced_egresses",
-		Help: "Egresses without an egress Node after the last pass, by reason.",
-	}, []string{"reason"})
-	statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "egressip_controller_status_writes_total",
-		Help: "Status patches issued, by kind (Egress, ExternalIPPool) and result (ok, conflict, error).",
-	}, []string{"kind", labelResult})
-	invalidCapacity = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "egressip_controller_invalid_capacity_annotations",
-		Help: "Nodes whose egressip.io/max-egress-ips annotation is invalid (the default capacity applies).",
-	})
-	conflictEgresses = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "egressip_controller_ip_conflicts",
-		Help: "Egresses whose condition Conflict is True after the last pass: the agent of the egress Node sees another host answer for the egress IP.",
-	})
-	conflictEvents = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "egressip_controller_ip_conflict_events_total",
-		Help: "DuplicateIP Warning Events recorded on Egresses (a conflict started, or the other MACs changed).",
-	})
-)
-
-func init() {
-	metrics.Registry.MustRegister(passDuration, movesTotal, unplacedEgresses, statusWrites, invalidCapacity, conflictEgresses, conflictEvents)
-	// Start the common series at zero so dashboards see them before the
-	// first move or write.
-	for _, r := range []string{scheduler.MoveNodeRemoved, scheduler.MoveNodeIneligible, scheduler.MoveNodeNotInPool, scheduler.MoveCapacityReduced} {
-		movesTotal.WithLabelValues(r)
-	}
-	for _, k := range []string{kindEgress, kindExternalIPPool} {
-		for _, res := range []string{resultOK, resultConflict, resultError} {
-			statusWrites.WithLabelValues(k, res)
-		}
-	}
-}
-
 // PassReconciler runs the scheduling pass.
 type PassReconciler struct {
 	Client   client.Client
@@ -109,7 +45,7 @@ type PassReconciler struct {
 	Liveness *Liveness
 	Config   PassConfig
 	// Cloud serves cloud-backed pools; nil without a cloud provider.
-	Cloud *Cloud
+	Cloud *CloudActuator
 	// WriteParallelism bounds concurrent status patches. Default 16.
 	WriteParallelism int
 	// APIReader reads the API server without the cache (consistent
@@ -141,6 +77,11 @@ type PassReconciler struct {
 // Reconcile runs one pass. It returns an error (and is retried with backoff)
 // when it cannot read the cache or some status writes failed; the writes
 // that succeeded stay.
+//
+// The steps: read the cache (and wait for it to show this controller's
+// writes), plan (a pure function), hand the cloud its calls, export the
+// pass's metrics, write the statuses and finalizers that changed, and tell
+// the liveness poller which releases to ask of the agents.
 func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	start := time.Now()
 	defer func() { passDuration.Observe(time.Since(start).Seconds()) }()
@@ -190,59 +131,125 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	for _, n := range out.Awaited {
 		r.Liveness.Expedite(n)
 	}
+	setPassMetrics(&out)
+
+	ew := r.egressWrites(egs.Items, &out)
+	writes := append(ew.writes, r.poolWrites(pools.Items, &out)...)
+	errs, unknown := r.runWrites(ctx, writes)
+	for _, e := range ew.written {
+		if e != nil {
+			r.written.record(e)
+		}
+	}
+	r.Liveness.SetReleases(releaseInstructions(ew.final(egs.Items), nodes.Items, r.Liveness.State))
+	if unknown {
+		r.synced = false
+	}
+	if err := errors.Join(errs...); err != nil {
+		return reconcile.Result{}, err
+	}
+	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "duration", time.Since(start))
+	return result, nil
+}
+
+// setPassMetrics exports what a pass found: the unplaced Egresses by
+// reason (the common reasons at zero when none) and the conflicts.
+func setPassMetrics(out *passOutput) {
 	unplacedEgresses.Reset()
-	for _, reason := range []string{scheduler.ReasonNoEligibleNode, scheduler.ReasonCapacityExhausted, ReasonNotAssigned} {
+	for _, reason := range []string{scheduler.ReasonNoEligibleNode, scheduler.ReasonCapacityExhausted, ReasonPoolExhausted} {
 		unplacedEgresses.WithLabelValues(reason).Set(0)
 	}
 	for reason, n := range out.Unplaced {
 		unplacedEgresses.WithLabelValues(reason).Set(float64(n))
 	}
 	conflictEgresses.Set(float64(out.Conflicts))
+}
 
-	type write struct {
-		obj client.Object
-		do  func(context.Context) error
+// statusWrite is one patch a pass issues.
+type statusWrite struct {
+	obj client.Object
+	do  func(context.Context) error
+}
+
+// egressWriteSet are the Egress status patches of a pass: written holds
+// what each successful patch returned, patched marks the Egresses a patch
+// was attempted for (both indexed like the Egresses read).
+type egressWriteSet struct {
+	writes  []statusWrite
+	written []*v1.Egress
+	patched []bool
+}
+
+// final is what the API server holds now, as far as this pass knows: the
+// Egresses it wrote as returned, the others as read (a failed patch
+// leaves its Egress out: its state is unknown).
+func (w *egressWriteSet) final(egs []v1.Egress) []*v1.Egress {
+	final := make([]*v1.Egress, 0, len(egs))
+	for i := range egs {
+		switch {
+		case w.written[i] != nil:
+			final = append(final, w.written[i])
+		case !w.patched[i]:
+			final = append(final, &egs[i])
+		}
 	}
-	var writes []write
-	written := make([]*v1.Egress, len(egs.Items)) // what each successful patch returned
-	patched := make([]bool, len(egs.Items))       // a patch was attempted
-	for i := range egs.Items {
-		e := &egs.Items[i]
+	return final
+}
+
+// egressWrites are the status patches (with their Events and move
+// metrics) of the Egresses whose status the pass changed.
+func (r *PassReconciler) egressWrites(egs []v1.Egress, out *passOutput) *egressWriteSet {
+	w := &egressWriteSet{written: make([]*v1.Egress, len(egs)), patched: make([]bool, len(egs))}
+	for i := range egs {
+		e := &egs[i]
 		ch, ok := out.Egresses[e.Name]
 		if !ok || equality.Semantic.DeepEqual(e.Status, ch.Status) {
 			continue
 		}
-		patched[i] = true
-		writes = append(writes, write{obj: e, do: func(ctx context.Context) error {
+		w.patched[i] = true
+		w.writes = append(w.writes, statusWrite{obj: e, do: func(ctx context.Context) error {
 			patch := client.MergeFromWithOptions(e.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			e.Status = ch.Status
 			if err := r.Client.Status().Patch(ctx, e, patch); err != nil {
 				return err
 			}
-			written[i] = e.DeepCopy()
-			if ch.EventReason != "" {
-				r.Recorder.Eventf(e, nil, ch.EventType, ch.EventReason, "Schedule", "%s", ch.EventNote)
-			}
-			if ch.IPChangedNote != "" {
-				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, EventEgressIPChanged, "Allocate", "%s", ch.IPChangedNote)
-			}
-			if ch.SelectorEvent != "" {
-				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
-			}
-			if ch.ConflictEvent != "" {
-				r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1.ReasonDuplicateIP, "Probe", "%s", ch.ConflictEvent)
-				conflictEvents.Inc()
-			}
-			if ch.MoveReason != "" {
-				movesTotal.WithLabelValues(ch.MoveReason).Inc()
-			}
+			w.written[i] = e.DeepCopy()
+			r.recordChange(e, ch)
 			return nil
 		}})
 	}
-	for i := range pools.Items {
-		p := &pools.Items[i]
+	return w
+}
+
+// recordChange records the Events of a written Egress change and counts
+// its move.
+func (r *PassReconciler) recordChange(e *v1.Egress, ch egressChange) {
+	if ch.EventReason != "" {
+		r.Recorder.Eventf(e, nil, ch.EventType, ch.EventReason, "Schedule", "%s", ch.EventNote)
+	}
+	if ch.IPChangedNote != "" {
+		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, EventEgressIPChanged, "Allocate", "%s", ch.IPChangedNote)
+	}
+	if ch.SelectorEvent != "" {
+		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
+	}
+	if ch.ConflictEvent != "" {
+		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1.ReasonDuplicateIP, "Probe", "%s", ch.ConflictEvent)
+		conflictEvents.Inc()
+	}
+	if ch.MoveReason != "" {
+		movesTotal.WithLabelValues(ch.MoveReason).Inc()
+	}
+}
+
+// poolWrites are the finalizer patches of the pools whose protection
+// changes, else the status patches of the pools whose status changed.
+func (r *PassReconciler) poolWrites(pools []v1.ExternalIPPool, out *passOutput) []statusWrite {
+	var writes []statusWrite
+	for i := range pools {
+		p := &pools[i]
 		if want := out.Finalize[p.Name]; want != controllerutil.ContainsFinalizer(p, PoolFinalizer) {
-			writes = append(writes, write{obj: p, do: func(ctx context.Context) error {
+			writes = append(writes, statusWrite{obj: p, do: func(ctx context.Context) error {
 				patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
 				if want {
 					controllerutil.AddFinalizer(p, PoolFinalizer)
@@ -257,15 +264,23 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		if equality.Semantic.DeepEqual(p.Status, st) {
 			continue
 		}
-		writes = append(writes, write{obj: p, do: func(ctx context.Context) error {
+		writes = append(writes, statusWrite{obj: p, do: func(ctx context.Context) error {
 			patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			p.Status = st
 			return r.Client.Status().Patch(ctx, p, patch)
 		}})
 	}
+	return writes
+}
 
-	errs := make([]error, len(writes))
-	var unknown atomic.Bool
+// runWrites issues writes, WriteParallelism at a time, counting each
+// result. A conflict or a missing object is no error (the cache is
+// behind; the watch event that follows brings a new pass). unknown is set
+// when an Egress patch failed otherwise: it may have been applied all the
+// same.
+func (r *PassReconciler) runWrites(ctx context.Context, writes []statusWrite) (errs []error, unknown bool) {
+	errs = make([]error, len(writes))
+	var unsure atomic.Bool
 	par := r.WriteParallelism
 	if par <= 0 {
 		par = 16
@@ -281,43 +296,16 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		case err == nil:
 			statusWrites.WithLabelValues(kind, resultOK).Inc()
 		case apierrors.IsConflict(err) || apierrors.IsNotFound(err):
-			// The cache is behind; the watch event that follows brings a
-			// new pass with fresh objects.
 			statusWrites.WithLabelValues(kind, resultConflict).Inc()
 		default:
 			statusWrites.WithLabelValues(kind, resultError).Inc()
 			errs[i] = fmt.Errorf("patch status of %s %s: %w", kind, w.obj.GetName(), err)
 			if kind == kindEgress {
-				unknown.Store(true) // it may have been applied all the same
+				unsure.Store(true)
 			}
 		}
 	})
-	for _, e := range written {
-		if e != nil {
-			r.written.record(e)
-		}
-	}
-	// What the API server holds now, as far as this pass knows: the
-	// Egresses it wrote as returned, the others as read (a failed patch
-	// leaves its Egress out: its state is unknown).
-	final := make([]*v1.Egress, 0, len(egs.Items))
-	for i := range egs.Items {
-		switch {
-		case written[i] != nil:
-			final = append(final, written[i])
-		case !patched[i]:
-			final = append(final, &egs.Items[i])
-		}
-	}
-	r.Liveness.SetReleases(releaseInstructions(final, nodes.Items, r.Liveness.State))
-	if unknown.Load() {
-		r.synced = false
-	}
-	if err := errors.Join(errs...); err != nil {
-		return reconcile.Result{}, err
-	}
-	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "duration", time.Since(start))
-	return result, nil
+	return errs, unsure.Load()
 }
 
 // trackReleases keeps when each wait of waits began (now for new ones) and
@@ -529,98 +517,4 @@ func builderNodePredicate() builder.Predicates {
 			return !ok1 || !ok2 || nodeChanged(o, n)
 		},
 	})
-}
-
-// collector is registered once per process (the registry is global); each
-// Setup points it at the newest manager's cache.
-var (
-	collectorOnce sync.Once
-	collector     = &stateCollector{}
-)
-
-// Options are the controller's tunables, set by egressip-controller's flags.
-type Options struct {
-	Pass     PassConfig
-	Liveness LivenessConfig
-	// MaxMembersPerSlice bounds the members of one EgressMemberSlice;
-	// 0 means v1alpha1.MaxMembersPerSlice (100), also the largest allowed.
-	MaxMembersPerSlice int
-	// Cloud enables cloud-backed pools when Cloud.Provider is set.
-	Cloud CloudConfig
-	// AgentTLS, when set, secures the agent channel: the controller keeps
-	// the agent CA, signs the agents' certificates and polls them over
-	// mutual TLS (docs/security.md). nil polls over plain HTTP, for tests
-	// of the controller alone; egressip-controller always sets it.
-	AgentTLS *AgentTLSOptions
-	// beforePass is PassReconciler.beforePass (tests only).
-	beforePass func(context.Context, client.Reader)
-}
-
-// checkReleaseTimeout refuses a release timeout that cannot work with the
-// poll settings: the wait needs one poll to carry the instruction and
-// another to show the release, so it must last at least two poll
-// intervals. 0 (no limit) is accepted here, for tests of the pass;
-// egressip-controller refuses it (CheckFlags).
-func checkReleaseTimeout(t time.Duration, lc LivenessConfig) error {
-	lc.defaults()
-	switch {
-	case t < 0:
-		return fmt.Errorf("--release-timeout %v is negative", t)
-	case t > 0 && t < 2*lc.Interval:
-		return fmt.Errorf("--release-timeout %v must be at least twice --agent-poll-interval %v: one poll carries the release instruction, the next shows the release", t, lc.Interval)
-	}
-	return nil
-}
-
-// CheckFlags checks the timings egressip-controller was started with
-// against each other, as Setup does, and also refuses a release timeout of
-// 0 (the wait for a release must end). The error names both flags.
-func CheckFlags(o Options) error {
-	if o.Pass.ReleaseTimeout <= 0 {
-		return fmt.Errorf("--release-timeout %v must be positive (at least twice --agent-poll-interval)", o.Pass.ReleaseTimeout)
-	}
-	return checkReleaseTimeout(o.Pass.ReleaseTimeout, o.Liveness)
-}
-
-// Setup registers the scheduling pass, the agent liveness poller and the
-// member slice publication with mgr; mgr's cache should be built with
-// CacheOptions (Pods stripped). They run only on the elected leader.
-func Setup(mgr ctrl.Manager, o Options) error {
-	if o.Pass.DefaultCapacity <= 0 {
-		return fmt.Errorf("default capacity must be positive, got %d", o.Pass.DefaultCapacity)
-	}
-	if err := checkReleaseTimeout(o.Pass.ReleaseTimeout, o.Liveness); err != nil {
-		return err
-	}
-	if o.MaxMembersPerSlice < 0 || o.MaxMembersPerSlice > v1.MaxMembersPerSlice {
-		return fmt.Errorf("members per slice must be between 1 and %d, got %d", v1.MaxMembersPerSlice, o.MaxMembersPerSlice)
-	}
-	collectorOnce.Do(func() { metrics.Registry.MustRegister(collector) })
-	collector.set(mgr.GetCache(), o.Pass.DefaultCapacity)
-	rec := mgr.GetEventRecorder("egressip-controller")
-	if o.AgentTLS != nil {
-		tlsFor, err := setupAgentTLS(mgr, *o.AgentTLS, rec)
-		if err != nil {
-			return err
-		}
-		o.Liveness.TLS = tlsFor
-	}
-	l := NewLiveness(mgr.GetClient(), o.Liveness)
-	l.Recorder = rec
-	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, Liveness: l, Config: o.Pass, beforePass: o.beforePass}
-	if o.Cloud.Provider != nil {
-		r.Cloud = NewCloud(mgr.GetClient(), o.Cloud)
-	}
-	if err := r.SetupWithManager(mgr); err != nil {
-		return err
-	}
-	nd := &NodeDatapathReconciler{Client: mgr.GetClient(), Recorder: r.Recorder, Liveness: l}
-	if err := nd.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the Node datapath condition: %w", err)
-	}
-	m := &MembersReconciler{Client: mgr.GetClient(), MaxPerSlice: o.MaxMembersPerSlice}
-	if err := m.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up member slices: %w", err)
-	}
-	return nil
 }

@@ -1,0 +1,43 @@
+package controller
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// allocate is the allocation phase: every Egress keeps what its spec and
+// status already say where it may (poolKind.keep), then the rest get a
+// new address, oldest Egress first (poolKind.allocateNew). An Egress of a
+// missing or invalid pool gets none, and a condition saying why.
+func (p *pass) allocate() {
+	keeper := statusKeepers(p.egs)
+	p.keeps = func(i int, ip netip.Addr) bool { k, ok := keeper[ip]; return !ok || k == i }
+	p.conflictHeld = map[netip.Addr]bool{}
+	for i := range p.egs {
+		e := &p.egs[i]
+		ps := p.pools[e.Spec.ExternalIPPool]
+		switch {
+		case ps == nil:
+			p.alloc[i].cond = allocatedCond(false, ReasonPoolNotFound, fmt.Sprintf("ExternalIPPool %q does not exist; create it or fix spec.externalIPPool", e.Spec.ExternalIPPool))
+		case ps.err != nil:
+			p.alloc[i].cond = allocatedCond(false, ReasonPoolInvalid, fmt.Sprintf("ExternalIPPool %q is invalid: %v", e.Spec.ExternalIPPool, ps.err))
+		case !ps.kind.keep(p, ps, i):
+			p.pending = append(p.pending, i)
+		}
+	}
+	for i := range p.in.Pools {
+		ps := p.pools[p.in.Pools[i].Name]
+		ps.kind.ready(p, ps)
+	}
+	for _, i := range p.pending {
+		ps := p.pools[p.egs[i].Spec.ExternalIPPool]
+		ps.kind.allocateNew(p, ps, i)
+	}
+}
+
+// allocated records that Egress i gets ip, msg being the IPAllocated
+// condition's message.
+func (p *pass) allocated(i int, ip netip.Addr, msg string) {
+	p.alloc[i].ip = ip
+	p.alloc[i].cond = allocatedCond(true, ReasonAllocated, msg)
+}
