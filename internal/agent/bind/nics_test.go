@@ -36,7 +36,7 @@ func TestDeviceMACs(t *testing.T) {
 		&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cni0", HardwareAddr: mac(t, "0a:00:00:00:00:11")}},
 		&netlink.Macvlan{LinkAttrs: netlink.LinkAttrs{Name: "mv0", HardwareAddr: mac(t, "0a:00:00:00:00:12")}},
 		&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "ib0", HardwareAddr: make(net.HardwareAddr, 20)}}, // not Ethernet
-		nic("bond-port", "0a:00:00:00:00:01"),                                                             // same MAC twice
+		nic("bond-port", "0a:00:00:00:00:01"), // same MAC twice
 	}
 	if got, want := bind.DeviceMACs(links, 32), []string{"0a:00:00:00:00:01", "0a:00:00:00:00:02"}; !slices.Equal(got, want) {
 		t.Errorf("DeviceMACs = %v, want %v", got, want)
