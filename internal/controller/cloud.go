@@ -151,6 +151,9 @@ type Cloud struct {
 	poolError map[string]string
 	// lateAsked are the late facts a re-read was asked for (askLate).
 	lateAsked map[string]bool
+	// nicAsked is, per Node, the NIC list its agent reported that differs
+	// from the cloud view and the re-reads asked for it (nicsReported).
+	nicAsked map[string]nicAsk
 }
 
 // NewCloud returns a Cloud over cfg.Provider, which must not be nil.
@@ -180,6 +183,7 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		creating:      map[string]bool{},
 		poolError:     map[string]string{},
 		lateAsked:     map[string]bool{},
+		nicAsked:      map[string]nicAsk{},
 	}
 }
 
@@ -272,6 +276,11 @@ func (c *Cloud) Refresh(ctx context.Context) error {
 		c.subnets, c.subnetErr = subnets, subnetErr
 	}
 	c.ifaces, c.ready = got, true
+	for n := range c.nicAsked {
+		if _, ok := got[n]; !ok {
+			delete(c.nicAsked, n) // the Node or its instance is gone
+		}
+	}
 	for ip, ifc := range c.ours {
 		if holdingInterface(got, ip) != ifc {
 			delete(c.ours, ip) // detached or taken by someone else since

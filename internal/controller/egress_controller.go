@@ -549,6 +549,9 @@ type Options struct {
 	Cloud CloudConfig
 	// beforePass is PassReconciler.beforePass (tests only).
 	beforePass func(context.Context, client.Reader)
+	// onCloud, when set (tests only), receives the Cloud that Setup
+	// creates, so that a test can read the controller's cloud view.
+	onCloud func(*Cloud)
 }
 
 // checkReleaseTimeout refuses a release timeout that cannot work with the
@@ -596,6 +599,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: mgr.GetEventRecorder("egressip-controller"), Liveness: l, Config: o.Pass, beforePass: o.beforePass}
 	if o.Cloud.Provider != nil {
 		r.Cloud = NewCloud(mgr.GetClient(), o.Cloud)
+		l.onNICs(r.Cloud.nicsReported)
+		if o.onCloud != nil {
+			o.onCloud(r.Cloud)
+		}
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
