@@ -152,8 +152,11 @@ type Cloud struct {
 	// lateAsked are the late facts a re-read was asked for (askLate).
 	lateAsked map[string]bool
 	// nicAsked is, per Node, the NIC list its agent reported that differs
-	// from the cloud view and the re-reads asked for it (nicsReported).
-	nicAsked map[string]nicAsk
+	// from the cloud view and the re-reads asked for it (nicsReported);
+	// nicPending are the Nodes whose re-read nicNow asks for.
+	nicAsked   map[string]nicAsk
+	nicPending map[string]bool
+	nicNow     chan struct{}
 }
 
 // NewCloud returns a Cloud over cfg.Provider, which must not be nil.
@@ -184,6 +187,8 @@ func NewCloud(reader client.Reader, cfg CloudConfig) *Cloud {
 		poolError:     map[string]string{},
 		lateAsked:     map[string]bool{},
 		nicAsked:      map[string]nicAsk{},
+		nicPending:    map[string]bool{},
+		nicNow:        make(chan struct{}, 1),
 	}
 }
 
@@ -215,11 +220,25 @@ func (c *Cloud) Start(ctx context.Context) error {
 			}
 			continue
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-c.refreshNow:
+		// Wait for the next full refresh; meanwhile re-read the Nodes
+		// whose NICs changed (nicsReported), each time only those.
+		for full := false; !full; {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				full = true
+			case <-c.refreshNow:
+				full = true
+			case <-c.nicNow:
+				c.mu.Lock()
+				names := slices.Sorted(maps.Keys(c.nicPending))
+				clear(c.nicPending)
+				c.mu.Unlock()
+				if err := c.refreshNodes(ctx, names); err != nil && ctx.Err() == nil {
+					log.FromContext(ctx).Error(err, "re-reading the interfaces of Nodes whose NICs changed failed", "nodes", names)
+				}
+			}
 		}
 	}
 }

@@ -75,12 +75,18 @@ func TestCloudForeignInterfaceSeen(t *testing.T) {
 			t.Fatal(err)
 		}
 		start := time.Now()
+		instBefore, eniBefore := ec.emu.Calls("DescribeInstances"), ec.emu.Calls("DescribeNetworkInterfaces")
 		cl.agents[node].setNICs([]string{ec.mac(t, in.PrimaryInterface), ec.mac(t, foreign)})
 		cl.eventually("the CNI's interface in the controller's view", func() (bool, string) {
 			ifc, _ := c.view(node)
 			return slices.ContainsFunc(ifc.Others, func(e cloud.ENI) bool { return e.ID == foreign }), "others: " + eniIDs(ifc.Others)
 		})
 		t.Logf("FIGURE attached interface in the view %v after the agent listed it (periodic re-read: 10 min)", time.Since(start).Round(time.Millisecond))
+		// One call re-read that Node's instance; no full refresh (which
+		// would also list our interfaces by tag).
+		if n, m := ec.emu.Calls("DescribeInstances")-instBefore, ec.emu.Calls("DescribeNetworkInterfaces")-eniBefore; n != 1 || m != 0 {
+			t.Fatalf("%d DescribeInstances and %d DescribeNetworkInterfaces calls for the re-read, want 1 and 0: %v", n, m, ec.emu.Counts())
+		}
 		// The instance's interface slots are all taken now: an Egress
 		// waits, and the controller does not even try to create one.
 		cl.ownPool("fnat", ownPool(ec, 0, nil))
@@ -133,7 +139,7 @@ func TestCloudNICRereadsBounded(t *testing.T) {
 	c.ifaces["n1"] = cloud.Interface{ID: "eni-1", MAC: "0a:00:00:00:00:01", Others: []cloud.ENI{{ID: "eni-2", MAC: "0a:00:00:00:00:02"}}}
 	asked := func() bool {
 		select {
-		case <-c.refreshNow:
+		case <-c.nicNow:
 			return true
 		default:
 			return false

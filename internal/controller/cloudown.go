@@ -11,6 +11,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
@@ -420,16 +422,95 @@ func (c *Cloud) nicsReported(node string, nics []string) {
 	a.next = now.Add(nicRereadSpacing << a.tries)
 	a.tries++
 	c.nicAsked[node] = a
+	c.nicPending[node] = true
 	ctx := c.runCtx
 	c.mu.Unlock()
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	log.FromContext(ctx).V(1).Info("a Node's NICs differ from the cloud view; re-reading", "node", node, "nics", nics, "view", viewMACs(ifc), "try", a.tries)
+	log.FromContext(ctx).V(1).Info("a Node's NICs differ from the cloud view; re-reading its interfaces", "node", node, "nics", nics, "view", viewMACs(ifc), "try", a.tries)
 	select {
-	case c.refreshNow <- struct{}{}:
+	case c.nicNow <- struct{}{}:
 	default:
 	}
+}
+
+// refreshNodes re-reads the interfaces of the named Nodes only (one
+// DescribeInstances call per 200 instances, filtered to theirs) and merges
+// them into the view as Refresh does: our own recent calls the read does
+// not show yet stay (the overlay), interface tags come from the last
+// listing by tag, or from the view for an interface that listing predates
+// (one we just attached), and a pass is triggered when a Node's view
+// changed. A Node gone or without a providerID is skipped. Errors are
+// those of reading the Nodes or, when nothing was read, the cloud.
+func (c *Cloud) refreshNodes(ctx context.Context, names []string) error {
+	ids := make(map[string]string, len(names))
+	for _, n := range names {
+		var node corev1.Node
+		if err := c.reader.Get(ctx, client.ObjectKey{Name: n}, &node); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return fmt.Errorf("get Node %s: %w", n, err)
+		}
+		if pid := node.Spec.ProviderID; pid != "" {
+			ids[n] = pid
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	var got map[string]cloud.Interface
+	err := c.call(ctx, actionInterfaces, func() error {
+		var err error
+		got, err = c.cfg.Provider.Interfaces(ctx, ids)
+		return err
+	})
+	if got == nil {
+		return fmt.Errorf("read the interfaces of %d Nodes: %w", len(ids), err)
+	}
+	now := time.Now()
+	c.mu.Lock()
+	for ip, o := range c.overlay {
+		if !now.After(o.deadline) {
+			placeIP(got, ip, o.iface, o.node != "")
+		}
+	}
+	tagOthers(got, c.tagged)
+	changed := false
+	for n := range ids {
+		ifc, ok := got[n]
+		prev, had := c.ifaces[n]
+		if !ok {
+			if had {
+				delete(c.ifaces, n) // terminated, or no longer an instance
+				changed = true
+			}
+			continue
+		}
+		for i, o := range ifc.Others {
+			if o.Tags != nil {
+				continue
+			}
+			if j := slices.IndexFunc(prev.Others, func(p cloud.ENI) bool { return p.ID == o.ID }); j >= 0 {
+				ifc.Others[i].Tags = prev.Others[j].Tags
+			}
+		}
+		if !had || !sameInterface(prev, ifc) {
+			changed = true
+		}
+		c.ifaces[n] = ifc
+	}
+	for ip, ifc := range c.ours {
+		if holdingInterface(c.ifaces, ip) != ifc {
+			delete(c.ours, ip)
+		}
+	}
+	c.mu.Unlock()
+	if changed {
+		c.notify()
+	}
+	return nil
 }
 
 // view returns the controller's cloud view of node (a copy) and whether
