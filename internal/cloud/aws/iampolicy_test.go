@@ -86,8 +86,8 @@ func TestIAMPolicyCoversProvider(t *testing.T) {
 
 	want := map[string]bool{}
 	api := reflect.TypeFor[ec2API]()
-	for i := range api.NumMethod() {
-		name := api.Method(i).Name
+	for m := range api.Methods() {
+		name := m.Name
 		want["ec2:"+name] = true
 		for _, extra := range impliedActions[name] {
 			want["ec2:"+extra] = true
