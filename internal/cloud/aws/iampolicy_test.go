@@ -11,8 +11,8 @@ import (
 
 // impliedActions are the IAM actions an EC2 operation needs besides its
 // own: a create call that carries TagSpecifications is also authorised as
-// ec2:CreateTags (EC2 User Guide, "Grant permission to tag resources
-// during creation").
+// ec2:CreateTags (EC2 User Guide, "Resource-Level Permissions for
+// Tagging").
 var impliedActions = map[string][]string{
 	"CreateNetworkInterface": {"CreateTags"},
 }
