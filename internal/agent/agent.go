@@ -577,13 +577,18 @@ func RenewAtStart(cfg Config) error {
 // Instance identifies this Agent; it is new for every New.
 func (a *Agent) Instance() string { return a.instance }
 
-// Report returns what the agent holds: every address egressip owns on the
+// Report returns what the agent holds (and the MACs of the Node's NICs,
+// bind.Binder.NICs): every address egressip owns on the
 // Node as of the last reconcile (or, before it, as found by New), with its
 // interface and whether an announcement of its current burst was sent.
 func (a *Agent) Report() report.Report {
+	nics, nicErr := a.binder.NICs(report.MaxMACs) // outside a.mu: a netlink dump
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := report.Report{Node: a.cfg.NodeName, Instance: a.instance, Bound: make([]report.BoundIP, 0, len(a.state))}
+	if nicErr == nil && len(nics) > 0 {
+		r.NICs = nics
+	}
 	for ip, e := range a.state {
 		r.Bound = append(r.Bound, report.BoundIP{IP: ip, Interface: e.iface, Announced: e.announced})
 	}

@@ -181,6 +181,12 @@ type CloudActuator struct {
 	poolError map[string]string
 	// lateAsked are the late facts a re-read was asked for (askLate).
 	lateAsked map[string]bool
+	// nicAsked is, per Node, the NIC list its agent reported that differs
+	// from the cloud view and the re-reads asked for it (nicsReported);
+	// nicPending are the Nodes whose re-read nicNow asks for.
+	nicAsked   map[string]nicAsk
+	nicPending map[string]bool
+	nicNow     chan struct{}
 }
 
 // NewCloudActuator returns a CloudActuator over cfg.Provider, which must not be nil.
@@ -210,6 +216,9 @@ func NewCloudActuator(reader client.Reader, cfg CloudConfig) *CloudActuator {
 		creating:      map[string]bool{},
 		poolError:     map[string]string{},
 		lateAsked:     map[string]bool{},
+		nicAsked:      map[string]nicAsk{},
+		nicPending:    map[string]bool{},
+		nicNow:        make(chan struct{}, 1),
 	}
 }
 
@@ -241,11 +250,25 @@ func (c *CloudActuator) Start(ctx context.Context) error {
 			}
 			continue
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-c.refreshNow:
+		// Wait for the next full refresh; meanwhile re-read the Nodes
+		// whose NICs changed (nicsReported), each time only those.
+		for full := false; !full; {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+				full = true
+			case <-c.refreshNow:
+				full = true
+			case <-c.nicNow:
+				c.mu.Lock()
+				names := slices.Sorted(maps.Keys(c.nicPending))
+				clear(c.nicPending)
+				c.mu.Unlock()
+				if err := c.refreshNodes(ctx, names); err != nil && ctx.Err() == nil {
+					log.FromContext(ctx).Error(err, "re-reading the interfaces of Nodes whose NICs changed failed", "nodes", names)
+				}
+			}
 		}
 	}
 }
@@ -302,6 +325,11 @@ func (c *CloudActuator) Refresh(ctx context.Context) error {
 		c.subnets, c.subnetErr = subnets, subnetErr
 	}
 	c.ifaces, c.ready = got, true
+	for n := range c.nicAsked {
+		if _, ok := got[n]; !ok {
+			delete(c.nicAsked, n) // the Node or its instance is gone
+		}
+	}
 	for ip, ifc := range c.ours {
 		if holdingInterface(got, ip) != ifc {
 			delete(c.ours, ip) // detached or taken by someone else since

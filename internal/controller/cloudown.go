@@ -7,9 +7,12 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
@@ -348,4 +351,175 @@ func (c *CloudActuator) reread() {
 	default:
 	}
 	c.notify()
+}
+
+// NIC-driven re-reads (issue 17 item 6): EC2 tells no controller that
+// someone else attached or detached an interface (that needs EventBridge),
+// but the instance's kernel sees it at once, as a NIC appearing or leaving,
+// and the Node's agent lists its NICs' MACs in every report. When that list
+// differs from the MACs the cloud last gave for the Node (its primary
+// interface and the others on network card 0), the Node's interfaces are
+// re-read, and the re-read triggers a pass when anything changed.
+const (
+	// maxNICRereads bounds the re-reads asked for one NIC list that still
+	// differs after them: EC2's reads may lag the attachment the kernel
+	// already shows, and a NIC the view does not list (one on another
+	// network card) must not cost a re-read on every poll.
+	maxNICRereads = 3
+	// nicRereadSpacing is the wait before the second re-read for one
+	// list; it doubles for the third.
+	nicRereadSpacing = 2 * time.Second
+)
+
+// nicAsk is the re-reads asked for one Node's reported NIC list.
+type nicAsk struct {
+	// nics is the list, joined with commas.
+	nics string
+	// tries is how many re-reads were asked for it; next is when another
+	// may be.
+	tries int
+	next  time.Time
+}
+
+// viewMACs returns the MACs the cloud view lists for ifc: the primary
+// interface's and its others', sorted.
+func viewMACs(ifc cloud.Interface) []string {
+	out := make([]string, 0, 1+len(ifc.Others))
+	out = append(out, ifc.MAC)
+	for _, o := range ifc.Others {
+		out = append(out, o.MAC)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// nicsReported takes the NIC MACs (sorted) node's agent reported and asks
+// for a re-read when they differ from the cloud view of node: at once for
+// a new list, then after nicRereadSpacing and twice that while it still
+// differs, at most maxNICRereads times per list. A Node the view does not
+// know (no providerID yet, not an instance) is left to lateFacts.
+func (c *CloudActuator) nicsReported(node string, nics []string) {
+	now := time.Now()
+	c.mu.Lock()
+	ifc, ok := c.ifaces[node]
+	if !c.ready || !ok {
+		c.mu.Unlock()
+		return
+	}
+	if slices.Equal(viewMACs(ifc), nics) {
+		delete(c.nicAsked, node)
+		c.mu.Unlock()
+		return
+	}
+	key := strings.Join(nics, ",")
+	a := c.nicAsked[node]
+	if a.nics == key && (a.tries >= maxNICRereads || now.Before(a.next)) {
+		c.mu.Unlock()
+		return
+	}
+	if a.nics != key {
+		a = nicAsk{nics: key}
+	}
+	a.next = now.Add(nicRereadSpacing << a.tries)
+	a.tries++
+	c.nicAsked[node] = a
+	c.nicPending[node] = true
+	ctx := c.runCtx
+	c.mu.Unlock()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	log.FromContext(ctx).V(1).Info("a Node's NICs differ from the cloud view; re-reading its interfaces", "node", node, "nics", nics, "view", viewMACs(ifc), "try", a.tries)
+	select {
+	case c.nicNow <- struct{}{}:
+	default:
+	}
+}
+
+// refreshNodes re-reads the interfaces of the named Nodes only (one
+// DescribeInstances call per 200 instances, filtered to theirs) and merges
+// them into the view as Refresh does: our own recent calls the read does
+// not show yet stay (the overlay), interface tags come from the last
+// listing by tag, or from the view for an interface that listing predates
+// (one we just attached), and a pass is triggered when a Node's view
+// changed. A Node gone or without a providerID is skipped. Errors are
+// those of reading the Nodes or, when nothing was read, the cloud.
+func (c *CloudActuator) refreshNodes(ctx context.Context, names []string) error {
+	ids := make(map[string]string, len(names))
+	for _, n := range names {
+		var node corev1.Node
+		if err := c.reader.Get(ctx, client.ObjectKey{Name: n}, &node); err != nil {
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			return fmt.Errorf("get Node %s: %w", n, err)
+		}
+		if pid := node.Spec.ProviderID; pid != "" {
+			ids[n] = pid
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	var got map[string]cloud.Interface
+	err := c.call(ctx, actionInterfaces, func() error {
+		var err error
+		got, err = c.cfg.Provider.Interfaces(ctx, ids)
+		return err
+	})
+	if got == nil {
+		return fmt.Errorf("read the interfaces of %d Nodes: %w", len(ids), err)
+	}
+	now := time.Now()
+	c.mu.Lock()
+	for ip, o := range c.overlay {
+		if !now.After(o.deadline) {
+			placeIP(got, ip, o.iface, o.node != "")
+		}
+	}
+	tagOthers(got, c.tagged)
+	changed := false
+	for n := range ids {
+		ifc, ok := got[n]
+		prev, had := c.ifaces[n]
+		if !ok {
+			if had {
+				delete(c.ifaces, n) // terminated, or no longer an instance
+				changed = true
+			}
+			continue
+		}
+		for i, o := range ifc.Others {
+			if o.Tags != nil {
+				continue
+			}
+			if j := slices.IndexFunc(prev.Others, func(p cloud.ENI) bool { return p.ID == o.ID }); j >= 0 {
+				ifc.Others[i].Tags = prev.Others[j].Tags
+			}
+		}
+		if !had || !sameInterface(prev, ifc) {
+			changed = true
+		}
+		c.ifaces[n] = ifc
+	}
+	for ip, ifc := range c.ours {
+		if holdingInterface(c.ifaces, ip) != ifc {
+			delete(c.ours, ip)
+		}
+	}
+	c.mu.Unlock()
+	if changed {
+		c.notify()
+	}
+	return nil
+}
+
+// view returns the controller's cloud view of node (a copy) and whether
+// it has one.
+func (c *CloudActuator) view(node string) (cloud.Interface, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ifc, ok := c.ifaces[node]
+	ifc.Others = slices.Clone(ifc.Others)
+	return ifc, ok
 }

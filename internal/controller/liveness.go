@@ -135,6 +135,19 @@ type Liveness struct {
 	// refusedEvent is when the last refused-poll Event of each Node was
 	// recorded.
 	refusedEvent map[string]time.Time
+	// nicHook is called with a Node's name and its agent's NICs after
+	// every poll whose report lists them (see onNICs).
+	nicHook func(node string, nics []string)
+}
+
+// onNICs makes fn be called, outside the lock, after every answered poll
+// whose report lists the Node's NICs (report.Report.NICs), with the Node's
+// name and that list: the cloud view compares it with what the cloud last
+// said (CloudActuator.nicsReported). fn must be quick; it runs on the poller.
+func (l *Liveness) onNICs(fn func(node string, nics []string)) {
+	l.mu.Lock()
+	l.nicHook = fn
+	l.mu.Unlock()
 }
 
 // onDatapathChange makes fn be called, outside the lock, with the name of
@@ -333,13 +346,16 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 			log.FromContext(ctx).Info("agent declared dead", "node", node, "failures", s.failures, "lastSeen", s.LastSeen, "err", err)
 		}
 	}
-	hook := l.dpHook
+	hook, nicHook := l.dpHook, l.nicHook
 	l.mu.Unlock()
 	if changed {
 		l.notify()
 	}
 	if dpChanged && hook != nil {
 		hook(node)
+	}
+	if nicHook != nil && hasAddr && err == nil && rep.Node == node && len(rep.NICs) > 0 {
+		nicHook(node, rep.NICs)
 	}
 }
 

@@ -13,6 +13,27 @@ import (
 	"github.com/egressip/egressip/internal/cloud/aws/ec2emu"
 )
 
+// cniHoldsEmu is the emulator set-up of the named-address tests: two
+// m5.large Nodes on the subnet <net>.0/24 with reads lagging writes by
+// 200 ms, and on the instance of the Node at index node the VPC CNI's
+// Pod IP <net>.50 on the primary interface and its aws-K8S- interface
+// holding <net>.51. It returns that instance and the CNI's interface.
+func cniHoldsEmu(t *testing.T, prefix, net string, node int) (*emuCloud, *cluster, ec2emu.InstanceInfo, string) {
+	t.Helper()
+	ec := newEmuCloud(t, ec2emu.Config{ConsistencyDelay: 200 * time.Millisecond}, net+".0/24")
+	cl := newEmuCluster(t, prefix, 2, 10, ec, "m5.large")
+	in := ec.instances[node]
+	if err := ec.emu.UseAddresses(in.PrimaryInterface, netip.MustParseAddr(net+".50")); err != nil {
+		t.Fatal(err)
+	}
+	cni, err := ec.emu.AddForeignInterface(ec2emu.ForeignInterface{SubnetID: ec.subnet, InstanceID: in.ID, Description: "aws-K8S-" + in.ID,
+		Addresses: []netip.Addr{netip.MustParseAddr(net + ".51")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ec, cl, in, cni
+}
+
 // TestNamedAddressHeldEmu (issue 17 item 4): an Egress naming an address
 // that an interface not egressip's holds (a Pod IP on a Node's primary
 // interface, an interface of the VPC CNI, a load balancer's interface,
@@ -20,17 +41,8 @@ import (
 // Event naming the holder, and the address is not taken; a free named
 // address is attached without reassignment.
 func TestNamedAddressHeldEmu(t *testing.T) {
-	ec := newEmuCloud(t, ec2emu.Config{ConsistencyDelay: 200 * time.Millisecond}, "10.8.0.0/24")
-	cl := newEmuCluster(t, "nheld", 2, 10, ec, "m5.large")
+	ec, cl, n2, cni := cniHoldsEmu(t, "nheld", "10.8.0", 1)
 	a := netip.MustParseAddr
-	n2 := ec.instances[1]
-	if err := ec.emu.UseAddresses(n2.PrimaryInterface, a("10.8.0.50")); err != nil {
-		t.Fatal(err)
-	}
-	cni, err := ec.emu.AddForeignInterface(ec2emu.ForeignInterface{SubnetID: ec.subnet, InstanceID: n2.ID, Description: "aws-K8S-" + n2.ID, Addresses: []netip.Addr{a("10.8.0.51")}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	lb, err := ec.emu.AddForeignInterface(ec2emu.ForeignInterface{SubnetID: ec.subnet, Type: ec2emu.TypeNetworkLoadBalancer,
 		Description: "ELB net/web/0123456789abcdef", RequesterID: "amazon-elb", RequesterManaged: true, Addresses: []netip.Addr{a("10.8.0.52")}})
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 
@@ -33,17 +32,8 @@ func (ec *emuCloud) ourENIOf(ip netip.Addr) (string, string) {
 // address goes on an interface of ours, and at a failover it moves, with
 // reassignment, from our interface on the failed Node to ours on the other.
 func TestNamedAddressOwnInterfaces(t *testing.T) {
-	ec := newEmuCloud(t, ec2emu.Config{ConsistencyDelay: 200 * time.Millisecond}, "10.31.0.0/24")
-	cl := newEmuCluster(t, "nown", 2, 10, ec, "m5.large")
+	ec, cl, n1, cni := cniHoldsEmu(t, "nown", "10.31.0", 0)
 	a := netip.MustParseAddr
-	n1 := ec.instances[0]
-	if err := ec.emu.UseAddresses(n1.PrimaryInterface, a("10.31.0.50")); err != nil {
-		t.Fatal(err)
-	}
-	cni, err := ec.emu.AddForeignInterface(ec2emu.ForeignInterface{SubnetID: ec.subnet, InstanceID: n1.ID, Description: "aws-K8S-" + n1.ID, Addresses: []netip.Addr{a("10.31.0.51")}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	cl.ownPool("nown", ownPool(ec, 0, nil))
 	cases := []struct{ egress, ip, holder string }{
 		{"nown-pod", "10.31.0.50", n1.PrimaryInterface},

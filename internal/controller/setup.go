@@ -39,6 +39,9 @@ type Options struct {
 	AgentTLS *AgentTLSOptions
 	// beforePass is PassReconciler.beforePass (tests only).
 	beforePass func(context.Context, client.Reader)
+	// onCloud, when set (tests only), receives the CloudActuator that
+	// Setup creates, so that a test can read the controller's cloud view.
+	onCloud func(*CloudActuator)
 }
 
 // checkReleaseTimeout refuses a release timeout that cannot work with the
@@ -95,6 +98,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, Liveness: l, Config: o.Pass, beforePass: o.beforePass}
 	if o.Cloud.Provider != nil {
 		r.Cloud = NewCloudActuator(mgr.GetClient(), o.Cloud)
+		l.onNICs(r.Cloud.nicsReported)
+		if o.onCloud != nil {
+			o.onCloud(r.Cloud)
+		}
 	}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err

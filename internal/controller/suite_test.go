@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -66,6 +67,15 @@ type fakeAgent struct {
 	// conflicts and the Node's MACs.
 	conflicts []report.ConflictIP
 	macs      []string
+	// nics is served as the report's NIC MACs (report.Report.NICs).
+	nics []string
+}
+
+// setNICs sets the NIC MACs the agent serves (nil: none).
+func (a *fakeAgent) setNICs(nics []string) {
+	a.mu.Lock()
+	a.nics = slices.Sorted(slices.Values(nics))
+	a.mu.Unlock()
 }
 
 // onPoll serves a poll: it keeps its release instructions and, when obey
@@ -159,7 +169,7 @@ func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel,
-		Conflicts: a.conflicts, MACs: a.macs, Fence: a.fence}
+		Conflicts: a.conflicts, MACs: a.macs, Fence: a.fence, NICs: a.nics}
 	for ip := range a.bound {
 		if msg, ok := a.refuse[ip]; ok {
 			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})

@@ -92,6 +92,13 @@ type Report struct {
 	// and have an address (canonical, sorted, at most MaxMACs), so that the
 	// controller can name the Node a conflicting MAC belongs to.
 	MACs []string `json:"macs,omitempty"`
+	// NICs are the hardware addresses of the Node's network devices, in
+	// any state (on a cloud instance, one per attached network interface;
+	// canonical, sorted, at most MaxMACs); nil from agents that do not
+	// report them. A cloud controller re-reads the Node's interfaces when
+	// they differ from what the cloud last said, so that an interface
+	// attached or detached by someone else is seen within seconds.
+	NICs []string `json:"nics,omitempty"`
 }
 
 // FenceStatus is whether an agent has released its Node's egress IPs on

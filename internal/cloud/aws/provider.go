@@ -21,12 +21,10 @@
 // standard retryer (retry.NewStandard), whose client-side token bucket caps
 // retries during an outage; see Options.
 //
-// IAM: the Provider needs ec2:DescribeInstances, ec2:DescribeInstanceTypes,
-// ec2:AssignPrivateIpAddresses and ec2:UnassignPrivateIpAddresses for the
-// cloud.Provider methods, plus ec2:DescribeSubnets for Subnets and
-// ec2:DescribeNetworkInterfaces for InterfaceAddresses and Holders, and
-// ec2:DescribeAddresses, ec2:AssociateAddress and ec2:DisassociateAddress
-// for the Elastic IPs (eip.go).
+// IAM: the Provider calls exactly the operations of ec2API (each needs the
+// ec2: action of its name, CreateNetworkInterface also ec2:CreateTags);
+// docs/cloud-aws.md has the policy, scoped by tag conditions, and
+// TestIAMPolicyCoversProvider keeps it in step with ec2API.
 package aws
 
 import (
@@ -80,9 +78,35 @@ type Options struct {
 	RetryRateLimiter retry.RateLimiter
 }
 
+// ec2API is every EC2 operation the Provider calls, each method named as
+// the operation and its IAM action (ec2:<method name>); *ec2.Client
+// implements it. Keeping the Provider to this interface is what lets
+// TestIAMPolicyCoversProvider check the documented IAM policy against the
+// code: add an operation here and the test demands it in the policy.
+type ec2API interface {
+	DescribeInstances(context.Context, *ec2.DescribeInstancesInput, ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error)
+	DescribeInstanceTypes(context.Context, *ec2.DescribeInstanceTypesInput, ...func(*ec2.Options)) (*ec2.DescribeInstanceTypesOutput, error)
+	DescribeSubnets(context.Context, *ec2.DescribeSubnetsInput, ...func(*ec2.Options)) (*ec2.DescribeSubnetsOutput, error)
+	DescribeNetworkInterfaces(context.Context, *ec2.DescribeNetworkInterfacesInput, ...func(*ec2.Options)) (*ec2.DescribeNetworkInterfacesOutput, error)
+	DescribeAddresses(context.Context, *ec2.DescribeAddressesInput, ...func(*ec2.Options)) (*ec2.DescribeAddressesOutput, error)
+	AssignPrivateIpAddresses(context.Context, *ec2.AssignPrivateIpAddressesInput, ...func(*ec2.Options)) (*ec2.AssignPrivateIpAddressesOutput, error)
+	UnassignPrivateIpAddresses(context.Context, *ec2.UnassignPrivateIpAddressesInput, ...func(*ec2.Options)) (*ec2.UnassignPrivateIpAddressesOutput, error)
+	// CreateNetworkInterface also needs ec2:CreateTags, since the call
+	// carries the tags (TagSpecifications).
+	CreateNetworkInterface(context.Context, *ec2.CreateNetworkInterfaceInput, ...func(*ec2.Options)) (*ec2.CreateNetworkInterfaceOutput, error)
+	AttachNetworkInterface(context.Context, *ec2.AttachNetworkInterfaceInput, ...func(*ec2.Options)) (*ec2.AttachNetworkInterfaceOutput, error)
+	ModifyNetworkInterfaceAttribute(context.Context, *ec2.ModifyNetworkInterfaceAttributeInput, ...func(*ec2.Options)) (*ec2.ModifyNetworkInterfaceAttributeOutput, error)
+	DetachNetworkInterface(context.Context, *ec2.DetachNetworkInterfaceInput, ...func(*ec2.Options)) (*ec2.DetachNetworkInterfaceOutput, error)
+	DeleteNetworkInterface(context.Context, *ec2.DeleteNetworkInterfaceInput, ...func(*ec2.Options)) (*ec2.DeleteNetworkInterfaceOutput, error)
+	AssociateAddress(context.Context, *ec2.AssociateAddressInput, ...func(*ec2.Options)) (*ec2.AssociateAddressOutput, error)
+	DisassociateAddress(context.Context, *ec2.DisassociateAddressInput, ...func(*ec2.Options)) (*ec2.DisassociateAddressOutput, error)
+}
+
+var _ ec2API = (*ec2.Client)(nil)
+
 // Provider is the EC2 cloud.Provider. It is safe for concurrent use.
 type Provider struct {
-	client *ec2.Client
+	client ec2API
 
 	mu     sync.Mutex
 	limits map[string]typeLimit // by instance type
