@@ -104,8 +104,12 @@ func TestReleaseWaitBoundedTimeout(t *testing.T) {
 	if len(cl.agents[from].releases()) == 0 {
 		t.Fatal("the old Node was never told to release")
 	}
-	// The bound: the timeout, plus a pass and a poll of the new Node.
-	if bound := cl.opts.Pass.ReleaseTimeout + 5*time.Second; moved > bound {
+	// The bound: the timeout, plus a pass and a poll of the new Node, with
+	// room for a loaded machine (8.1 s was seen at load average ~25 with a
+	// 5 s allowance). What it tells apart is a wait that ends from one
+	// that does not (the fault took 45 s and more); the time is logged.
+	t.Logf("Ready on the new Node %v after the cut (release timeout %v)", moved, cl.opts.Pass.ReleaseTimeout)
+	if bound := cl.opts.Pass.ReleaseTimeout + 15*time.Second; moved > bound {
 		t.Fatalf("Ready on the new Node %v after the cut, want at most %v", moved, bound)
 	}
 	t.Logf("Ready on the new Node %v after the cut (release timeout %v)", moved, cl.opts.Pass.ReleaseTimeout)
