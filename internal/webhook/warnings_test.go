@@ -150,46 +150,34 @@ func TestEgressIPChangedWarnings(t *testing.T) {
 	}
 	t.Logf("spec.externalIPPool edit warns: %q", ws)
 
-	// namespaceSelector {}.
-	all := egress("warn-all-ns", "warn-a", "")
-	all.Spec.AppliedTo.NamespaceSelector = &metav1.LabelSelector{}
-	if err := c.Create(ctx, all); err != nil {
-		t.Fatal(err)
+	// Selectors that select everything warn on create; a podSelector with
+	// labels does not. createWith creates an Egress with appliedTo at and
+	// returns the warnings of the create.
+	createWith := func(name string, at v1.AppliedTo) []string {
+		t.Helper()
+		e := egress(name, "warn-a", "")
+		e.Spec.AppliedTo = at
+		if err := c.Create(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = env.Client.Delete(context.Background(), e) })
+		return w.take()
 	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), all) })
-	if ws := w.take(); !containsWarning(ws, "namespaceSelector {} selects every namespace") {
-		t.Fatalf("namespaceSelector {}: warnings %q", ws)
-	}
-
-	// A namespaceSelector that only requires kubernetes.io/metadata.name
-	// (every namespace has it), and a podSelector {} on its own: each
-	// selects everything and warns; a podSelector with labels does not.
-	exists := egress("warn-ns-exists", "warn-a", "")
-	exists.Spec.AppliedTo.NamespaceSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+	everyNS := &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
 		{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpExists}}}
-	if err := c.Create(ctx, exists); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), exists) })
-	if ws := w.take(); !containsWarning(ws, "which every namespace has") {
-		t.Fatalf("namespaceSelector metadata.name Exists: warnings %q", ws)
-	}
-	allPods := egress("warn-all-pods", "warn-a", "")
-	allPods.Spec.AppliedTo = v1.AppliedTo{PodSelector: &metav1.LabelSelector{}}
-	if err := c.Create(ctx, allPods); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), allPods) })
-	if ws := w.take(); !containsWarning(ws, "podSelector {} without a namespaceSelector selects every Pod") {
-		t.Fatalf("podSelector {} alone: warnings %q", ws)
-	}
-	somePods := egress("warn-some-pods", "warn-a", "")
-	somePods.Spec.AppliedTo = v1.AppliedTo{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}
-	if err := c.Create(ctx, somePods); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), somePods) })
-	if ws := w.take(); containsWarning(ws, "selects every") {
-		t.Fatalf("podSelector app=web: warnings %q", ws)
+	for _, tc := range []struct {
+		name string
+		at   v1.AppliedTo
+		want string // "" no "selects every" warning
+	}{
+		{"warn-all-ns", v1.AppliedTo{NamespaceSelector: &metav1.LabelSelector{}, PodSelector: &metav1.LabelSelector{}}, "namespaceSelector {} selects every namespace"},
+		{"warn-ns-exists", v1.AppliedTo{NamespaceSelector: everyNS, PodSelector: &metav1.LabelSelector{}}, "which every namespace has"},
+		{"warn-all-pods", v1.AppliedTo{PodSelector: &metav1.LabelSelector{}}, "podSelector {} without a namespaceSelector selects every Pod"},
+		{"warn-some-pods", v1.AppliedTo{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}, ""},
+	} {
+		ws := createWith(tc.name, tc.at)
+		if tc.want == "" && containsWarning(ws, "selects every") || tc.want != "" && !containsWarning(ws, tc.want) {
+			t.Fatalf("%s: warnings %q, want %q", tc.name, ws, tc.want)
+		}
 	}
 }
