@@ -582,7 +582,11 @@ func (a *Agent) Instance() string { return a.instance }
 // Node as of the last reconcile (or, before it, as found by New), with its
 // interface and whether an announcement of its current burst was sent.
 func (a *Agent) Report() report.Report {
-	nics, nicErr := a.binder.NICs(report.MaxMACs) // outside a.mu: a netlink dump
+	var nics []string
+	var nicErr error
+	if a.binder != nil { // nil in tests that build an Agent without one
+		nics, nicErr = a.binder.NICs(report.MaxMACs) // outside a.mu: a netlink dump
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := report.Report{Node: a.cfg.NodeName, Instance: a.instance, Bound: make([]report.BoundIP, 0, len(a.state))}
