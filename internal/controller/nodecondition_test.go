@@ -223,14 +223,8 @@ func TestKernelProbeNodeCondition(t *testing.T) {
 		return ok && c.Status == corev1.ConditionFalse && c.Reason == report.ReasonKernelFeatureMissing && c.Message == msg, fmt.Sprintf("%+v", c)
 	})
 	cl.eventually("Warning Event", func() (bool, string) {
-		var evs eventsv1.EventList
-		if err := cl.c.List(cl.ctx, &evs); err != nil {
-			return false, err.Error()
-		}
-		for _, ev := range evs.Items {
-			if ev.Regarding.Name == node && ev.Reason == EventKernelFeatureMissing && ev.Type == corev1.EventTypeWarning {
-				return strings.Contains(ev.Note, "nft-inet-nat") && strings.Contains(ev.Note, "4.18.0"), ev.Note
-			}
+		for _, ev := range nodeWarnings(t, cl, node, EventKernelFeatureMissing) {
+			return strings.Contains(ev.Note, "nft-inet-nat") && strings.Contains(ev.Note, "4.18.0"), ev.Note
 		}
 		return false, "no event"
 	})
@@ -272,6 +266,23 @@ func TestNodeOwnershipProblemNamedInReady(t *testing.T) {
 
 // nodeCondition returns the condition typ of Node node, and whether it has
 // one.
+// nodeWarnings returns the Warning Events with reason recorded on Node
+// node, failing the test when they cannot be listed.
+func nodeWarnings(t *testing.T, cl *cluster, node, reason string) []eventsv1.Event {
+	t.Helper()
+	var evs eventsv1.EventList
+	if err := cl.c.List(cl.ctx, &evs); err != nil {
+		t.Fatal(err)
+	}
+	var out []eventsv1.Event
+	for _, ev := range evs.Items {
+		if ev.Regarding.Name == node && ev.Reason == reason && ev.Type == corev1.EventTypeWarning {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
 func nodeCondition(t *testing.T, cl *cluster, node string, typ corev1.NodeConditionType) (corev1.NodeCondition, bool) {
 	t.Helper()
 	var n corev1.Node
@@ -296,19 +307,7 @@ func TestFenceShownOnNode(t *testing.T) {
 	cl := newCluster(t, "fsn", 1, 4)
 	node := "fsn-n1"
 	cond := func() (corev1.NodeCondition, bool) { return nodeCondition(t, cl, node, NodeConditionFenced) }
-	events := func() []eventsv1.Event {
-		var evs eventsv1.EventList
-		if err := cl.c.List(cl.ctx, &evs); err != nil {
-			t.Fatal(err)
-		}
-		var out []eventsv1.Event
-		for _, ev := range evs.Items {
-			if ev.Regarding.Name == node && ev.Reason == v1.ReasonSelfFenced && ev.Type == corev1.EventTypeWarning {
-				out = append(out, ev)
-			}
-		}
-		return out
-	}
+	events := func() []eventsv1.Event { return nodeWarnings(t, cl, node, v1.ReasonSelfFenced) }
 	// Never fenced: no condition.
 	cl.agents[node].setFence(&report.FenceStatus{Reason: "Polled", Since: time.Now()})
 	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: report.ReasonKernelFeaturesPresent, Message: "all"})
@@ -383,16 +382,10 @@ func TestAgentReachableCondition(t *testing.T) {
 		if !ok || c.Status != corev1.ConditionFalse || c.Reason != v1.ReasonAgentUnreachable || !strings.Contains(c.Message, "has not answered") {
 			return false, fmt.Sprintf("%+v", c)
 		}
-		var evs eventsv1.EventList
-		if err := cl.c.List(cl.ctx, &evs); err != nil {
-			return false, err.Error()
+		if len(nodeWarnings(t, cl, node, v1.ReasonAgentUnreachable)) == 0 {
+			return false, "no Warning Event"
 		}
-		for _, ev := range evs.Items {
-			if ev.Regarding.Name == node && ev.Reason == v1.ReasonAgentUnreachable && ev.Type == corev1.EventTypeWarning {
-				return true, ""
-			}
-		}
-		return false, "no Warning Event"
+		return true, ""
 	})
 	if k, _ := cond(node, NodeConditionKernel); k.Status != kernel.Status || k.Reason != kernel.Reason || k.Message != kernel.Message {
 		t.Errorf("kernel condition changed when the agent died: %+v, was %+v", k, kernel)
