@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -49,6 +50,11 @@ type LivenessConfig struct {
 	// for refused polls of one Node (the metric counts every one). Default
 	// 5 minutes.
 	RefusedEventInterval time.Duration
+	// Clock is the time the poller reads and waits on: when a poll
+	// happened, how long an agent has been silent, the poll and expedite
+	// intervals. Default clock.RealClock{}; tests set a
+	// k8s.io/utils/clock/testing.FakeClock and step it.
+	Clock clock.WithTicker
 }
 
 func (c *LivenessConfig) defaults() {
@@ -72,6 +78,9 @@ func (c *LivenessConfig) defaults() {
 	}
 	if c.RefusedEventInterval <= 0 {
 		c.RefusedEventInterval = 5 * time.Minute
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 }
 
@@ -224,9 +233,14 @@ func (l *Liveness) Expedite(node string) {
 			return
 		}
 		start := l.State(node)
-		deadline := time.Now().Add(expediteFor)
-		for time.Now().Before(deadline) && ctx.Err() == nil {
-			time.Sleep(expediteInterval)
+		clk := l.cfg.Clock
+		deadline := clk.Now().Add(expediteFor)
+		for clk.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-clk.After(expediteInterval):
+			}
 			l.poll(ctx, node, addr, true)
 			if now := l.State(node); now.Dead || !sameBound(now.Report, start.Report) {
 				return
@@ -285,7 +299,9 @@ func (l *Liveness) Start(ctx context.Context) error {
 	l.mu.Lock()
 	l.runCtx = ctx
 	l.mu.Unlock()
-	wait.UntilWithContext(ctx, l.pollAll, l.cfg.Interval)
+	// As wait.UntilWithContext (a sliding period, no jitter), on the
+	// configured clock.
+	wait.BackoffUntilWithContext(ctx, l.pollAll, wait.NewJitteredBackoffManager(l.cfg.Interval, 0, l.cfg.Clock), true)
 	return nil
 }
 
@@ -326,7 +342,7 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 		rep, err = l.client.Poll(ctx, node, addr, report.Poll{Releases: l.releasesFor(node)})
 		l.noteRefused(ctx, node, err)
 	}
-	now := time.Now()
+	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	s, ok := l.agents[node]
 	if !ok {
@@ -369,7 +385,7 @@ func (l *Liveness) noteRefused(ctx context.Context, node string, err error) {
 		return
 	}
 	refusedReports.WithLabelValues(re.Reason).Inc()
-	now := time.Now()
+	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	last, seen := l.refusedEvent[node]
 	due := !seen || now.Sub(last) >= l.cfg.RefusedEventInterval
