@@ -517,7 +517,11 @@ func TestRunCancelLeavesAddressesBound(t *testing.T) {
 // TestStatusChangeToGARPLatency measures, 10 times, the time from the
 // status update that assigns an Egress to this Node (when the update call
 // returns) to its gratuitous ARP arriving at the peer, and logs the median.
-// It asserts that every GARP arrives, not how fast.
+// It asserts that every GARP arrives within 10 s and that the median is
+// under 5 s: a bound far from the expected value (a watch event and a
+// reconcile, about 100 ms), so that only a stalled path fails, never a
+// loaded machine. The speed itself is for benchmarks
+// (BenchmarkBindToGARP in internal/agent/announce).
 func TestStatusChangeToGARPLatency(t *testing.T) {
 	env := apiServer(t)
 	c := env.Client
@@ -550,6 +554,9 @@ func TestStatusChangeToGARPLatency(t *testing.T) {
 	median := (sorted[runs/2-1] + sorted[runs/2]) / 2
 	t.Logf("status update returned -> GARP at peer, %d runs: median %s, min %s, max %s (all %v)",
 		runs, median, sorted[0], sorted[runs-1], ds)
+	if bound := 5 * time.Second; median > bound { // expected ~100 ms: 50 times that
+		t.Errorf("median status update -> GARP %v, want under %v", median, bound)
+	}
 }
 
 // TestAgentOwnershipRecordUnreadable: an agent in record mode whose

@@ -136,6 +136,8 @@ func TestCloudWarmIPMakesAFreshEgressReadyWithoutCalls(t *testing.T) {
 	start := time.Now()
 	cl.egress("cwarm-a", "cwarm", "")
 	e := cl.waitReady("cwarm-a")["cwarm-a"]
+	// Bounded by waitReady's 20 s (expected: a pass and a poll, no cloud
+	// call); the time is logged only.
 	t.Logf("fresh Egress to Ready with a warm IP: %v", time.Since(start))
 	node, wasWarm := warmBefore[e.Status.EgressIP]
 	if !wasWarm || node != e.Status.EgressNode {
@@ -251,6 +253,8 @@ func TestCloudFailoverOneCallPerDestination(t *testing.T) {
 		}
 		return true, ""
 	})
+	// Bounded by the wait's 20 s (expected: dead-after 3 s plus the
+	// attaches); the time is logged only.
 	t.Logf("crash to all 20 Ready elsewhere: %v", time.Since(start))
 	var assigns []fakeCall
 	for _, c := range fc.calls()[before:] {
