@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
@@ -299,9 +298,16 @@ func (l *Liveness) Start(ctx context.Context) error {
 	l.mu.Lock()
 	l.runCtx = ctx
 	l.mu.Unlock()
-	// As wait.UntilWithContext (a sliding period, no jitter), on the
-	// configured clock.
-	wait.BackoffUntilWithContext(ctx, l.pollAll, wait.NewJitteredBackoffManager(l.cfg.Interval, 0, l.cfg.Clock), true)
+	// A sliding period without jitter, as wait.UntilWithContext, on the
+	// configured clock: the next round starts Interval after this one
+	// ended.
+	for ctx.Err() == nil {
+		l.pollAll(ctx)
+		select {
+		case <-ctx.Done():
+		case <-l.cfg.Clock.After(l.cfg.Interval):
+		}
+	}
 	return nil
 }
 
