@@ -30,6 +30,7 @@ import (
 	"github.com/egressip/egressip/internal/agent/kernel"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/testenv"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // runMainEnv makes the test binary act as egressip-agent (see TestMain), so
@@ -327,21 +328,6 @@ func httpGet(url string) (int, string, error) {
 	return resp.StatusCode, string(b), err
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // TestSIGTERMLeavesAddressesBound runs egressip-agent against a real API
 // server, binding in a network namespace; SIGTERM makes it exit 0 and
 // leaves the egress IP bound and owned. Readiness and metrics are checked
@@ -401,7 +387,7 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 	kubeconfig := writeKubeconfig(t, env.Config)
 	p := startAgentProc(t, []string{"NODE_NAME=" + node}, agentArgs(kubeconfig, "a.sock")...)
 	ip := netip.MustParseAddr("192.0.2.70")
-	eventually(t, 30*time.Second, "report lists the IP as announced", func() error {
+	poll.Until(t, 30*time.Second, "report lists the IP as announced", func() error {
 		r, err := getReport(rep)
 		if err != nil {
 			return err
@@ -414,7 +400,7 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 10*time.Second, "ready", func() error {
+	poll.Until(t, 10*time.Second, "ready", func() error {
 		code, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/readyz", health))
 		if err == nil && code != http.StatusOK {
 			err = fmt.Errorf("readyz: HTTP %d: %s", code, body)
@@ -456,7 +442,7 @@ func TestSIGTERMLeavesAddressesBound(t *testing.T) {
 	unreconciledStaysOut(t, stuck, first.Instance, rep, health, func(check string) int { return probe("stuck.sock", check) })
 	p2 := startAgentProc(t, []string{"NODE_NAME=" + node}, agentArgs(kubeconfig, "b.sock")...)
 	var second string
-	eventually(t, 30*time.Second, "the second agent answers the report too", func() error {
+	poll.Until(t, 30*time.Second, "the second agent answers the report too", func() error {
 		r, err := getReport(rep)
 		if err != nil {
 			return err
@@ -511,7 +497,7 @@ func TestSIGTERMDuringStartupOutage(t *testing.T) {
 		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
 		"--health-probe-bind-address", "0",
 	)
-	eventually(t, 30*time.Second, "report served", func() error {
+	poll.Until(t, 30*time.Second, "report served", func() error {
 		r, err := getReport(rep)
 		if err != nil {
 			return err
@@ -542,7 +528,7 @@ func TestSIGTERMDuringStartupOutage(t *testing.T) {
 // (instance first) only, ready. Then it stops stuck with SIGTERM.
 func unreconciledStaysOut(t *testing.T, stuck *agentProc, first string, rep, health int, probe func(check string) int) {
 	t.Helper()
-	eventually(t, 10*time.Second, "the stuck agent's socket answers, not ready", func() error {
+	poll.Until(t, 10*time.Second, "the stuck agent's socket answers, not ready", func() error {
 		if code := probe("healthz"); code != 0 {
 			return fmt.Errorf("probe healthz: exit %d", code)
 		}
@@ -604,7 +590,7 @@ func TestKernelProbeAgentProcess(t *testing.T) {
 		"--report-bind-address", "127.0.0.1:"+strconv.Itoa(rep),
 		"--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(health),
 		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics), "--metrics-secure=false", "--report-tls=false")
-	eventually(t, 30*time.Second, "report carries the kernel finding", func() error {
+	poll.Until(t, 30*time.Second, "report carries the kernel finding", func() error {
 		r, err := getReport(rep)
 		if err != nil {
 			return err
@@ -616,7 +602,7 @@ func TestKernelProbeAgentProcess(t *testing.T) {
 	})
 	// The metrics listener starts on its own, possibly after the report's
 	// (a failure seen in CI: connection refused): wait for it.
-	eventually(t, 30*time.Second, "metrics carry every kernel feature", func() error {
+	poll.Until(t, 30*time.Second, "metrics carry every kernel feature", func() error {
 		_, body, err := httpGet(fmt.Sprintf("http://127.0.0.1:%d/metrics", metrics))
 		if err != nil {
 			return err

@@ -25,6 +25,7 @@ import (
 	"github.com/egressip/egressip/internal/agent/bind/netnstest"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/testenv"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 var ctx = context.Background()
@@ -56,7 +57,7 @@ func TestAgentBindsOnlyItsOwnEgresses(t *testing.T) {
 
 	r := startAgent(t, env.Config, n.name, newAgent(t, n.config()))
 	want := []netip.Addr{ip("192.0.2.10"), ip("192.0.2.11"), ip("2001:db8::10")}
-	eventually(t, 15*time.Second, "report lists our IPs as announced", func() error {
+	poll.Until(t, 15*time.Second, "report lists our IPs as announced", func() error {
 		rep, err := r.report(ctx)
 		if err != nil {
 			return err
@@ -125,7 +126,7 @@ func TestAgentBindsOnlyItsOwnEgresses(t *testing.T) {
 	if err := c.Delete(ctx, &v1alpha1.Egress{ObjectMeta: metaName(shareA)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "share-a leaves the agent's cache", func() error {
+	poll.Until(t, 10*time.Second, "share-a leaves the agent's cache", func() error {
 		err := r.mgr.GetCache().Get(ctx, client.ObjectKey{Name: shareA}, &v1alpha1.Egress{})
 		if err == nil {
 			return errors.New("still cached")
@@ -156,7 +157,7 @@ func TestAgentBindsOnlyItsOwnEgresses(t *testing.T) {
 	if err := c.Delete(ctx, &v1alpha1.Egress{ObjectMeta: metaName(shareB)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the agent's cache sees share-b being deleted", func() error {
+	poll.Until(t, 10*time.Second, "the agent's cache sees share-b being deleted", func() error {
 		var e v1alpha1.Egress
 		if err := r.mgr.GetCache().Get(ctx, client.ObjectKey{Name: shareB}, &e); err != nil {
 			return err
@@ -181,7 +182,7 @@ func TestAgentBindsOnlyItsOwnEgresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "192.0.2.11 released once no Egress uses it", func() error {
+	poll.Until(t, 10*time.Second, "192.0.2.11 released once no Egress uses it", func() error {
 		if n.present(t, ip("192.0.2.11")) {
 			return errors.New("still bound")
 		}
@@ -200,7 +201,7 @@ func metaName(name string) metav1.ObjectMeta { return metav1.ObjectMeta{Name: na
 func waitReconcile(t *testing.T) {
 	t.Helper()
 	rc := reconcileCount(t)
-	eventually(t, 10*time.Second, "two more reconciles", func() error {
+	poll.Until(t, 10*time.Second, "two more reconciles", func() error {
 		if reconcileCount(t) < rc+2 {
 			return errors.New("not yet")
 		}
@@ -253,7 +254,7 @@ func TestAgentRestartAdoptsAndCleansUp(t *testing.T) {
 
 	n.capture.drop()
 	r := startAgent(t, env.Config, n.name, a)
-	eventually(t, 15*time.Second, "stale IP removed, kept IP re-announced", func() error {
+	poll.Until(t, 15*time.Second, "stale IP removed, kept IP re-announced", func() error {
 		rep, err := r.report(ctx)
 		if err != nil {
 			return err
@@ -304,7 +305,7 @@ func TestAgentReleasesEgressMovedAway(t *testing.T) {
 	createEgress(t, c, "staying", pool, "192.0.2.21", n.name)
 
 	r := startAgent(t, env.Config, n.name, newAgent(t, n.config()))
-	eventually(t, 15*time.Second, "both bound and announced", func() error {
+	poll.Until(t, 15*time.Second, "both bound and announced", func() error {
 		rep, err := r.report(ctx)
 		if err != nil {
 			return err
@@ -314,7 +315,7 @@ func TestAgentReleasesEgressMovedAway(t *testing.T) {
 
 	// Move while the burst (0, 1, 2, 4 s) is still running.
 	setStatus(t, c, moving, "192.0.2.20", uniq("other-node"))
-	eventually(t, 10*time.Second, "moved IP released and dropped from the report", func() error {
+	poll.Until(t, 10*time.Second, "moved IP released and dropped from the report", func() error {
 		if n.present(t, ip("192.0.2.20")) {
 			return errors.New("192.0.2.20 still bound")
 		}
@@ -360,7 +361,7 @@ func TestAgentKeepsIPsWhileAPIServerIsDown(t *testing.T) {
 	cfg := n.config()
 	cfg.ResyncPeriod = time.Second
 	r := startAgent(t, env.Config, n.name, newAgent(t, cfg))
-	eventually(t, 15*time.Second, "bound and announced", func() error {
+	poll.Until(t, 15*time.Second, "bound and announced", func() error {
 		rep, err := r.report(ctx)
 		if err != nil {
 			return err
@@ -489,7 +490,7 @@ func TestRunCancelLeavesAddressesBound(t *testing.T) {
 	go func() {
 		done <- agent.Run(runCtx, agent.RunOptions{Config: n.config(), REST: env.Config, ReportListener: ln})
 	}()
-	eventually(t, 15*time.Second, "bound and announced", func() error {
+	poll.Until(t, 15*time.Second, "bound and announced", func() error {
 		rep, err := getReport(ctx, port)
 		if err != nil {
 			return err
@@ -516,7 +517,11 @@ func TestRunCancelLeavesAddressesBound(t *testing.T) {
 // TestStatusChangeToGARPLatency measures, 10 times, the time from the
 // status update that assigns an Egress to this Node (when the update call
 // returns) to its gratuitous ARP arriving at the peer, and logs the median.
-// It asserts that every GARP arrives, not how fast.
+// It asserts that every GARP arrives within 10 s and that the median is
+// under 5 s: a bound far from the expected value (a watch event and a
+// reconcile, about 100 ms), so that only a stalled path fails, never a
+// loaded machine. The speed itself is for benchmarks
+// (BenchmarkBindToGARP in internal/agent/announce).
 func TestStatusChangeToGARPLatency(t *testing.T) {
 	env := apiServer(t)
 	c := env.Client
@@ -530,7 +535,7 @@ func TestStatusChangeToGARPLatency(t *testing.T) {
 	}
 	a := newAgent(t, n.config())
 	startAgent(t, env.Config, n.name, a)
-	eventually(t, 15*time.Second, "first reconcile", func() error { return a.ReadyCheck(nil) })
+	poll.Until(t, 15*time.Second, "first reconcile", func() error { return a.ReadyCheck(nil) })
 
 	var ds []time.Duration
 	for i := range runs {
@@ -549,6 +554,9 @@ func TestStatusChangeToGARPLatency(t *testing.T) {
 	median := (sorted[runs/2-1] + sorted[runs/2]) / 2
 	t.Logf("status update returned -> GARP at peer, %d runs: median %s, min %s, max %s (all %v)",
 		runs, median, sorted[0], sorted[runs-1], ds)
+	if bound := 5 * time.Second; median > bound { // expected ~100 ms: 50 times that
+		t.Errorf("median status update -> GARP %v, want under %v", median, bound)
+	}
 }
 
 // TestAgentOwnershipRecordUnreadable: an agent in record mode whose
@@ -584,7 +592,7 @@ func TestAgentOwnershipRecordUnreadable(t *testing.T) {
 	}
 	rc := reconcileCount(t)
 	r := startAgent(t, env.Config, n.name, a)
-	eventually(t, 15*time.Second, "two reconciles", func() error {
+	poll.Until(t, 15*time.Second, "two reconciles", func() error {
 		if reconcileCount(t) < rc+2 {
 			return errors.New("not yet")
 		}
@@ -600,7 +608,7 @@ func TestAgentOwnershipRecordUnreadable(t *testing.T) {
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 15*time.Second, "assigned IP bound once the record is gone", func() error {
+	poll.Until(t, 15*time.Second, "assigned IP bound once the record is gone", func() error {
 		rep, err := r.report(ctx)
 		if err != nil {
 			return err

@@ -223,7 +223,13 @@ func TestAtBoundsGeneratedStatesApply(t *testing.T) {
 		if c.tooMany != errors.Is(err, datapath.ErrTooManyEgresses) || (err != nil && !c.tooMany) {
 			t.Fatalf("%s: Apply: %v", c.name, err)
 		}
-		t.Logf("%s: %d Egresses, %d exclusions applied in %v", c.name, len(st.Egresses), len(c.in.CIDRs.ExcludeCIDRs), time.Since(start))
+		took := time.Since(start)
+		t.Logf("%s: %d Egresses, %d exclusions applied in %v", c.name, len(st.Egresses), len(c.in.CIDRs.ExcludeCIDRs), took)
+		// One nftables transaction, expected well under a second: 60 s
+		// fails only an Apply that stalls or grows out of all proportion.
+		if bound := time.Minute; took > bound {
+			t.Errorf("%s: Apply took %v, want under %v", c.name, took, bound)
+		}
 		ids := d.IDs()
 		if len(ids) != min(c.wantEgrs, maxID) {
 			t.Fatalf("%s: %d Egresses have an ID, want %d", c.name, len(ids), min(c.wantEgrs, maxID))

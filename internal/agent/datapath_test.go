@@ -20,6 +20,7 @@ import (
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // recordingDP stands in for the datapath engine: it records every State
@@ -174,7 +175,7 @@ func TestDatapathReconciler(t *testing.T) {
 	mgr2 := startDatapathAgent(t, n2, dp2, agent.CIDRs{ServiceCIDRs: svc})
 
 	ip := netip.MustParseAddr
-	eventually(t, 30*time.Second, "n1: pay held with the remote member", func() error {
+	poll.Until(t, 30*time.Second, "n1: pay held with the remote member", func() error {
 		st, _ := dp1.last()
 		e, ok := egressOf(st, pay)
 		want := []datapath.Member{{IP: ip("10.22.0.5"), HostIP: ip("192.0.2.22")}}
@@ -189,7 +190,7 @@ func TestDatapathReconciler(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, "n2: pay as source, ops failed", func() error {
+	poll.Until(t, 30*time.Second, "n2: pay as source, ops failed", func() error {
 		st, _ := dp2.last()
 		p, ok1 := egressOf(st, pay)
 		o, ok2 := egressOf(st, ops)
@@ -235,7 +236,7 @@ func TestDatapathReconciler(t *testing.T) {
 	if err := c.Update(ctx, &pc); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "n2: c joins pay", func() error {
+	poll.Until(t, 30*time.Second, "n2: c joins pay", func() error {
 		st, _ := dp2.last()
 		p, _ := egressOf(st, pay)
 		if _, ok := egressOf(st, ops); ok || !slices.Equal(p.Local, []netip.Addr{ip("10.22.0.5"), ip("10.22.0.6")}) {
@@ -294,7 +295,7 @@ func TestDatapathServiceCIDRs(t *testing.T) {
 			want = append(want, netip.MustParsePrefix(s).Masked())
 		}
 	}
-	eventually(t, 30*time.Second, "every ServiceCIDR in the State", func() error {
+	poll.Until(t, 30*time.Second, "every ServiceCIDR in the State", func() error {
 		st, _ := auto.last()
 		for _, p := range want {
 			if !slices.Contains(st.ClusterCIDRs, p) {
@@ -303,7 +304,7 @@ func TestDatapathServiceCIDRs(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, "the flag's list only", func() error {
+	poll.Until(t, 30*time.Second, "the flag's list only", func() error {
 		st, n := flagged.last()
 		if n == 0 || !slices.Contains(st.ClusterCIDRs, flag[0]) {
 			return fmt.Errorf("ClusterCIDRs %v lack %s", st.ClusterCIDRs, flag[0])

@@ -14,6 +14,7 @@ import (
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // drainingDP is the recording engine reporting drains in progress (a
@@ -67,7 +68,7 @@ func TestDrainingReappliesUnchangedState(t *testing.T) {
 		}
 	})
 	var first int
-	eventually(t, 30*time.Second, "the State applied", func() error {
+	poll.Until(t, 30*time.Second, "the State applied", func() error {
 		st, n := dp.last()
 		if _, ok := egressOf(st, e.Name); !ok {
 			return fmt.Errorf("not applied yet: %+v", st)
@@ -79,7 +80,7 @@ func TestDrainingReappliesUnchangedState(t *testing.T) {
 	// A change starts the faster period (as the Apply that starts a drain
 	// would), then unchanged States keep being applied.
 	mkPod(t, c, ns, "b", node, "192.0.2.32", "10.32.0.6", map[string]string{"app": "b"})
-	eventually(t, 40*time.Second, "unchanged State applied again while draining", func() error {
+	poll.Until(t, 40*time.Second, "unchanged State applied again while draining", func() error {
 		if _, n := dp.last(); n < first+3 {
 			return fmt.Errorf("%d applies (first at %d)", n, first)
 		}

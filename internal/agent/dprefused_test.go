@@ -18,6 +18,7 @@ import (
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/datapath"
 	"github.com/egressip/egressip/internal/report"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // refusingDP is the recording engine with one Egress the "kernel" refuses:
@@ -105,7 +106,7 @@ func TestOneEgressFailsAgentReportsAndKeepsApplying(t *testing.T) {
 		return published[len(published)-1]
 	}
 
-	eventually(t, 30*time.Second, "the refusal published and the other Egress applied", func() error {
+	poll.Until(t, 30*time.Second, "the refusal published and the other Egress applied", func() error {
 		if rs := last(); len(rs) != 1 || rs[0].Egress != bad.Name || rs[0].Message == "" {
 			return fmt.Errorf("published %v", rs)
 		}
@@ -122,7 +123,7 @@ func TestOneEgressFailsAgentReportsAndKeepsApplying(t *testing.T) {
 	for i := range 3 {
 		ip := fmt.Sprintf("10.31.0.%d", 10+i)
 		mkPod(t, c, ns, fmt.Sprintf("g%d", i), node, "192.0.2.31", ip, map[string]string{"app": "good"})
-		eventually(t, 30*time.Second, "new member "+ip+" applied", func() error {
+		poll.Until(t, 30*time.Second, "new member "+ip+" applied", func() error {
 			st, _ := dp.last()
 			if e, _ := egressOf(st, good.Name); !slices.Contains(e.Local, netip.MustParseAddr(ip)) {
 				return fmt.Errorf("good: %+v", e)
@@ -133,7 +134,7 @@ func TestOneEgressFailsAgentReportsAndKeepsApplying(t *testing.T) {
 	if err := c.Delete(ctx, bad); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the refusal cleared", func() error {
+	poll.Until(t, 30*time.Second, "the refusal cleared", func() error {
 		if rs := last(); len(rs) != 0 {
 			return fmt.Errorf("published %v", rs)
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/egressip/egressip/internal/agent/fence"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // TestAgentFenceUnbindsAndRejoins: a fence decision makes the agent unbind
@@ -22,7 +23,7 @@ func TestAgentFenceUnbindsAndRejoins(t *testing.T) {
 	createEgress(t, c, "fstay", pool, "192.0.2.41", n.name)
 	a := newAgent(t, n.config())
 	r := startAgent(t, env.Config, n.name, a)
-	eventually(t, 15*time.Second, "both bound and announced", func() error {
+	poll.Until(t, 15*time.Second, "both bound and announced", func() error {
 		rep, err := r.report(ctx)
 		if err != nil {
 			return err
@@ -31,7 +32,7 @@ func TestAgentFenceUnbindsAndRejoins(t *testing.T) {
 	})
 
 	a.SetFence(ctx, fence.Decision{Fence: true, Reason: fence.ReasonPeersLost, Message: "test: isolated"})
-	eventually(t, 10*time.Second, "every IP unbound while fenced", func() error {
+	poll.Until(t, 10*time.Second, "every IP unbound while fenced", func() error {
 		if n.present(t, ip("192.0.2.40")) || n.present(t, ip("192.0.2.41")) {
 			return errors.New("still bound")
 		}
@@ -55,7 +56,7 @@ func TestAgentFenceUnbindsAndRejoins(t *testing.T) {
 	// Meanwhile the controller moved one Egress away.
 	setStatus(t, c, moving, "192.0.2.40", uniq("other-node"))
 	a.SetFence(ctx, fence.Decision{Reason: fence.ReasonPolled, Message: "test: polled again"})
-	eventually(t, 15*time.Second, "the assigned IP back, the moved one not, rejoin over", func() error {
+	poll.Until(t, 15*time.Second, "the assigned IP back, the moved one not, rejoin over", func() error {
 		if n.present(t, ip("192.0.2.40")) {
 			t.Fatal("192.0.2.40, moved away while fenced, bound again")
 		}

@@ -241,23 +241,6 @@ func wantReport(rep report.Report, iface string, announced bool, ips ...netip.Ad
 	return nil
 }
 
-// eventually polls fn every 50 ms until it returns nil or timeout passes,
-// then fails the test with fn's last error.
-func eventually(t *testing.T, timeout time.Duration, what string, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, timeout, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // API objects
 
 func createPool(t *testing.T, c client.Client, cidr, gateway string, prefixLen int32) string {

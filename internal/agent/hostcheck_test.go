@@ -19,6 +19,7 @@ import (
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/hostpath"
 	"github.com/egressip/egressip/internal/report"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // scriptedCheck stands in for hostpath's Detector: it records the Pod IPs
@@ -115,7 +116,7 @@ func TestDatapathHostCheck(t *testing.T) {
 		return findings[len(findings)-1], len(findings)
 	}
 
-	eventually(t, 30*time.Second, "a bypass finding", func() error {
+	poll.Until(t, 30*time.Second, "a bypass finding", func() error {
 		f, n := lastFinding()
 		if n == 0 || f.Supported || f.Reason != report.ReasonHostStackBypass || !strings.Contains(f.Message, "lxc1") {
 			return fmt.Errorf("findings so far: %d, last %+v", n, f)
@@ -136,7 +137,7 @@ func TestDatapathHostCheck(t *testing.T) {
 	if err := c.Update(ctx, &pa); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "the finding clears", func() error {
+	poll.Until(t, 30*time.Second, "the finding clears", func() error {
 		f, n := lastFinding()
 		if !f.Supported || f.Reason != report.ReasonHostStack {
 			return fmt.Errorf("findings so far: %d, last %+v", n, f)

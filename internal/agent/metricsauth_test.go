@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/egressip/egressip/internal/agent"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // TestAgentMetricsAuthenticated: the agent's metrics, served as with
@@ -93,10 +94,8 @@ func TestAgentMetricsAuthenticated(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp.StatusCode
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for scrape("") == -1 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond) // the metrics server starts with the manager
-	}
+	// The metrics server starts with the manager; the scrapes below judge.
+	_ = poll.Wait(ctx, 100*time.Millisecond, 30*time.Second, poll.Cond(func() bool { return scrape("") != -1 }))
 	for _, tc := range []struct {
 		who   string
 		token string

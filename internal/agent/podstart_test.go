@@ -23,6 +23,7 @@ import (
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/podstart/cniapi"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // cniAdd runs the egressip-cni binary's ADD as a runtime would, chained
@@ -124,7 +125,7 @@ func TestPodStartGateClassifiesBeforeStatus(t *testing.T) {
 			t.Errorf("manager: %v", err)
 		}
 	})
-	eventually(t, 30*time.Second, "socket served", func() error { _, err := os.Stat(sock); return err })
+	poll.Until(t, 30*time.Second, "socket served", func() error { _, err := os.Stat(sock); return err })
 
 	// The selected Pod: the ADD's return implies the State applied.
 	out, err := cniAdd(bin, sock, pay, "app", 20, "10.31.0.7", "fd00:31::7")
@@ -170,7 +171,7 @@ func TestPodStartGateClassifiesBeforeStatus(t *testing.T) {
 	if err := c.Status().Update(ctx, &p); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "membership kept after the status", func() error {
+	poll.Until(t, 30*time.Second, "membership kept after the status", func() error {
 		st, _ := rec.last()
 		if e, ok := egressOf(st, e1.Name); !ok || !slices.Equal(e.Local, want) {
 			return fmt.Errorf("e1 = %+v", e)

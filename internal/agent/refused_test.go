@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/egressip/egressip/internal/report"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // refusal returns the report's refusal of ip, or an error.
@@ -48,7 +49,7 @@ func TestStatusOutsidePoolNotBound(t *testing.T) {
 		}
 		return nil
 	}
-	eventually(t, 15*time.Second, "valid IPs bound, the others refused", func() error {
+	poll.Until(t, 15*time.Second, "valid IPs bound, the others refused", func() error {
 		if err := checkNever(); err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +83,7 @@ func TestStatusOutsidePoolNotBound(t *testing.T) {
 	// A bound address whose status is moved out of the pool is released,
 	// and the new one is not bound.
 	setStatus(t, c, moved, "198.51.100.5", n.name)
-	eventually(t, 15*time.Second, "192.0.2.11 released, 198.51.100.5 refused", func() error {
+	poll.Until(t, 15*time.Second, "192.0.2.11 released, 198.51.100.5 refused", func() error {
 		if err := checkNever(); err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +125,7 @@ func TestNodeAddressAgentRefusesForeign(t *testing.T) {
 	createEgress(t, c, "fine", p4, "192.0.2.10", n.name)
 
 	r := startAgent(t, env.Config, n.name, newAgent(t, n.config()))
-	eventually(t, 15*time.Second, "192.0.2.10 bound, 192.0.2.2 and 192.0.2.77 refused", func() error {
+	poll.Until(t, 15*time.Second, "192.0.2.10 bound, 192.0.2.2 and 192.0.2.77 refused", func() error {
 		rep, err := r.report(ctx)
 		if err != nil {
 			return err

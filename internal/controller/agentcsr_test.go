@@ -28,6 +28,7 @@ import (
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agentcert"
 	"github.com/egressip/egressip/internal/report"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 const testAgentNS = "egressip-system"
@@ -218,8 +219,8 @@ func TestAgentCertificateRotation(t *testing.T) {
 		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
 	}
 	seen := map[string]bool{}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(seen) < 3 && time.Now().Before(deadline) {
+	// Sampled every 100 ms for up to 20 s; judged below.
+	_ = poll.Wait(cl.ctx, 100*time.Millisecond, 20*time.Second, func() error {
 		e := cl.get("rot-e")
 		if !ready(e) || e.Status.EgressNode != "rot-n1" {
 			t.Fatalf("during rotation: %s", describe(e))
@@ -227,8 +228,11 @@ func TestAgentCertificateRotation(t *testing.T) {
 		if s := served(); len(s) > 0 && s[0] != 'd' {
 			seen[s] = true
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		if len(seen) < 3 {
+			return fmt.Errorf("%d certificates", len(seen))
+		}
+		return nil
+	})
 	if len(seen) < 3 {
 		t.Fatalf("saw %d certificates in 20 s, want at least 3 (two rotations): %v", len(seen), seen)
 	}

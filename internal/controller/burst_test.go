@@ -22,6 +22,7 @@ import (
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/testenv"
+	"github.com/egressip/egressip/internal/testutil/poll"
 	egwebhook "github.com/egressip/egressip/internal/webhook"
 )
 
@@ -309,7 +310,7 @@ func TestBurstNoSharedAllocation(t *testing.T) {
 	// the earlier 110 s deadline, then passed alone in 58 s.
 	deadline := time.Now().Add(time.Duration(egresses)*time.Second/2 + 3*time.Minute)
 	var readyN int
-	for {
+	if err := poll.Wait(cl.ctx, 200*time.Millisecond, time.Until(deadline), func() error {
 		var l v1.EgressList
 		if err := cl.c.List(cl.ctx, &l); err != nil {
 			t.Fatal(err)
@@ -320,14 +321,12 @@ func TestBurstNoSharedAllocation(t *testing.T) {
 				readyN++
 			}
 		}
-		if readyN == egresses {
-			break
+		if readyN != egresses {
+			return fmt.Errorf("%d of %d Egresses Ready", readyN, egresses)
 		}
-		if time.Now().After(deadline) {
-			t.Errorf("%d of %d Egresses Ready after %v", readyN, egresses, time.Since(start))
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Errorf("%d of %d Egresses Ready after %v", readyN, egresses, time.Since(start))
 	}
 	allReady := time.Since(start)
 	// Let the watch deliver the last writes before judging.

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -75,6 +76,11 @@ type CloudConfig struct {
 	// several clusters in one account never touch each other's. Default
 	// "egressip".
 	ClusterName string
+	// Clock is the time the actuator reads and waits on: refresh ticks,
+	// backoffs, overlay deadlines, cooldowns, re-read spacing. Default
+	// clock.RealClock{}; tests set a k8s.io/utils/clock/testing.FakeClock
+	// and step it.
+	Clock clock.WithTicker
 }
 
 func (c *CloudConfig) defaults() {
@@ -95,6 +101,9 @@ func (c *CloudConfig) defaults() {
 	}
 	if c.ClusterName == "" {
 		c.ClusterName = "egressip"
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 }
 
@@ -192,6 +201,8 @@ type CloudActuator struct {
 // NewCloudActuator returns a CloudActuator over cfg.Provider, which must not be nil.
 func NewCloudActuator(reader client.Reader, cfg CloudConfig) *CloudActuator {
 	cfg.defaults()
+	backoff := flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax)
+	backoff.Clock = cfg.Clock
 	return &CloudActuator{
 		cfg: cfg, reader: reader,
 		Events:        make(chan event.GenericEvent, 1),
@@ -208,7 +219,7 @@ func NewCloudActuator(reader client.Reader, cfg CloudConfig) *CloudActuator {
 		warmAttaching: map[string]int{},
 		held:          map[netip.Addr]heldAddr{},
 		ours:          map[netip.Addr]string{},
-		backoff:       flowcontrol.NewBackOff(cfg.BackoffInitial, cfg.BackoffMax),
+		backoff:       backoff,
 		backoffUntil:  map[backoffKey]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
 		subnets:       map[string]cloud.Subnet{},
@@ -238,7 +249,7 @@ func (c *CloudActuator) Start(ctx context.Context) error {
 	c.mu.Lock()
 	c.runCtx = ctx
 	c.mu.Unlock()
-	t := time.NewTicker(c.cfg.RefreshInterval)
+	t := c.cfg.Clock.NewTicker(c.cfg.RefreshInterval)
 	defer t.Stop()
 	for {
 		if err := c.Refresh(ctx); err != nil && ctx.Err() == nil {
@@ -246,7 +257,7 @@ func (c *CloudActuator) Start(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-time.After(c.cfg.BackoffInitial):
+			case <-c.cfg.Clock.After(c.cfg.BackoffInitial):
 			}
 			continue
 		}
@@ -256,7 +267,7 @@ func (c *CloudActuator) Start(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return nil
-			case <-t.C:
+			case <-t.C():
 				full = true
 			case <-c.refreshNow:
 				full = true
@@ -302,7 +313,7 @@ func (c *CloudActuator) Refresh(ctx context.Context) error {
 		log.FromContext(ctx).Info("Some Nodes have no cloud interface", "error", err.Error())
 	}
 	tagged, subnets, subnetErr, ok := c.readOwn(ctx)
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	for ip, o := range c.overlay {
 		if now.After(o.deadline) {
@@ -481,7 +492,7 @@ func (c *CloudActuator) Run(ctx context.Context, out *cloudOutput) {
 			}
 		}
 		if len(po.Plan.Detach) > 0 {
-			c.lastScaleDown[pool] = time.Now()
+			c.lastScaleDown[pool] = c.cfg.Clock.Now()
 		}
 		for _, op := range po.Plan.Detach {
 			if !claim(op.InterfaceID) {
@@ -572,7 +583,7 @@ func (c *CloudActuator) Run(ctx context.Context, out *cloudOutput) {
 // applied records a successful call in the view and, for warm attaches,
 // in the pool's ownership.
 func (c *CloudActuator) applied(pool, node, iface string, ips []netip.Addr, attach bool) {
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	key := backoffKey{backoffInterface, iface}
@@ -617,7 +628,7 @@ func (c *CloudActuator) failed(ctx context.Context, action, pool, iface string, 
 	if pool != "" && (errors.Is(err, cloud.ErrSubnetFull) || errors.Is(err, cloud.ErrThrottled)) {
 		key = backoffKey{backoffPool, pool}
 	}
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	c.backoff.Next(key.String(), now)
 	until := now.Add(c.backoff.Get(key.String()))
@@ -637,9 +648,9 @@ func (c *CloudActuator) failed(ctx context.Context, action, pool, iface string, 
 
 // call runs one provider call with its metrics.
 func (c *CloudActuator) call(ctx context.Context, action string, f func() error) error {
-	start := time.Now()
+	start := c.cfg.Clock.Now()
 	err := f()
-	cloudCallDuration.WithLabelValues(action).Observe(time.Since(start).Seconds())
+	cloudCallDuration.WithLabelValues(action).Observe(c.cfg.Clock.Since(start).Seconds())
 	res := resultOK
 	switch {
 	case err == nil:

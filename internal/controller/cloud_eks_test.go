@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/cloud/aws/ec2emu"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // ownPool is a cloud pool in interface mode OwnInterfaces (the default:
@@ -52,14 +53,14 @@ func (cl *cluster) ownPool(name string, spec func(*v1.ExternalIPPool)) {
 		p := &v1.ExternalIPPool{}
 		p.Name = name
 		_ = cl.c.Delete(context.Background(), p)
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
-			if err := cl.c.Get(context.Background(), client.ObjectKey{Name: name}, p); apierrors.IsNotFound(err) {
-				return
+		if poll.Wait(context.Background(), poll.Interval, 30*time.Second, func() error {
+			if err := cl.c.Get(context.Background(), client.ObjectKey{Name: name}, p); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("pool %s still there (%v)", name, err)
 			}
-			time.Sleep(100 * time.Millisecond)
+			return nil
+		}) != nil {
+			cl.t.Errorf("pool %s not gone 30 s after deletion: %+v", name, p.Status)
 		}
-		cl.t.Errorf("pool %s not gone 30 s after deletion: %+v", name, p.Status)
 	})
 }
 

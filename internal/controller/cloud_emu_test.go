@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	egaws "github.com/egressip/egressip/internal/cloud/aws"
 	"github.com/egressip/egressip/internal/cloud/aws/ec2emu"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // emuCloud is an EC2 emulator with one subnet and the real SDK-based
@@ -187,6 +190,8 @@ func TestEmuFailoverOfTwentyIPs(t *testing.T) {
 		dest[cl.get(n).Status.EgressNode] = true
 	}
 	n := ec.emu.Calls("AssignPrivateIpAddresses")
+	// The time is bounded by the wait's 20 s (expected: dead-after 3 s
+	// plus the attaches) and logged only; the calls are asserted.
 	t.Logf("crash to 20 Ready elsewhere: %v; %d AssignPrivateIpAddresses calls for %d destination Nodes", time.Since(start), n, len(dest))
 	if n != len(dest) {
 		t.Fatalf("%d Assign calls for %d destination interfaces, want one each", n, len(dest))
@@ -199,7 +204,12 @@ func TestEmuThrottlingAndLimitExceeded(t *testing.T) {
 	cl := newEmuCluster(t, "ethrottle", 2, 20, ec, "m5.large")
 	// The CNI fills most of n1's interface after the controller's first
 	// read, so the controller's idea of its room is stale.
-	time.Sleep(time.Second)
+	poll.Until(t, 20*time.Second, "the controller's first read of the instances", func() error {
+		if ec.emu.Calls("DescribeInstances") == 0 {
+			return errors.New("no DescribeInstances call yet")
+		}
+		return nil
+	})
 	others := map[netip.Addr]bool{}
 	got, err := ec.emu.UseSlots(ec.instances[0].PrimaryInterface, 7)
 	if err != nil {
@@ -341,10 +351,13 @@ func TestEmuScaleDownSpacingAndMinimum(t *testing.T) {
 	if st := cl.poolStatus("edown").Cloud; st.Warm != 4 || ec.emu.Calls("UnassignPrivateIpAddresses") != first {
 		t.Fatalf("a second detach came before the 30 s spacing: %+v", st)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for cl.poolStatus("edown").Cloud.Warm != 0 && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	// Judged below: up to 60 s for the warm IPs to go.
+	_ = poll.Wait(context.Background(), 200*time.Millisecond, 60*time.Second, func() error {
+		if w := cl.poolStatus("edown").Cloud.Warm; w != 0 {
+			return fmt.Errorf("%d warm", w)
+		}
+		return nil
+	})
 	if st := cl.poolStatus("edown").Cloud; st.Warm != 0 {
 		t.Fatalf("warm IPs not detached after the spacing: %+v", st)
 	}

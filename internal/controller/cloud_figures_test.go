@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/egressip/egressip/internal/cloud/aws/ec2emu"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // TestEmuFigures measures, on an emulator with 200 ms per call and 20
@@ -42,21 +43,19 @@ func TestEmuFigures(t *testing.T) {
 				go func() { defer wg.Done(); cl.egress(e, prefix, "") }()
 			}
 			wg.Wait()
-			deadline := time.Now().Add(3 * time.Minute)
-			for {
+			if err := poll.Wait(context.Background(), 100*time.Millisecond, 3*time.Minute, func() error {
 				n := 0
 				for _, e := range egs {
 					if ready(cl.get(e)) {
 						n++
 					}
 				}
-				if n == len(egs) {
-					break
+				if n != len(egs) {
+					return fmt.Errorf("only %d of 100 Ready", n)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("only %d of 100 Ready after 3 min", n)
-				}
-				time.Sleep(100 * time.Millisecond)
+				return nil
+			}); err != nil {
+				t.Fatalf("after 3 min: %v", err)
 			}
 			took := time.Since(start)
 			counts := ec.emu.Counts()

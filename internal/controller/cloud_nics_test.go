@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/cloud"
 	"github.com/egressip/egressip/internal/cloud/aws/ec2emu"
@@ -134,7 +136,8 @@ func eniIDs(es []cloud.ENI) string {
 // asks for a re-read at once, then at most twice more, spaced; a list that
 // matches asks for none, and a new list asks again.
 func TestCloudNICRereadsBounded(t *testing.T) {
-	c := NewCloudActuator(nil, CloudConfig{Provider: nil})
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	c := NewCloudActuator(nil, CloudConfig{Provider: nil, Clock: clk})
 	c.ready = true
 	c.ifaces["n1"] = cloud.Interface{ID: "eni-1", MAC: "0a:00:00:00:00:01", Others: []cloud.ENI{{ID: "eni-2", MAC: "0a:00:00:00:00:02"}}}
 	asked := func() bool {
@@ -157,15 +160,19 @@ func TestCloudNICRereadsBounded(t *testing.T) {
 	if c.nicsReported("n1", []string{"0a:00:00:00:00:01"}); asked() {
 		t.Fatal("a second re-read before the spacing")
 	}
+	// The second re-read comes nicRereadSpacing after the first, the
+	// third twice that after the second, and none after that.
 	n := 1
-	for range 10 {
-		c.mu.Lock()
-		a := c.nicAsked["n1"]
-		a.next = time.Time{} // the spacing has passed
-		c.nicAsked["n1"] = a
-		c.mu.Unlock()
+	for spacing := nicRereadSpacing; spacing <= 8*nicRereadSpacing; spacing *= 2 {
+		clk.Step(spacing - time.Millisecond)
+		if c.nicsReported("n1", []string{"0a:00:00:00:00:01"}); asked() {
+			t.Fatalf("re-read %d came before its spacing %v", n+1, spacing)
+		}
+		clk.Step(time.Millisecond)
 		if c.nicsReported("n1", []string{"0a:00:00:00:00:01"}); asked() {
 			n++
+		} else if n < maxNICRereads {
+			t.Fatalf("no re-read %d after its spacing %v", n+1, spacing)
 		}
 	}
 	if n != maxNICRereads {

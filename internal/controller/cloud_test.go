@@ -1,6 +1,8 @@
 package controller
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -14,6 +16,7 @@ import (
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/cloud"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // testSubnet gives each test its own subnet, so that pools left behind
@@ -133,6 +136,8 @@ func TestCloudWarmIPMakesAFreshEgressReadyWithoutCalls(t *testing.T) {
 	start := time.Now()
 	cl.egress("cwarm-a", "cwarm", "")
 	e := cl.waitReady("cwarm-a")["cwarm-a"]
+	// Bounded by waitReady's 20 s (expected: a pass and a poll, no cloud
+	// call); the time is logged only.
 	t.Logf("fresh Egress to Ready with a warm IP: %v", time.Since(start))
 	node, wasWarm := warmBefore[e.Status.EgressIP]
 	if !wasWarm || node != e.Status.EgressNode {
@@ -248,6 +253,8 @@ func TestCloudFailoverOneCallPerDestination(t *testing.T) {
 		}
 		return true, ""
 	})
+	// Bounded by the wait's 20 s (expected: dead-after 3 s plus the
+	// attaches); the time is logged only.
 	t.Logf("crash to all 20 Ready elsewhere: %v", time.Since(start))
 	var assigns []fakeCall
 	for _, c := range fc.calls()[before:] {
@@ -314,7 +321,12 @@ func TestCloudLimitExceededAndThrottling(t *testing.T) {
 	fc := newFakeCloud(testSubnet(t), 6)
 	cl := newCloudCluster(t, "climit", 2, 10, fc)
 	// The CNI takes 4 of n1's 5 slots after the controller's first read.
-	time.Sleep(500 * time.Millisecond)
+	poll.Until(t, 20*time.Second, "the controller's first interface read", func() error {
+		if len(fc.calls("Interfaces")) == 0 {
+			return errors.New("no Interfaces call yet")
+		}
+		return nil
+	})
 	fc.attachBehindOurBack(1, 4)
 	others := map[netip.Addr]bool{}
 	for ip := range fc.attached() {
@@ -364,10 +376,13 @@ func TestCloudScaleDownSpacingAndMinimum(t *testing.T) {
 	if st := cl.poolStatus("cdown").Cloud; st.Warm != 4 {
 		t.Fatalf("a second detach came before the 30 s spacing: %+v", st)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for cl.poolStatus("cdown").Cloud.Warm != 0 && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-	}
+	// Judged below: up to 60 s for the warm IPs to go.
+	_ = poll.Wait(context.Background(), 200*time.Millisecond, 60*time.Second, func() error {
+		if w := cl.poolStatus("cdown").Cloud.Warm; w != 0 {
+			return fmt.Errorf("%d warm", w)
+		}
+		return nil
+	})
 	all := fc.calls("Unassign")
 	if st := cl.poolStatus("cdown").Cloud; st.Warm != 0 {
 		t.Fatalf("warm IPs not detached after the spacing: %+v", st)

@@ -98,7 +98,7 @@ func (c *CloudActuator) screen(ctx context.Context, jobs []cloudJob) []cloudJob 
 		}
 		holders[subnet] = got
 	}
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	changed := false
 	c.mu.Lock()
 	for i := range jobs {

@@ -152,7 +152,7 @@ func (c *CloudActuator) runENIJobs(ctx context.Context, out *cloudOutput) {
 	}
 	c.mu.Lock()
 	var creates []eniCreate
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	for _, cr := range out.CreateENIs {
 		k := cr.Node + "/" + cr.Pool
 		if c.creating[k] || now.Before(c.backoffUntil[backoffKey{backoffCreate, cr.Pool}]) {
@@ -281,7 +281,7 @@ func (c *CloudActuator) poolFailed(ctx context.Context, pool string, key backoff
 	if len(msg) > 400 {
 		msg = msg[:400] + "..."
 	}
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	c.poolError[pool] = msg
 	c.backoff.Next(key.String(), now)
@@ -399,7 +399,7 @@ func viewMACs(ifc cloud.Interface) []string {
 // differs, at most maxNICRereads times per list. A Node the view does not
 // know (no providerID yet, not an instance) is left to lateFacts.
 func (c *CloudActuator) nicsReported(node string, nics []string) {
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	ifc, ok := c.ifaces[node]
 	if !c.ready || !ok {
@@ -470,7 +470,7 @@ func (c *CloudActuator) refreshNodes(ctx context.Context, names []string) error 
 	if got == nil {
 		return fmt.Errorf("read the interfaces of %d Nodes: %w", len(ids), err)
 	}
-	now := time.Now()
+	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	for ip, o := range c.overlay {
 		if !now.After(o.deadline) {

@@ -10,9 +10,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -49,6 +49,11 @@ type LivenessConfig struct {
 	// for refused polls of one Node (the metric counts every one). Default
 	// 5 minutes.
 	RefusedEventInterval time.Duration
+	// Clock is the time the poller reads and waits on: when a poll
+	// happened, how long an agent has been silent, the poll and expedite
+	// intervals. Default clock.RealClock{}; tests set a
+	// k8s.io/utils/clock/testing.FakeClock and step it.
+	Clock clock.WithTicker
 }
 
 func (c *LivenessConfig) defaults() {
@@ -72,6 +77,9 @@ func (c *LivenessConfig) defaults() {
 	}
 	if c.RefusedEventInterval <= 0 {
 		c.RefusedEventInterval = 5 * time.Minute
+	}
+	if c.Clock == nil {
+		c.Clock = clock.RealClock{}
 	}
 }
 
@@ -224,9 +232,14 @@ func (l *Liveness) Expedite(node string) {
 			return
 		}
 		start := l.State(node)
-		deadline := time.Now().Add(expediteFor)
-		for time.Now().Before(deadline) && ctx.Err() == nil {
-			time.Sleep(expediteInterval)
+		clk := l.cfg.Clock
+		deadline := clk.Now().Add(expediteFor)
+		for clk.Now().Before(deadline) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-clk.After(expediteInterval):
+			}
 			l.poll(ctx, node, addr, true)
 			if now := l.State(node); now.Dead || !sameBound(now.Report, start.Report) {
 				return
@@ -285,7 +298,16 @@ func (l *Liveness) Start(ctx context.Context) error {
 	l.mu.Lock()
 	l.runCtx = ctx
 	l.mu.Unlock()
-	wait.UntilWithContext(ctx, l.pollAll, l.cfg.Interval)
+	// A sliding period without jitter, as wait.UntilWithContext, on the
+	// configured clock: the next round starts Interval after this one
+	// ended.
+	for ctx.Err() == nil {
+		l.pollAll(ctx)
+		select {
+		case <-ctx.Done():
+		case <-l.cfg.Clock.After(l.cfg.Interval):
+		}
+	}
 	return nil
 }
 
@@ -326,7 +348,7 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 		rep, err = l.client.Poll(ctx, node, addr, report.Poll{Releases: l.releasesFor(node)})
 		l.noteRefused(ctx, node, err)
 	}
-	now := time.Now()
+	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	s, ok := l.agents[node]
 	if !ok {
@@ -369,7 +391,7 @@ func (l *Liveness) noteRefused(ctx context.Context, node string, err error) {
 		return
 	}
 	refusedReports.WithLabelValues(re.Reason).Inc()
-	now := time.Now()
+	now := l.cfg.Clock.Now()
 	l.mu.Lock()
 	last, seen := l.refusedEvent[node]
 	due := !seen || now.Sub(last) >= l.cfg.RefusedEventInterval

@@ -31,6 +31,8 @@ func TestFreshEgressIsAllocatedAssignedAndReady(t *testing.T) {
 	start := time.Now()
 	cl.egress("fresh-a", "fresh", "")
 	e := cl.waitReady("fresh-a")["fresh-a"]
+	// Bounded by waitReady's 20 s (expected: a pass and a poll, well
+	// under a second); the time is logged only.
 	t.Logf("Egress creation to Ready: %v", time.Since(start))
 	if e.Status.EgressIP != "192.0.2.1" {
 		t.Errorf("egressIP = %s, want the lowest allocatable address 192.0.2.1", e.Status.EgressIP)
@@ -303,6 +305,8 @@ func TestCrashedNodeFailsOver(t *testing.T) {
 		e := cl.get(egs[0])
 		return e.Status.EgressNode != "" && e.Status.EgressNode != victim && ready(e), describe(e)
 	})
+	// Bounded by the wait's 20 s (expected: dead-after plus a pass, about
+	// 1 s here); the time is logged only.
 	t.Logf("crash to Ready elsewhere: %v (dead-after %v)", time.Since(start), cl.opts.Liveness.DeadAfter)
 	after := cl.placements(egs)
 	for _, e := range egs {

@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/utils/ptr"
@@ -32,6 +33,7 @@ import (
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/report"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 func TestScale(t *testing.T) {
@@ -61,23 +63,20 @@ func TestScale(t *testing.T) {
 	}
 	go func() { _ = srv.Serve(l) }()
 	defer func() { _ = srv.Close() }()
-	go func() {
-		for ctx.Err() == nil {
-			var list v1.EgressList
-			if err := env.Client.List(ctx, &list); err == nil {
-				m := map[string][]report.BoundIP{}
-				for _, e := range list.Items {
-					if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && e.Status.EgressNode != "" {
-						m[e.Status.EgressNode] = append(m[e.Status.EgressNode], report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
-					}
+	go wait.UntilWithContext(ctx, func(ctx context.Context) {
+		var list v1.EgressList
+		if err := env.Client.List(ctx, &list); err == nil {
+			m := map[string][]report.BoundIP{}
+			for _, e := range list.Items {
+				if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && e.Status.EgressNode != "" {
+					m[e.Status.EgressNode] = append(m[e.Status.EgressNode], report.BoundIP{IP: ip, Interface: "eth0", Announced: true})
 				}
-				mu.Lock()
-				byNode = m
-				mu.Unlock()
 			}
-			time.Sleep(500 * time.Millisecond)
+			mu.Lock()
+			byNode = m
+			mu.Unlock()
 		}
-	}()
+	}, 500*time.Millisecond)
 
 	start := time.Now()
 	workqueue.ParallelizeUntil(ctx, 32, nodes, func(i int) {
@@ -147,19 +146,18 @@ func TestScale(t *testing.T) {
 	}
 	var assignedAt time.Duration
 	var perNode map[string]int
-	for {
+	if err := poll.Wait(ctx, 200*time.Millisecond, 10*time.Minute, func() error {
 		a, r, bn := countReady()
 		if a == egresses && assignedAt == 0 {
 			assignedAt = time.Since(start)
 		}
-		if r == egresses {
-			perNode = bn
-			break
+		if r != egresses {
+			return fmt.Errorf("%d assigned, %d ready", a, r)
 		}
-		if time.Since(start) > 10*time.Minute {
-			t.Fatalf("not all Ready after 10 minutes: %d assigned, %d ready", a, r)
-		}
-		time.Sleep(200 * time.Millisecond)
+		perNode = bn
+		return nil
+	}); err != nil {
+		t.Fatalf("not all Ready after 10 minutes: %v", err)
 	}
 	readyAt := time.Since(start)
 	var after runtime.MemStats
@@ -181,15 +179,13 @@ func TestScale(t *testing.T) {
 	if err := env.Client.Delete(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: victim}}); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		a, r, bn := countReady()
-		if bn[victim] == 0 && a == egresses && r == egresses {
-			break
+	if err := poll.Wait(ctx, 200*time.Millisecond, 5*time.Minute, func() error {
+		if a, r, bn := countReady(); bn[victim] != 0 || a != egresses || r != egresses {
+			return fmt.Errorf("%d still on %s, %d assigned, %d ready", bn[victim], victim, a, r)
 		}
-		if time.Since(start) > 5*time.Minute {
-			t.Fatalf("Egresses of %s not moved after 5 minutes", victim)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatalf("Egresses of %s not moved after 5 minutes: %v", victim, err)
 	}
 	time.Sleep(3 * time.Second) // let any stray writes land
 	t.Logf("deleted %s holding %d Egresses: all Ready elsewhere after %v; Egress status writes issued: %.0f", victim, held, time.Since(start), writes()-w1)

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -26,6 +27,7 @@ import (
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/testenv"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 var env *testenv.Env
@@ -401,20 +403,16 @@ func (cl *cluster) get(name string) *v1.Egress {
 	return &e
 }
 
-// eventually polls cond every 50 ms for up to 20 s.
+// eventually waits up to 20 s (poll.Until) for cond, whose message says
+// what it saw when it is not met yet.
 func (cl *cluster) eventually(what string, cond func() (bool, string)) {
 	cl.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	var last string
-	for time.Now().Before(deadline) {
-		ok, msg := cond()
-		if ok {
-			return
+	poll.Until(cl.t, 20*time.Second, what, func() error {
+		if ok, msg := cond(); !ok {
+			return errors.New(msg)
 		}
-		last = msg
-		time.Sleep(50 * time.Millisecond)
-	}
-	cl.t.Fatalf("timed out waiting for %s: %s", what, last)
+		return nil
+	})
 }
 
 func ready(e *v1.Egress) bool {

@@ -2,6 +2,8 @@ package webhook_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 func node(t *testing.T, name string, addrs ...corev1.NodeAddress) {
@@ -81,37 +84,34 @@ func TestNodeAddressPoolAdmitted(t *testing.T) {
 	node(t, "napool-node", corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "198.51.100.194"})
 	wc, w := warningClient(t)
 	p := pool("napool", v1.IPRange{CIDR: "198.51.100.192/29"})
-	var err error
-	for range 50 { // the webhook's cache may not hold the Node yet
-		if err = wc.Create(ctx, p.DeepCopy()); err != nil {
+	// The webhook's cache may not hold the Node yet: up to 50 tries
+	// 200 ms apart; the warnings are judged below.
+	_ = poll.Wait(ctx, 200*time.Millisecond, 10*time.Second, func() error {
+		if err := wc.Create(ctx, p.DeepCopy()); err != nil {
 			t.Fatalf("create pool with a Node address: %v", err)
 		}
 		if len(w.all()) > 0 {
-			break
+			return nil
 		}
 		_ = env.Client.Delete(ctx, p)
-		time.Sleep(200 * time.Millisecond)
-	}
+		return errors.New("no warning yet")
+	})
 	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), p) })
 	want := "ipRanges contain 1 Node address, which is never allocated (status.excluded counts them): 198.51.100.194 (the InternalIP of Node napool-node)"
 	if got := w.all(); len(got) != 1 || got[0] != want {
 		t.Fatalf("warnings %q, want [%q]", got, want)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	poll.Until(t, 20*time.Second, "the pool's status counting the Node address", func() error {
 		var got v1.ExternalIPPool
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: "napool"}, &got); err != nil {
 			t.Fatal(err)
 		}
 		if len(got.Status.Excluded) > 0 && got.Status.Excluded[0].Reason == v1.ExcludedNodeAddress && got.Status.Excluded[0].Count == 1 &&
 			strings.Contains(got.Status.Excluded[0].Message, "198.51.100.194 (InternalIP of Node napool-node)") && got.Status.Usage.Total == 5 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pool status: excluded %+v usage %+v", got.Status.Excluded, got.Status.Usage)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("pool status: excluded %+v usage %+v", got.Status.Excluded, got.Status.Usage)
+	})
 }
 
 // TestReservedAddressRangeRefusedByWebhook: a start/end range whose ends

@@ -2,6 +2,7 @@ package webhook_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // warnings records the admission warnings the API server returns
@@ -80,58 +82,58 @@ func TestEgressIPChangedWarnings(t *testing.T) {
 	// A second Egress naming the same address: admitted, with a warning
 	// once the webhook's cache has the first.
 	var ws []string
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		e2 := egress("warn-2", "warn-a", "203.0.113.70")
+	// Retried for up to 20 s, 200 ms apart; the last warnings are judged below.
+	var e2 *v1.Egress
+	_ = poll.Wait(ctx, 200*time.Millisecond, 20*time.Second, func() error {
+		if e2 != nil {
+			if err := c.Delete(ctx, e2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e2 = egress("warn-2", "warn-a", "203.0.113.70")
 		if err := c.Create(ctx, e2); err != nil {
 			t.Fatalf("create warn-2: %v", err)
 		}
-		ws = w.take()
-		if containsWarning(ws, "egressIP 203.0.113.70 is already used by Egress warn-1") || time.Now().After(deadline) {
-			t.Cleanup(func() { _ = env.Client.Delete(context.Background(), e2) })
-			break
+		if ws = w.take(); !containsWarning(ws, "egressIP 203.0.113.70 is already used by Egress warn-1") {
+			return fmt.Errorf("warnings %q", ws)
 		}
-		if err := c.Delete(ctx, e2); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), e2) })
 	if !containsWarning(ws, "egressIP 203.0.113.70 is already used by Egress warn-1: the Egresses share it") {
 		t.Fatalf("create of a shared egressIP: warnings %q", ws)
 	}
 
 	// Wait for the controller to give warn-1 its address (status).
 	var e1 v1.Egress
-	deadline = time.Now().Add(20 * time.Second)
-	for {
+	poll.Until(t, 20*time.Second, "warn-1's status.egressIP", func() error {
 		if err := env.Client.Get(ctx, client.ObjectKey{Name: "warn-1"}, &e1); err != nil {
 			t.Fatal(err)
 		}
-		if e1.Status.EgressIP == "203.0.113.70" {
-			break
+		if e1.Status.EgressIP != "203.0.113.70" {
+			return fmt.Errorf("warn-1 has no status.egressIP: %+v", e1.Status)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("warn-1 has no status.egressIP: %+v", e1.Status)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	update := func(mutate func(*v1.Egress)) []string {
 		t.Helper()
-		for range 50 {
+		var ws []string
+		// Up to 50 tries 100 ms apart: a conflict with the controller's
+		// status write is retried.
+		poll.Until(t, 5*time.Second, "update of warn-1 without a conflict", func() error {
 			var e v1.Egress
 			if err := c.Get(ctx, client.ObjectKey{Name: "warn-1"}, &e); err != nil {
 				t.Fatal(err)
 			}
 			mutate(&e)
 			w.take()
-			err := c.Update(ctx, &e)
-			if err == nil {
-				return w.take()
+			if err := c.Update(ctx, &e); err != nil {
+				return err
 			}
-			time.Sleep(100 * time.Millisecond) // a conflict with the controller's status write
-		}
-		t.Fatal("update of warn-1 kept conflicting")
-		return nil
+			ws = w.take()
+			return nil
+		})
+		return ws
 	}
 
 	// A label edit keeps the address: no warning.

@@ -2,6 +2,7 @@ package webhook_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/controller"
 	"github.com/egressip/egressip/internal/testenv"
+	"github.com/egressip/egressip/internal/testutil/poll"
 	egwebhook "github.com/egressip/egressip/internal/webhook"
 )
 
@@ -80,19 +82,23 @@ func create(t *testing.T, obj client.Object, wantErr string) {
 	t.Helper()
 	ctx := context.Background()
 	var err error
-	for range 50 {
+	// 50 tries 200 ms apart, as before; the outcome is judged below.
+	if poll.Wait(ctx, 200*time.Millisecond, 10*time.Second, func() error {
 		err = env.Client.Create(ctx, obj.DeepCopyObject().(client.Object))
 		if err == nil && wantErr == "" {
 			t.Cleanup(func() { _ = env.Client.Delete(context.Background(), obj) })
-			return
+			return nil
 		}
 		if err != nil && wantErr != "" && strings.Contains(err.Error(), wantErr) {
-			return
+			return nil
 		}
 		if err == nil {
 			_ = env.Client.Delete(ctx, obj)
+			return errors.New("accepted")
 		}
-		time.Sleep(200 * time.Millisecond)
+		return err
+	}) == nil {
+		return
 	}
 	if wantErr == "" {
 		t.Fatalf("create %s: want accepted, got %v", obj.GetName(), err)
@@ -188,10 +194,10 @@ func TestPoolUpdateMustKeepAllocatedIPs(t *testing.T) {
 	create(t, pool("upd", v1.IPRange{CIDR: "192.0.2.64/28"}), "")
 	create(t, egress("upd-a", "upd", "192.0.2.70"), "")
 	var e v1.Egress
-	waitFor(t, "upd-a allocated", func() bool {
+	poll.Until(t, 20*time.Second, "upd-a allocated", poll.Cond(func() bool {
 		_ = env.Client.Get(ctx, client.ObjectKey{Name: "upd-a"}, &e)
 		return e.Status.EgressIP == "192.0.2.70"
-	})
+	}))
 	var p v1.ExternalIPPool
 	if err := env.Client.Get(ctx, client.ObjectKey{Name: "upd"}, &p); err != nil {
 		t.Fatal(err)
@@ -216,38 +222,27 @@ func TestPoolDeletionWaitsForItsEgresses(t *testing.T) {
 	create(t, pool("del", v1.IPRange{CIDR: "192.0.2.128/28"}), "")
 	create(t, egress("del-a", "del", ""), "")
 	var p v1.ExternalIPPool
-	waitFor(t, "finalizer added", func() bool {
+	poll.Until(t, 20*time.Second, "finalizer added", poll.Cond(func() bool {
 		_ = env.Client.Get(ctx, client.ObjectKey{Name: "del"}, &p)
 		return len(p.Finalizers) == 1 && p.Finalizers[0] == controller.PoolFinalizer
-	})
+	}))
 	if err := env.Client.Delete(ctx, &p); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "InUse condition naming del-a", func() bool {
+	poll.Until(t, 20*time.Second, "InUse condition naming del-a", poll.Cond(func() bool {
 		_ = env.Client.Get(ctx, client.ObjectKey{Name: "del"}, &p)
 		c := meta.FindStatusCondition(p.Status.Conditions, v1.ConditionReady)
 		return p.DeletionTimestamp != nil && c != nil && c.Reason == controller.ReasonInUse && strings.Contains(c.Message, "del-a")
-	})
+	}))
 	// A new Egress of the pool would only hold the deletion up.
 	create(t, egress("del-b", "del", ""), `ExternalIPPool "del" is being deleted`)
 	if err := env.Client.Delete(ctx, egress("del-a", "del", "")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "pool gone", func() bool {
+	poll.Until(t, 20*time.Second, "pool gone", poll.Cond(func() bool {
 		err := env.Client.Get(ctx, client.ObjectKey{Name: "del"}, &p)
 		return err != nil && client.IgnoreNotFound(err) == nil
-	})
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for range 200 {
-		if cond() {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("timed out waiting for %s", what)
+	}))
 }
 
 // Two overlapping pools can both be admitted when created at the same
@@ -260,12 +255,13 @@ func TestPoolUpdateKeepingRangesSkipsOverlapCheck(t *testing.T) {
 	v := &egwebhook.PoolValidator{Reader: env.Client}
 	raced := pool("race-b", v1.IPRange{CIDR: "198.51.100.64/28"})
 	var err error
-	for range 50 { // the pool may take a moment to be listed
-		if _, err = v.ValidateCreate(context.Background(), raced); err != nil {
-			break
+	// The pool may take a moment to be listed (50 tries 100 ms apart).
+	_ = poll.Wait(context.Background(), 100*time.Millisecond, 5*time.Second, func() error {
+		if _, err = v.ValidateCreate(context.Background(), raced); err == nil {
+			return errors.New("admitted")
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	if err == nil || !strings.Contains(err.Error(), `overlaps ExternalIPPool "race-a"`) {
 		t.Fatalf("create of an overlapping pool = %v; want the overlap error", err)
 	}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/testutil/poll"
 	dp "github.com/egressip/egressip/test/datapath"
 )
 
@@ -92,15 +93,12 @@ func TestMTU(t *testing.T) {
 				t.Fatal(err)
 			}
 			payload := make([]byte, 1500-hdr)
-			var sendErr error
-			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-				if _, sendErr = uc.Write(payload); errors.Is(sendErr, unix.EMSGSIZE) {
-					break
+			poll.Until(t, 5*time.Second, "DF UDP of 1500 bytes refused with EMSGSIZE", func() error {
+				if _, err := uc.Write(payload); !errors.Is(err, unix.EMSGSIZE) {
+					return fmt.Errorf("send error %v, want EMSGSIZE", err)
 				}
-			}
-			if !errors.Is(sendErr, unix.EMSGSIZE) {
-				t.Fatalf("DF UDP of 1500 bytes: last send error %v, want EMSGSIZE", sendErr)
-			}
+				return nil
+			})
 			pmtu, _ := sockopt(uc, level, mtuOpt)
 			t.Logf("DF UDP: EMSGSIZE, path MTU %d", pmtu)
 			if pmtu != fm.mtu {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/podstart/cniapi"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // A conflist as a CNI writes it: its own key order, spacing and numbers,
@@ -129,7 +130,7 @@ func TestPodStartCNIInstall(t *testing.T) {
 	go func() {
 		done <- podstart.Run(ctx, podstart.Options{Socket: sock, ConfDir: dir, Period: 10 * time.Millisecond, Gate: noGate{}})
 	}()
-	waitFor(t, func() bool { b, _ := os.ReadFile(first); return strings.Contains(string(b), cniapi.PluginType) })
+	poll.Until(t, 10*time.Second, "the installer to write the CNI config", poll.Cond(func() bool { b, _ := os.ReadFile(first); return strings.Contains(string(b), cniapi.PluginType) }))
 	if _, err := os.Stat(sock); err != nil {
 		t.Errorf("socket while running: %v", err)
 	}
@@ -138,7 +139,7 @@ func TestPodStartCNIInstall(t *testing.T) {
 	if err := os.WriteFile(first, []byte(flannelList), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { b, _ := os.ReadFile(first); return strings.Contains(string(b), cniapi.PluginType) })
+	poll.Until(t, 10*time.Second, "the installer to write the CNI config", poll.Cond(func() bool { b, _ := os.ReadFile(first); return strings.Contains(string(b), cniapi.PluginType) }))
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
@@ -156,15 +157,3 @@ type noGate struct{}
 
 func (noGate) PodAdded(context.Context, cniapi.Request) ([]string, error) { return nil, nil }
 func (noGate) PodDeleted(context.Context, cniapi.Request) error           { return nil }
-
-// waitFor polls cond every 5 ms for up to 10 s.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

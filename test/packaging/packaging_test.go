@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/egressip/egressip/internal/testenv"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 const (
@@ -283,18 +284,12 @@ func stubCertManagerCRDs(t *testing.T, ctx context.Context) {
 		}
 	}
 	// Wait until the API server serves the kinds.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.Until(t, 30*time.Second, "cert-manager stub CRDs served", func() error {
 		l := &unstructured.UnstructuredList{}
 		l.SetAPIVersion("cert-manager.io/v1")
 		l.SetKind("IssuerList")
-		if err := env.Client.List(ctx, l); err == nil {
-			return
-		} else if time.Now().After(deadline) {
-			t.Fatalf("cert-manager stub CRDs not served: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return env.Client.List(ctx, l)
+	})
 }
 
 // apply applies CRDs and the Namespace for real (the rest needs them), then

@@ -1,6 +1,7 @@
 package bind_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // The forced fallback: bind.OwnershipRecord makes the Binder work as on a
@@ -156,15 +158,16 @@ func dumpAll(t *testing.T, ns *netnstest.NS) fullDump {
 	// The kernel installs an IPv6 address's local route from its DAD work
 	// item, even with nodad, so a dump right after an add may miss it:
 	// dump until every IPv6 address has its local route.
-	for range 200 {
-		d := dumpOnce(t, ns)
-		if d.settled() {
-			return d
-		}
-		time.Sleep(10 * time.Millisecond)
+	var d fullDump
+	// Every 10 ms; 4 s covers the 200 tries of the hand-written loop this
+	// replaces, dumps included.
+	if err := poll.Wait(context.Background(), 10*time.Millisecond, 4*time.Second, poll.Cond(func() bool {
+		d = dumpOnce(t, ns)
+		return d.settled()
+	})); err != nil {
+		t.Fatalf("the local routes of the IPv6 addresses in %s never appeared: %v", ns.Name, err)
 	}
-	t.Fatalf("the local routes of the IPv6 addresses in %s never appeared", ns.Name)
-	return fullDump{}
+	return d
 }
 
 func (d fullDump) settled() bool {

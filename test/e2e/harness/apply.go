@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
 // ApplyFile creates every object of a multi-document YAML file.
@@ -47,44 +48,43 @@ func (c *Cluster) ApplyFile(ctx context.Context, path string) ([]string, error) 
 	}
 }
 
-// WaitReady waits until every named Egress is Ready and returns them.
+// WaitReady waits until every named Egress is Ready and returns them. It
+// checks every 20 ms (poll.Wait), all the Egresses within timeout.
 func (c *Cluster) WaitReady(ctx context.Context, timeout time.Duration, names ...string) (map[string]*v1.Egress, error) {
 	deadline := time.Now().Add(timeout)
 	out := map[string]*v1.Egress{}
 	for _, n := range names {
-		for {
-			var e v1.Egress
-			if err := c.Client.Get(ctx, client.ObjectKey{Name: n}, &e); err == nil && meta.IsStatusConditionTrue(e.Status.Conditions, v1.ConditionReady) {
-				out[n] = &e
-				break
+		var e v1.Egress
+		err := poll.Wait(ctx, 20*time.Millisecond, max(time.Until(deadline), 0), func() error {
+			e = v1.Egress{}
+			if err := c.Client.Get(ctx, client.ObjectKey{Name: n}, &e); err != nil {
+				return err
 			}
-			if time.Now().After(deadline) {
-				return out, fmt.Errorf("egress %s not Ready after %v: %s", n, timeout, Describe(&e))
+			if !meta.IsStatusConditionTrue(e.Status.Conditions, v1.ConditionReady) {
+				return errors.New("not Ready")
 			}
-			select {
-			case <-ctx.Done():
-				return out, ctx.Err()
-			case <-time.After(20 * time.Millisecond):
-			}
+			return nil
+		})
+		switch {
+		case ctx.Err() != nil:
+			return out, ctx.Err()
+		case err != nil:
+			return out, fmt.Errorf("egress %s not Ready after %v: %s", n, timeout, Describe(&e))
 		}
+		out[n] = &e
 	}
 	return out, nil
 }
 
-// WaitFor polls cond every 10 ms until it is true or timeout passes.
+// WaitFor checks cond every 10 ms (poll.Wait; the failover figures are
+// measured with it, so the interval is finer than tests use) until it is
+// true, and reports whether it became true within timeout (a last check
+// at the timeout included; false at once when ctx ends).
 func WaitFor(ctx context.Context, timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(10 * time.Millisecond):
-		}
+	if poll.Wait(ctx, 10*time.Millisecond, timeout, poll.Cond(cond)) == nil {
+		return true
 	}
-	return cond()
+	return ctx.Err() == nil && cond()
 }
 
 // Egress returns the current Egress named name.

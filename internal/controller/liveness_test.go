@@ -1,0 +1,245 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"github.com/egressip/egressip/internal/report"
+	"github.com/egressip/egressip/internal/testutil/poll"
+)
+
+// clockAgent serves a real report over HTTP on 127.0.0.1 for the
+// poller's unit tests, counts the polls it answers, and can go away and
+// come back on the same port, like a crashed and restarted agent.
+type clockAgent struct {
+	t    *testing.T
+	node string
+	addr string // host:port
+
+	mu    sync.Mutex
+	polls int
+	bound []report.BoundIP
+	srv   *http.Server
+}
+
+func newClockAgent(t *testing.T, node string) *clockAgent {
+	a := &clockAgent{t: t, node: node, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))}
+	a.start()
+	t.Cleanup(a.stop)
+	return a
+}
+
+func (a *clockAgent) port() int {
+	_, p, _ := net.SplitHostPort(a.addr)
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+func (a *clockAgent) start() {
+	a.t.Helper()
+	l, err := net.Listen("tcp", a.addr)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	srv := &http.Server{Handler: report.PollHandler(func(report.Poll) report.Report {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		a.polls++
+		return report.Report{Node: a.node, Instance: "i1", Bound: append([]report.BoundIP(nil), a.bound...)}
+	}), ReadHeaderTimeout: time.Second}
+	a.mu.Lock()
+	a.srv = srv
+	a.mu.Unlock()
+	go func() { _ = srv.Serve(l) }()
+}
+
+func (a *clockAgent) stop() {
+	a.mu.Lock()
+	srv := a.srv
+	a.srv = nil
+	a.mu.Unlock()
+	if srv != nil {
+		_ = srv.Close()
+	}
+}
+
+func (a *clockAgent) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.polls
+}
+
+func (a *clockAgent) bind(ip string) {
+	a.mu.Lock()
+	a.bound = append(a.bound, report.BoundIP{IP: netip.MustParseAddr(ip)})
+	a.mu.Unlock()
+}
+
+// newClockLiveness returns a poller on a fake clock over one Node whose
+// InternalIP is 127.0.0.1, where a answers.
+func newClockLiveness(t *testing.T, a *clockAgent, cfg LivenessConfig) (*Liveness, *clocktesting.FakeClock) {
+	t.Helper()
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: a.node}}
+	n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}
+	reader := fake.NewClientBuilder().WithScheme(env.Scheme).WithObjects(n).Build()
+	cfg.Port, cfg.Clock = a.port(), clk
+	return NewLiveness(reader, cfg), clk
+}
+
+// signalled reports whether the poller asked for a pass since the last call.
+func signalled(l *Liveness) bool {
+	select {
+	case <-l.Events:
+		return true
+	default:
+		return false
+	}
+}
+
+// TestLivenessDeadAfterOnClock: an agent that stops answering is declared
+// dead only once it failed FailureThreshold polls in a row and DeadAfter
+// has passed on the poller's clock since its last answer; it is alive
+// again at its first answer. The clock is a fake one, stepped by the test.
+func TestLivenessDeadAfterOnClock(t *testing.T) {
+	a := newClockAgent(t, "n1")
+	l, clk := newClockLiveness(t, a, LivenessConfig{DeadAfter: 3 * time.Second, FailureThreshold: 3, Timeout: 5 * time.Second})
+	ctx := context.Background()
+	l.pollAll(ctx)
+	if st := l.State("n1"); !st.Known || st.Dead || !st.LastSeen.Equal(clk.Now()) {
+		t.Fatalf("after an answer: %+v, want known, alive, last seen now (%v)", st, clk.Now())
+	}
+	if !signalled(l) {
+		t.Fatal("no pass asked for when the agent became known")
+	}
+	seen := clk.Now()
+	a.stop()
+	for i := range 5 {
+		l.pollAll(ctx)
+		if st := l.State("n1"); st.Dead || st.failures != i+1 {
+			t.Fatalf("poll %d without time passing: %+v, want alive with %d failures", i+1, st, i+1)
+		}
+	}
+	clk.Step(3*time.Second - time.Millisecond)
+	l.pollAll(ctx)
+	if st := l.State("n1"); st.Dead || signalled(l) {
+		t.Fatalf("%v after the last answer (DeadAfter 3s): %+v, want alive and no pass", clk.Since(seen), st)
+	}
+	clk.Step(time.Millisecond)
+	l.pollAll(ctx)
+	if st := l.State("n1"); !st.Dead || !st.LastSeen.Equal(seen) {
+		t.Fatalf("3s after the last answer and 7 failures: %+v, want dead, last seen %v", st, seen)
+	}
+	if !signalled(l) {
+		t.Fatal("no pass asked for when the agent died")
+	}
+	a.start()
+	l.pollAll(ctx)
+	if st := l.State("n1"); st.Dead || st.failures != 0 || !st.LastSeen.Equal(clk.Now()) {
+		t.Fatalf("after the agent answered again: %+v, want alive", st)
+	}
+	if !signalled(l) {
+		t.Fatal("no pass asked for when the agent came back")
+	}
+}
+
+// TestLivenessPollsOnInterval: Start polls at once, then once per
+// Interval of its clock: stepping the fake clock short of the interval
+// brings no poll, stepping to it brings one.
+func TestLivenessPollsOnInterval(t *testing.T) {
+	a := newClockAgent(t, "n1")
+	l, clk := newClockLiveness(t, a, LivenessConfig{Interval: time.Second, Timeout: 5 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	})
+	for want := 1; want <= 3; want++ {
+		// The poller waits on the clock only after a poll completed
+		// (a sliding interval), so a waiter means poll want is done.
+		poll.Until(t, 20*time.Second, fmt.Sprintf("poll %d done and the poller waiting on its clock", want), func() error {
+			if n := a.count(); n != want || !clk.HasWaiters() {
+				return fmt.Errorf("%d polls, clock waiters %d", n, clk.Waiters())
+			}
+			return nil
+		})
+		clk.Step(time.Second - time.Millisecond)
+		if n := a.count(); n != want {
+			t.Fatalf("%d polls after stepping the clock short of the interval, want %d", n, want)
+		}
+		clk.Step(time.Millisecond)
+	}
+}
+
+// TestLivenessExpediteOnClock: Expedite polls the Node every 100 ms of the
+// poller's clock, ends as soon as the Node's report changes, and ends by
+// itself after 5 s of that clock (50 polls) when it does not.
+func TestLivenessExpediteOnClock(t *testing.T) {
+	a := newClockAgent(t, "n1")
+	l, clk := newClockLiveness(t, a, LivenessConfig{Timeout: 5 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	l.mu.Lock()
+	l.runCtx = ctx // as Start does, without its periodic polls
+	l.mu.Unlock()
+	l.pollAll(ctx)
+	expedited := func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.expedited["n1"]
+	}
+	// step waits until the expedite loop waits on the clock, steps it by
+	// one expedite interval, and waits for the poll that brings.
+	step := func(polls int) {
+		t.Helper()
+		poll.Until(t, 20*time.Second, "the expedite loop waiting on its clock", poll.Cond(clk.HasWaiters))
+		if n := a.count(); n != polls-1 {
+			t.Fatalf("%d polls before the clock moved, want %d", n, polls-1)
+		}
+		clk.Step(expediteInterval)
+		poll.Until(t, 20*time.Second, fmt.Sprintf("poll %d", polls), func() error {
+			if n := a.count(); n != polls {
+				return fmt.Errorf("%d polls", n)
+			}
+			return nil
+		})
+	}
+
+	l.Expedite("n1")
+	step(2)
+	step(3)
+	a.bind("192.0.2.10")
+	step(4)
+	poll.Until(t, 20*time.Second, "the expedite to end at the changed report", poll.Cond(func() bool { return !expedited() }))
+	if st := l.State("n1"); len(st.Report.Bound) != 1 {
+		t.Fatalf("the expedited poll did not record the new report: %+v", st.Report)
+	}
+
+	l.Expedite("n1")
+	for i := range 50 {
+		step(5 + i)
+	}
+	poll.Until(t, 20*time.Second, "the expedite to end after 5 s of its clock", poll.Cond(func() bool { return !expedited() }))
+	if clk.HasWaiters() {
+		t.Fatal("the expedite loop still waits on the clock after 5 s")
+	}
+	if n := a.count(); n != 54 {
+		t.Fatalf("%d polls, want 54 (4, then 50 in 5 s at 100 ms)", n)
+	}
+}
