@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egressip/egressip/internal/agent/bind"
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // The forced fallback: bind.OwnershipRecord makes the Binder work as on a
