@@ -1,4 +1,4 @@
-package dpharness_test
+package datapath_test
 
 import (
 	"bufio"
@@ -346,7 +346,7 @@ func TestRestart(t *testing.T) {
 		}
 	}
 	index := func(n *dp.Node) int {
-		h, err := n.Netlink()
+		h, err := n.OpenNetlink()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -394,7 +394,7 @@ func cniRules(t *testing.T, n *dp.Node) string {
 // conntrackMarks counts a Node's conntrack entries by Egress ID.
 func conntrackMarks(t *testing.T, n *dp.Node) map[uint32]int {
 	t.Helper()
-	h, err := n.Netlink()
+	h, err := n.OpenNetlink()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,7 +479,7 @@ func Test200Egresses(t *testing.T) {
 	if err := f.dps[n1].Apply(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	h, err := n1.Netlink()
+	h, err := n1.OpenNetlink()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -744,7 +744,7 @@ func TestReleasedIPFlushed(t *testing.T) {
 		}
 	}
 	toIP := func(ip netip.Addr) int {
-		h, err := n2.Netlink()
+		h, err := n2.OpenNetlink()
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package hostpath
+package hoststack
 
 import (
 	"net/netip"
