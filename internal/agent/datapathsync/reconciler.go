@@ -39,8 +39,8 @@ import (
 	"github.com/egressip/egressip/internal/selection"
 )
 
-// ControllerName names the datapath reconciler in logs and metrics.
-const ControllerName = "egressip-agent-datapath"
+// controllerName names the datapath reconciler in logs and metrics.
+const controllerName = "egressip-agent-datapath"
 
 // DefaultResyncPeriod is the period of re-applying an unchanged State when
 // Reconciler.ResyncPeriod is 0: 30 s, the binding reconciler's default too
@@ -409,7 +409,7 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 		}
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		Named(ControllerName).
+		Named(controllerName).
 		WatchesRawSource(source.Channel(r.serviceCIDREvents, toKey)).
 		WatchesRawSource(source.Channel(r.annEvents, toKey)).
 		Watches(&v1alpha1.Egress{}, toKey).
@@ -431,7 +431,7 @@ func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 			CacheSyncTimeout:   100 * 365 * 24 * time.Hour,
 		}).
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
-			return mgr.GetLogger().WithValues("controller", ControllerName, "node", klog.KRef("", r.NodeName))
+			return mgr.GetLogger().WithValues("controller", controllerName, "node", klog.KRef("", r.NodeName))
 		}).
 		Complete(r)
 }
