@@ -27,6 +27,7 @@ import (
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/conflict"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/agent/datapathsync"
 	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/agent/kernel"
 	"github.com/egressip/egressip/internal/agentcert"
@@ -307,7 +308,7 @@ func run(args []string, stderr io.Writer) int {
 		if drainTimeout == 0 {
 			dc.DrainTimeout = -1
 		}
-		eng, err := agent.NewEngine(o.NetNSPath, dc)
+		eng, err := datapathsync.NewEngine(o.NetNSPath, dc)
 		if err != nil {
 			log.Error(err, "cannot start the datapath")
 			return 1
@@ -318,7 +319,7 @@ func run(args []string, stderr io.Writer) int {
 			kc.SetRejectQueueForm(eng.RejectQueueForm())
 		}
 		if hostStackCheck {
-			hc, err := agent.NewHostCheck(o.NetNSPath)
+			hc, err := datapathsync.NewHostCheck(o.NetNSPath)
 			if err != nil {
 				log.Error(err, "cannot start the host stack check")
 				return 1
@@ -326,7 +327,7 @@ func run(args []string, stderr io.Writer) int {
 			defer func() { _ = hc.Close() }()
 			o.HostCheck = hc
 		}
-		o.CIDRs = agent.CIDRs{ClusterCIDRs: clusterCIDRs.list, ServiceCIDRs: svcCIDRs.list, ExcludeCIDRs: excls.list}
+		o.CIDRs = datapathsync.CIDRs{ClusterCIDRs: clusterCIDRs.list, ServiceCIDRs: svcCIDRs.list, ExcludeCIDRs: excls.list}
 		if cniSocket != "" {
 			if cniTimeout < time.Second {
 				_, _ = fmt.Fprintf(stderr, "egressip-agent: --cni-timeout %s: want at least 1s\n", cniTimeout)

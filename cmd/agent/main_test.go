@@ -26,10 +26,10 @@ import (
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/bind"
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
 	"github.com/egressip/egressip/internal/agent/kernel"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/testenv"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 	"github.com/egressip/egressip/internal/testutil/poll"
 )
 

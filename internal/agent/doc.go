@@ -17,9 +17,10 @@
 // every Egress instead (DatapathCacheOptions), since each Node's role for an
 // Egress depends on which Node holds it; the binding reconcile still binds
 // only the IPs whose status names this Node (computeDesired filters). A
-// second controller, DatapathReconciler, computes the Node's datapath.State
-// from the Egresses, pools, this Node's Pods, the Namespaces, the Nodes and
-// the EgressMemberSlices, and applies it when it changes.
+// second controller, package datapathsync's Reconciler, computes the Node's
+// datapath.State from the Egresses, pools, this Node's Pods, the
+// Namespaces, the Nodes and the EgressMemberSlices, and applies it when it
+// changes; Run wires it into the same manager.
 //
 // # Reconciling
 //

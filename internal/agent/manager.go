@@ -43,6 +43,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/agent/datapathsync"
 	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/agentcert"
 	"github.com/egressip/egressip/internal/podstart"
@@ -107,7 +108,7 @@ func CacheOptions(node string) cache.Options {
 }
 
 // DatapathCacheOptions is CacheOptions for an agent that also programs
-// the datapath (DatapathReconciler): every Egress (their status gives the
+// the datapath (package datapathsync's Reconciler): every Egress (their status gives the
 // roles: which Node holds each IP), the pools, every Namespace, every Node
 // (addresses and Pod CIDRs only), the EgressMemberSlices, and this Node's
 // Pods alone (listed and watched with the field selector
@@ -152,8 +153,8 @@ func RESTMapper() meta.RESTMapper {
 	return restMapper(false)
 }
 
-// DatapathRESTMapper is RESTMapper plus the kinds DatapathReconciler
-// reads: EgressMemberSlice, Node, Namespace and ServiceCIDR
+// DatapathRESTMapper is RESTMapper plus the kinds the datapath reconciler
+// (package datapathsync) reads: EgressMemberSlice, Node, Namespace and ServiceCIDR
 // (cluster-scoped) and Pod (namespaced).
 func DatapathRESTMapper() meta.RESTMapper {
 	return restMapper(true)
@@ -190,7 +191,8 @@ func NewManager(cfg *rest.Config, node string, opts manager.Options) (manager.Ma
 }
 
 // NewDatapathManager is NewManager with DatapathCacheOptions and
-// DatapathRESTMapper, for an agent that runs a DatapathReconciler too.
+// DatapathRESTMapper, for an agent that runs the datapath reconciler
+// (package datapathsync) too.
 func NewDatapathManager(cfg *rest.Config, node string, opts manager.Options) (manager.Manager, error) {
 	return newManager(cfg, node, true, opts)
 }
@@ -409,19 +411,19 @@ type RunOptions struct {
 	// two agents share during a surge rolling update, it tells the kubelet
 	// whether this Pod's agent is ready. A stale socket file is replaced.
 	HealthProbeSocket string
-	// Datapath, when set, is the engine a DatapathReconciler programs
-	// beside the bindings (the manager then caches what it needs, see
-	// DatapathCacheOptions); nil runs the bindings alone.
-	Datapath Datapath
+	// Datapath, when set, is the engine a datapath reconciler (package
+	// datapathsync) programs beside the bindings (the manager then caches
+	// what it needs, see DatapathCacheOptions); nil runs the bindings alone.
+	Datapath datapathsync.Datapath
 	// CIDRs are the destinations kept off egress paths (Datapath only).
-	CIDRs CIDRs
+	CIDRs datapathsync.CIDRs
 	// HostCheck, when set with Datapath, checks on every datapath
 	// reconcile whether the CNI bypasses the host stack; the finding is
 	// served in the report (report.Report.Datapath).
-	HostCheck HostStackCheck
+	HostCheck datapathsync.HostStackCheck
 	// PodStart, when set with Datapath, serves the egressip-cni plugin
 	// (and installs it when PodStart.ConfDir is set) so that a new Pod is
-	// classified before it can send; its Gate is the DatapathReconciler.
+	// classified before it can send; its Gate is the datapath reconciler.
 	PodStart *podstart.Options
 	// Kernel, when set, is the start-up kernel feature finding
 	// (RecordKernel) served in the report.
@@ -531,7 +533,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	if o.Datapath != nil {
-		dr := &DatapathReconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod, OnRefused: a.SetRefusedEgresses}
+		dr := &datapathsync.Reconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod, OnRefused: a.SetRefusedEgresses}
 		if o.HostCheck != nil {
 			dr.HostCheck, dr.OnFinding = o.HostCheck, a.SetDatapathStatus
 		}
@@ -667,7 +669,7 @@ func MetricsOptions(addr string, secure bool, certs *agentcert.Source) metricsse
 }
 
 // addRejectQueue adds the reject queue's server to mgr when dp has one.
-func addRejectQueue(mgr manager.Manager, dp Datapath) error {
+func addRejectQueue(mgr manager.Manager, dp datapathsync.Datapath) error {
 	rq, ok := dp.(rejectQueue)
 	if !ok {
 		return nil
@@ -724,7 +726,7 @@ func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 
 // addPodStart adds the pod-start server (package podstart) to mgr with dr
 // as its Gate; a nil o adds nothing.
-func addPodStart(mgr manager.Manager, o *podstart.Options, dr *DatapathReconciler, log logr.Logger) error {
+func addPodStart(mgr manager.Manager, o *podstart.Options, dr *datapathsync.Reconciler, log logr.Logger) error {
 	if o == nil {
 		return nil
 	}

@@ -73,16 +73,6 @@ var (
 		Help: "Duplicate-IP conflicts that started (a probe round saw another host answer for an egress IP bound here that had no conflict), by IP family.",
 	}, []string{labelFamily})
 
-	// sourceGuardDesc is served by the datapath's collector
-	// (dpreconciler.go) from the table's eip-source counter at scrape
-	// time.
-	sourceGuardDesc = prometheus.NewDesc("egressip_agent_source_guard_dropped_total",
-		"Packets the datapath's source guard stopped on this Node (rejected in output, dropped in postrouting after srcnat): "+
-			"packets about to leave with an egress IP held here as their source that are neither flows SNATed to it for its Egress, "+
-			"replies, Neighbor Discovery nor tunnel packets. Non-zero while the Node's own IPv6 address is tentative (DAD) is the "+
-			"source change the guard prevented (docs/agent.md). By IP family (ipv6 only: IPv4 egress IPs are bound with scope host).",
-		[]string{labelFamily}, nil)
-
 	conflictProbeErrors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "egressip_agent_conflict_probe_errors_total",
 		Help: "Duplicate-IP probe rounds of one interface that failed (interface gone, socket error); its IPs keep their previous conflict state.",

@@ -1,4 +1,4 @@
-package dpharness_test
+package datapath_test
 
 import (
 	"bufio"
@@ -344,7 +344,7 @@ func TestRestart(t *testing.T) {
 		}
 	}
 	index := func(n *dp.Node) int {
-		h, err := n.Netlink()
+		h, err := n.OpenNetlink()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,7 +392,7 @@ func cniRules(t *testing.T, n *dp.Node) string {
 // conntrackMarks counts a Node's conntrack entries by Egress ID.
 func conntrackMarks(t *testing.T, n *dp.Node) map[uint32]int {
 	t.Helper()
-	h, err := n.Netlink()
+	h, err := n.OpenNetlink()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,7 +477,7 @@ func Test200Egresses(t *testing.T) {
 	if err := f.dps[n1].Apply(ctx, st); err != nil {
 		t.Fatal(err)
 	}
-	h, err := n1.Netlink()
+	h, err := n1.OpenNetlink()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -742,7 +742,7 @@ func TestReleasedIPFlushed(t *testing.T) {
 		}
 	}
 	toIP := func(ip netip.Addr) int {
-		h, err := n2.Netlink()
+		h, err := n2.OpenNetlink()
 		if err != nil {
 			t.Fatal(err)
 		}

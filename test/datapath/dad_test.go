@@ -1,4 +1,4 @@
-package dpharness_test
+package datapath_test
 
 import (
 	"context"
@@ -99,7 +99,7 @@ func (w *peerWatch) counts(t *testing.T) map[string]uint64 {
 // (duplicate address detection under way).
 func tentative(t *testing.T, n *dp.Node, ip netip.Addr) bool {
 	t.Helper()
-	h, err := n.Netlink()
+	h, err := n.OpenNetlink()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ func newDADCase(t *testing.T) *dadCase {
 // renew removes n2's own address and adds it again with DAD on.
 func (d *dadCase) renew() {
 	for _, kv := range [][2]string{{"net/ipv6/conf/eth0/accept_dad", "1"}, {"net/ipv6/conf/eth0/dad_transmits", "2"}} {
-		if err := d.n2.Sysctl(kv[0], kv[1]); err != nil {
+		if err := d.n2.WriteSysctl(kv[0], kv[1]); err != nil {
 			d.t.Fatal(err)
 		}
 	}
@@ -403,7 +403,7 @@ func flushGuard(t *testing.T, n *dp.Node) {
 // uplinkMAC is the MAC address of n's uplink.
 func uplinkMAC(t *testing.T, n *dp.Node) string {
 	t.Helper()
-	h, err := n.Netlink()
+	h, err := n.OpenNetlink()
 	if err != nil {
 		t.Fatal(err)
 	}

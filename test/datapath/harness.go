@@ -1,4 +1,4 @@
-// Package dpharness builds a small cluster of network namespaces for
+// Package datapath builds a small cluster of network namespaces for
 // datapath tests: Nodes on a bridge, Pods as veth namespaces behind each
 // Node, a stand-in CNI (direct routes between Nodes' Pod CIDRs, masquerade
 // of non-cluster traffic at srcnat, a DNAT ClusterIP), a router and an
@@ -17,28 +17,22 @@
 //
 // Every namespace is named <prefix><role> with a random prefix per run and
 // deleted by Close (tests register it with t.Cleanup).
-package dpharness
+package datapath
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // Fixed addresses of the harness.
@@ -64,43 +58,9 @@ var (
 // Pods' own servers.
 const ServerPort = 8080
 
-// NS is a network namespace of the harness.
-type NS struct {
-	Name   string
-	Handle netns.NsHandle
-}
-
-// Do runs fn on an OS thread switched into the namespace; the thread is
-// discarded afterwards. Sockets opened by fn stay in the namespace.
-func (n *NS) Do(fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := netns.Set(n.Handle); err != nil {
-			errc <- fmt.Errorf("enter %s: %w", n.Name, err)
-			return
-		}
-		errc <- fn()
-	}()
-	return <-errc
-}
-
-// IP runs `ip -n <ns> args...`.
-func (n *NS) IP(args ...string) (string, error) {
-	out, err := exec.Command("ip", append([]string{"-n", n.Name}, args...)...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("ip -n %s %s: %w: %s", n.Name, strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
-}
-
-// Sysctl writes /proc/sys/<key> in the namespace.
-func (n *NS) Sysctl(key, value string) error {
-	return n.Do(func() error { return os.WriteFile(filepath.Join("/proc/sys", key), []byte(value), 0o644) })
-}
-
-// Netlink opens a netlink handle in the namespace; the caller closes it.
-func (n *NS) Netlink() (*netlink.Handle, error) { return netlink.NewHandleAt(n.Handle) }
+// NS is a network namespace of the harness (package netnstest's: Do, IP,
+// WriteSysctl, OpenNetlink).
+type NS = netnstest.NS
 
 // Node is a Node namespace.
 type Node struct {
@@ -156,26 +116,18 @@ type Options struct {
 	PodsPerNode int
 }
 
-func randomHex() string {
-	b := make([]byte, 3)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // New builds the harness and registers its removal with t.Cleanup. It
 // fails the test on any setup error.
 func New(t testing.TB, o Options) *Cluster {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates network namespaces")
-	}
+	netnstest.RequireRoot(t)
 	if o.Nodes == 0 {
 		o.Nodes = 3
 	}
 	if o.PodsPerNode == 0 {
 		o.PodsPerNode = 2
 	}
-	c := &Cluster{Prefix: "egd-" + randomHex() + "-"}
+	c := &Cluster{Prefix: netnstest.Prefix("egd")}
 	t.Cleanup(func() {
 		if err := c.Close(); err != nil {
 			t.Errorf("remove datapath harness: %v", err)
@@ -187,25 +139,16 @@ func New(t testing.TB, o Options) *Cluster {
 	return c
 }
 
+// newNS creates namespace <Prefix><role> (netnstest.Create: lo up, DAD
+// off) with forwarding on, and records it for Close.
 func (c *Cluster) newNS(role string) (*NS, error) {
-	name := c.Prefix + role
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("ip netns add %s: %w: %s", name, err, out)
-	}
-	h, err := netns.GetFromName(name)
+	n, err := netnstest.Create(c.Prefix + role)
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", name, err)
-	}
-	n := &NS{Name: name, Handle: h}
-	c.all = append(c.all, n)
-	if _, err := n.IP("link", "set", "lo", "up"); err != nil {
 		return nil, err
 	}
-	for _, kv := range [][2]string{
-		{"net/ipv6/conf/all/accept_dad", "0"}, {"net/ipv6/conf/default/accept_dad", "0"},
-		{"net/ipv4/ip_forward", "1"}, {"net/ipv6/conf/all/forwarding", "1"},
-	} {
-		if err := n.Sysctl(kv[0], kv[1]); err != nil {
+	c.all = append(c.all, n)
+	for _, kv := range [][2]string{{"net/ipv4/ip_forward", "1"}, {"net/ipv6/conf/all/forwarding", "1"}} {
+		if err := n.WriteSysctl(kv[0], kv[1]); err != nil {
 			return nil, err
 		}
 	}
@@ -220,9 +163,8 @@ func (c *Cluster) Close() error {
 	}
 	var errs []error
 	for _, n := range c.all {
-		_ = n.Handle.Close()
-		if out, err := exec.Command("ip", "netns", "del", n.Name).CombinedOutput(); err != nil {
-			errs = append(errs, fmt.Errorf("ip netns del %s: %w: %s", n.Name, err, out))
+		if err := n.Delete(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	c.all = nil
@@ -262,7 +204,13 @@ func (c *Cluster) build(o Options) error {
 		[]string{"addr", "add", "192.0.2.1/24", "dev", "eth0"},
 		[]string{"addr", "add", "2001:db8::1/64", "dev", "eth0", "nodad"},
 		[]string{"link", "set", "eth0", "up"},
-		[]string{"link", "add", "ext0", "type", "veth", "peer", "name", "eth0", "netns", c.Ext.Name},
+	); err != nil {
+		return err
+	}
+	if err := netnstest.Veth(c.Rtr.Name, "ext0", c.Ext.Name, "eth0"); err != nil {
+		return err
+	}
+	if err := ipAll(c.Rtr,
 		[]string{"addr", "add", "198.51.100.1/24", "dev", "ext0"},
 		[]string{"addr", "add", "2001:db8:ff::1/64", "dev", "ext0", "nodad"},
 		[]string{"link", "set", "ext0", "up"},
@@ -312,8 +260,10 @@ func (c *Cluster) build(o Options) error {
 
 // plug creates a veth between ns (named ifname there) and br0 in fab.
 func (c *Cluster) plug(ns *NS, tag, ifname string) error {
+	if err := netnstest.Veth(c.Fab.Name, "b-"+tag, ns.Name, ifname); err != nil {
+		return err
+	}
 	return ipAll(c.Fab,
-		[]string{"link", "add", "b-" + tag, "type", "veth", "peer", "name", ifname, "netns", ns.Name},
 		[]string{"link", "set", "b-" + tag, "master", "br0"},
 		[]string{"link", "set", "b-" + tag, "up"},
 	)
@@ -348,7 +298,7 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 		{"net/ipv4/conf/default/rp_filter", "1"},
 		{"net/ipv4/conf/eth0/rp_filter", "1"},
 	} {
-		if err := ns.Sysctl(kv[0], kv[1]); err != nil {
+		if err := ns.WriteSysctl(kv[0], kv[1]); err != nil {
 			return nil, err
 		}
 	}
@@ -382,8 +332,10 @@ func (c *Cluster) WirePod(n *Node, j int) (*Pod, error) {
 		IPv4: netip.AddrFrom4([4]byte{203, 0, 113, byte(16*n.Index + j)}),
 		IPv6: netip.MustParseAddr(fmt.Sprintf("2001:db8:1:%d::%d", n.Index, j)),
 	}
+	if err := netnstest.Veth(n.Name, p.Veth, ns.Name, "eth0"); err != nil {
+		return nil, err
+	}
 	if err := ipAll(&n.NS,
-		[]string{"link", "add", p.Veth, "type", "veth", "peer", "name", "eth0", "netns", ns.Name},
 		[]string{"addr", "add", "fe80::1/64", "dev", p.Veth, "nodad"},
 		[]string{"link", "set", p.Veth, "up"},
 		[]string{"route", "add", p.IPv4.String() + "/32", "dev", p.Veth},
@@ -391,7 +343,7 @@ func (c *Cluster) WirePod(n *Node, j int) (*Pod, error) {
 	); err != nil {
 		return nil, err
 	}
-	if err := n.Sysctl("net/ipv4/conf/"+p.Veth+"/proxy_arp", "1"); err != nil {
+	if err := n.WriteSysctl("net/ipv4/conf/"+p.Veth+"/proxy_arp", "1"); err != nil {
 		return nil, err
 	}
 	if err := ipAll(ns,
@@ -413,9 +365,8 @@ func (c *Cluster) UnwirePod(p *Pod) error {
 	if _, err := p.Node.IP("link", "del", p.Veth); err != nil {
 		return err
 	}
-	_ = p.Handle.Close()
-	if out, err := exec.Command("ip", "netns", "del", p.Name).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns del %s: %w: %s", p.Name, err, out)
+	if err := p.Delete(); err != nil {
+		return err
 	}
 	c.all = slices.DeleteFunc(c.all, func(n *NS) bool { return n.Name == p.Name })
 	return nil
@@ -536,7 +487,7 @@ func (c *Cluster) UnbindEIP(n *Node, ip netip.Addr) error {
 // PointNeighbours makes the router and every other Node resolve ip to n's
 // uplink MAC at once, as a gratuitous ARP or unsolicited NA would.
 func (c *Cluster) PointNeighbours(n *Node, ip netip.Addr) error {
-	h, err := n.Netlink()
+	h, err := n.OpenNetlink()
 	if err != nil {
 		return err
 	}
@@ -580,7 +531,7 @@ func (c *Cluster) nodeNS(except *Node) []*NS {
 
 // LinkStats returns the packet counters of a link in a namespace.
 func LinkStats(ns *NS, name string) (rx, tx uint64, err error) {
-	h, err := ns.Netlink()
+	h, err := ns.OpenNetlink()
 	if err != nil {
 		return 0, 0, err
 	}

@@ -1,4 +1,4 @@
-package dpharness_test
+package datapath_test
 
 import (
 	"encoding/binary"

@@ -1,4 +1,4 @@
-package dpharness_test
+package datapath_test
 
 import (
 	"bufio"
@@ -135,7 +135,7 @@ func (a *agentDouble) status(ctx context.Context, p *dp.Pod, ref dp.PodRef) erro
 // src:port to dst:ServerPort (confirmed at the end of postrouting: the
 // packet's NAT is decided and it is on its way).
 func flowLeft(ctx context.Context, n *dp.Node, src netip.Addr, port uint16, dst netip.Addr) error {
-	h, err := n.Netlink()
+	h, err := n.OpenNetlink()
 	if err != nil {
 		return err
 	}

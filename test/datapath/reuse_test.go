@@ -1,4 +1,4 @@
-package dpharness_test
+package datapath_test
 
 import (
 	"context"
@@ -51,7 +51,7 @@ func udpWhoFrom(ctx context.Context, ns *dp.NS, dst netip.Addr, lport int) (neti
 // src and whose connection mark carries Egress ID id (0: any mark).
 func entriesFrom(t *testing.T, n *dp.Node, src netip.Addr, id uint32) int {
 	t.Helper()
-	h, err := n.Netlink()
+	h, err := n.OpenNetlink()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package dpharness
+package datapath
 
 import (
 	"bufio"

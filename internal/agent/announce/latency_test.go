@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/egressip/egressip/internal/agent/announce"
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // measureBindToGARP binds n different IPv4 egress IPs one after the other

@@ -12,7 +12,7 @@ import (
 	"testing"
 
 	"github.com/egressip/egressip/internal/agent/bind"
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )

@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/egressip/egressip/internal/agent/bind"
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 const forever = 0xffffffff

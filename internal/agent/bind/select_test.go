@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/egressip/egressip/internal/agent/bind"
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 	"github.com/vishvananda/netlink"
 )
 

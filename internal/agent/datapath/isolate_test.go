@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // poisonEgressRole makes the kernel refuse the ids element of Egress name

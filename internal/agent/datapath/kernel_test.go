@@ -11,7 +11,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 func ap(s string) netip.Addr { return netip.MustParseAddr(s) }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // longName returns a valid Kubernetes object name (DNS-1123 subdomain) of n

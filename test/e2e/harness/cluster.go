@@ -23,7 +23,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/egressip/egressip/internal/testenv"
-	dpharness "github.com/egressip/egressip/test/datapath"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
+	dp "github.com/egressip/egressip/test/datapath"
 )
 
 // Addresses of the bridge (the control plane's side), the Nodes and the
@@ -113,8 +114,8 @@ type Cluster struct {
 	// Pods are the stand-in Pods (Config.Pods on every Node); Ext is the
 	// external server, in namespace Prefix-ext on the bridge.
 	Pods  []*Pod
-	Ext   *dpharness.Server
-	extNS *dpharness.NS
+	Ext   *dp.Server
+	extNS *dp.NS
 
 	dir            string
 	logMu          sync.Mutex
@@ -240,11 +241,13 @@ func (c *Cluster) network() error {
 // host creates namespace ns with eth0 (v4/24, v6/64, default routes via the
 // bridge) whose peer, named peer, is a port of br0. It returns eth0's MAC.
 func (c *Cluster) host(ns, peer string, v4, v6 netip.Addr) (net.HardwareAddr, error) {
-	if err := run("ip", "netns", "add", ns); err != nil {
+	if err := netnstest.Add(ns); err != nil {
+		return nil, err
+	}
+	if err := netnstest.Veth("", peer, ns, "eth0"); err != nil {
 		return nil, err
 	}
 	steps := [][]string{
-		{"ip", "link", "add", peer, "type", "veth", "peer", "name", "eth0", "netns", ns},
 		{"ip", "link", "set", peer, "master", "br0", "up"},
 		{"ip", "-n", ns, "link", "set", "lo", "up"},
 		{"ip", "-n", ns, "addr", "add", v4.String() + "/24", "dev", "eth0"},
@@ -462,10 +465,10 @@ func (c *Cluster) Stop() {
 		c.Ext.Close()
 	}
 	for _, p := range c.Pods {
-		_ = p.ns.Handle.Close()
+		_ = p.ns.Close()
 	}
 	if c.extNS != nil {
-		_ = c.extNS.Handle.Close()
+		_ = c.extNS.Close()
 	}
 	if c.Env != nil {
 		_ = c.Env.Stop()

@@ -17,6 +17,8 @@ import (
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
 	"github.com/mdlayher/packet"
+
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // Helpers of the duplicate-IP and announce-on-return tests (issue 16 items
@@ -36,12 +38,15 @@ type Rogue struct {
 // Solicitations for them at once.
 func (c *Cluster) AddRogue(ips ...netip.Addr) (*Rogue, error) {
 	ns := c.Config.Prefix + "-rogue"
-	if err := run("ip", "netns", "add", ns); err != nil {
+	if err := netnstest.Add(ns); err != nil {
 		return nil, err
 	}
 	r := &Rogue{NS: ns}
+	if err := netnstest.Veth("", "vethr", ns, "eth0"); err != nil {
+		r.Remove()
+		return nil, err
+	}
 	steps := [][]string{
-		{"ip", "link", "add", "vethr", "type", "veth", "peer", "name", "eth0", "netns", ns},
 		{"ip", "link", "set", "vethr", "master", "br0", "up"},
 		{"ip", "-n", ns, "link", "set", "lo", "up"},
 		{"ip", "-n", ns, "link", "set", "eth0", "up"},
@@ -71,7 +76,7 @@ func (c *Cluster) AddRogue(ips ...netip.Addr) (*Rogue, error) {
 // Remove takes the rogue off the bridge: its namespace (and so its veth
 // pair and addresses) is deleted.
 func (r *Rogue) Remove() {
-	_ = run("ip", "netns", "del", r.NS)
+	_ = netnstest.Remove(r.NS)
 }
 
 // GARP is one gratuitous ARP seen by a GARPCapture.

@@ -17,12 +17,10 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 
-	"github.com/vishvananda/netns"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // EnvNetNS is set in the re-executed child to the namespace it runs in.
@@ -45,7 +43,7 @@ func ReexecInNetNS(ns string) error {
 		return fmt.Errorf("namespace %s is in use by another run (processes %s); stop that run first", ns, strings.Join(strings.Fields(string(out)), " "))
 	}
 	CleanupNamespaces(ns)
-	if err := run("ip", "netns", "add", ns); err != nil {
+	if err := netnstest.Add(ns); err != nil {
 		return fmt.Errorf("create namespace %s: %w", ns, err)
 	}
 	self, err := os.Executable()
@@ -90,27 +88,11 @@ func ReexecInNetNS(ns string) error {
 
 // CleanupNamespaces kills every process inside, then deletes, every network
 // namespace whose name starts with prefix (left over from an interrupted run,
-// or at the end of this one). Killing by namespace also catches processes
-// that left the run's process group, such as etcd and kube-apiserver.
+// or at the end of this one), with netnstest.DeletePrefix. Killing by
+// namespace also catches processes that left the run's process group, such
+// as etcd and kube-apiserver. It is best effort: errors are dropped.
 func CleanupNamespaces(prefix string) {
-	out, err := exec.Command("ip", "netns", "list").Output()
-	if err != nil {
-		return
-	}
-	for line := range strings.SplitSeq(string(out), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 || !strings.HasPrefix(f[0], prefix) {
-			continue
-		}
-		if pids, err := exec.Command("ip", "netns", "pids", f[0]).Output(); err == nil {
-			for p := range strings.FieldsSeq(string(pids)) {
-				if pid, err := strconv.Atoi(p); err == nil && pid != os.Getpid() {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-			}
-		}
-		_ = run("ip", "netns", "del", f[0])
-	}
+	_ = netnstest.DeletePrefix(prefix)
 }
 
 // run runs a command and returns its error with its output.
@@ -127,23 +109,12 @@ func inNS(ns string, args ...string) error {
 	return run("ip", append([]string{"-n", ns}, args...)...)
 }
 
-// startInNetNS starts cmd from an OS thread switched into namespace ns.
+// startInNetNS starts cmd in namespace ns (netnstest's NS.Start).
 func startInNetNS(ns string, cmd *exec.Cmd) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
+	n, err := netnstest.Open(ns)
 	if err != nil {
 		return err
 	}
-	defer func() { _ = orig.Close() }()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = h.Close() }()
-	if err := netns.Set(h); err != nil {
-		return err
-	}
-	defer func() { _ = netns.Set(orig) }()
-	return cmd.Start()
+	defer func() { _ = n.Close() }()
+	return n.Start(cmd)
 }

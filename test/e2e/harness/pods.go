@@ -17,7 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/egressip/egressip/internal/agent/datapath"
-	dpharness "github.com/egressip/egressip/test/datapath"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
+	dp "github.com/egressip/egressip/test/datapath"
 )
 
 // Addresses of the stand-in Pods, Services and the external server
@@ -53,7 +54,7 @@ type Pod struct {
 	Name, Namespace string
 	Node            *Node
 	IPv4, IPv6      netip.Addr
-	ns              *dpharness.NS
+	ns              *dp.NS
 }
 
 // String is namespace/name@node.
@@ -85,12 +86,11 @@ func (c *Cluster) setupPods(ctx context.Context) error {
 	if _, err := c.host(ext, "vethx", ExtV4, ExtV6); err != nil {
 		return err
 	}
-	h, err := netns.GetFromName(ext)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", ext, err)
+	var err error
+	if c.extNS, err = netnstest.Open(ext); err != nil {
+		return err
 	}
-	c.extNS = &dpharness.NS{Name: ext, Handle: h}
-	if c.Ext, err = dpharness.StartServer(c.extNS); err != nil {
+	if c.Ext, err = dp.StartServer(c.extNS); err != nil {
 		return err
 	}
 	for _, n := range c.Nodes {
@@ -134,9 +134,13 @@ func (c *Cluster) addPod(ctx context.Context, n *Node, j int, tpl PodTemplate) (
 	}
 	name := fmt.Sprintf("%s-p%d", n.Name, j)
 	veth := fmt.Sprintf("vp%d", j)
+	if err := netnstest.Add(name); err != nil {
+		return nil, err
+	}
+	if err := netnstest.Veth(n.Name, veth, name, "eth0"); err != nil {
+		return nil, err
+	}
 	steps := [][]string{
-		{"ip", "netns", "add", name},
-		{"ip", "-n", n.Name, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", name},
 		{"ip", "-n", n.Name, "addr", "add", "fe80::1/64", "dev", veth, "nodad"},
 		{"ip", "-n", n.Name, "link", "set", veth, "up"},
 		{"ip", "-n", n.Name, "route", "add", p.IPv4.String() + "/32", "dev", veth},
@@ -155,11 +159,10 @@ func (c *Cluster) addPod(ctx context.Context, n *Node, j int, tpl PodTemplate) (
 			return nil, err
 		}
 	}
-	h, err := netns.GetFromName(name)
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", name, err)
+	var err error
+	if p.ns, err = netnstest.Open(name); err != nil {
+		return nil, err
 	}
-	p.ns = &dpharness.NS{Name: name, Handle: h}
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: tpl.Namespace, Labels: tpl.NamespaceLabels}}
 	if err := c.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -234,7 +237,7 @@ func (c *Cluster) Who(ctx context.Context, p *Pod, v6 bool) (netip.Addr, error) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	a, err := dpharness.TCPWho(ctx, p.ns, dst)
+	a, err := dp.TCPWho(ctx, p.ns, dst)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("%s -> %s: %w", p, dst, err)
 	}

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"sync"
 	"time"
 
@@ -17,40 +16,26 @@ import (
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
+
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
-// inNamespace runs fn on a thread switched into namespace ns; sockets that
-// fn opens stay in ns after it returns.
+// inNamespace runs fn on a thread switched into namespace ns
+// (netnstest.DoIn); sockets that fn opens stay in ns after it returns.
 func inNamespace(ns string, fn func() error) error {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return fmt.Errorf("get current namespace: %w", err)
-	}
-	defer func() { _ = orig.Close() }()
-	h, err := netns.GetFromName(ns)
-	if err != nil {
-		return fmt.Errorf("open namespace %s: %w", ns, err)
-	}
-	defer func() { _ = h.Close() }()
-	if err := netns.Set(h); err != nil {
-		return fmt.Errorf("enter namespace %s: %w", ns, err)
-	}
-	defer func() { _ = netns.Set(orig) }()
-	return fn()
+	return netnstest.DoIn(ns, fn)
 }
 
 // linkMAC returns the hardware address of ifname in namespace ns.
 func linkMAC(ns, ifname string) (net.HardwareAddr, error) {
-	h, err := netns.GetFromName(ns)
+	n, err := netnstest.Open(ns)
 	if err != nil {
-		return nil, fmt.Errorf("open namespace %s: %w", ns, err)
+		return nil, err
 	}
-	defer func() { _ = h.Close() }()
-	nh, err := netlink.NewHandleAt(h)
+	defer func() { _ = n.Close() }()
+	nh, err := n.OpenNetlink()
 	if err != nil {
-		return nil, fmt.Errorf("netlink in %s: %w", ns, err)
+		return nil, err
 	}
 	defer nh.Close()
 	l, err := nh.LinkByName(ifname)

@@ -1,4 +1,4 @@
-package agent
+package datapathsync
 
 import (
 	"context"
@@ -33,7 +33,7 @@ type announcement struct {
 // and labels from the cache, every Egress's selectors). It returns an
 // error when ctx ends first, for example because the Pod is not in this
 // agent's cache (another Node's, or not yet seen).
-func (r *DatapathReconciler) PodAdded(ctx context.Context, req cniapi.Request) ([]string, error) {
+func (r *Reconciler) PodAdded(ctx context.Context, req cniapi.Request) ([]string, error) {
 	key := types.NamespacedName{Namespace: req.Namespace, Name: req.Name}
 	a := &announcement{uid: req.UID, ips: slices.Clone(req.IPs), done: make(chan struct{})}
 	r.annMu.Lock()
@@ -62,7 +62,7 @@ func (r *DatapathReconciler) PodAdded(ctx context.Context, req cniapi.Request) (
 
 // PodDeleted implements podstart.Gate: it forgets the Pod's announced IPs
 // (the runtime's DEL: the IPs may go to another Pod next).
-func (r *DatapathReconciler) PodDeleted(_ context.Context, req cniapi.Request) error {
+func (r *Reconciler) PodDeleted(_ context.Context, req cniapi.Request) error {
 	key := types.NamespacedName{Namespace: req.Namespace, Name: req.Name}
 	r.annMu.Lock()
 	a := r.ann[key]
@@ -79,7 +79,7 @@ func (r *DatapathReconciler) PodDeleted(_ context.Context, req cniapi.Request) e
 }
 
 // kick queues a reconcile without blocking.
-func (r *DatapathReconciler) kick() {
+func (r *Reconciler) kick() {
 	r.annMu.Lock()
 	ch := r.annEvents
 	r.annMu.Unlock()
@@ -122,7 +122,7 @@ func overlayAnnounced(pods []corev1.Pod, ann map[types.NamespacedName]*announcem
 }
 
 // snapshotAnnounced returns a copy of the announcement index.
-func (r *DatapathReconciler) snapshotAnnounced() map[types.NamespacedName]*announcement {
+func (r *Reconciler) snapshotAnnounced() map[types.NamespacedName]*announcement {
 	r.annMu.Lock()
 	defer r.annMu.Unlock()
 	return maps.Clone(r.ann)
@@ -130,7 +130,7 @@ func (r *DatapathReconciler) snapshotAnnounced() map[types.NamespacedName]*annou
 
 // resolveAnnounced answers the plugin's waiting ADDs that st, now applied,
 // covers, and drops announcements the Pods' status has made redundant.
-func (r *DatapathReconciler) resolveAnnounced(st datapath.State, covered []*announcement, redundant []types.NamespacedName) {
+func (r *Reconciler) resolveAnnounced(st datapath.State, covered []*announcement, redundant []types.NamespacedName) {
 	if len(covered) == 0 && len(redundant) == 0 {
 		return
 	}

@@ -1,4 +1,4 @@
-package hostpath
+package hoststack
 
 import (
 	"net/netip"
@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // passProgram loads a tc classifier that returns TC_ACT_OK (0): it lets

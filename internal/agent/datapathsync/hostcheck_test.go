@@ -1,4 +1,4 @@
-package agent_test
+package datapathsync_test
 
 import (
 	"context"
@@ -17,27 +17,28 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/egressip/egressip/internal/agent"
-	"github.com/egressip/egressip/internal/agent/hostpath"
+	"github.com/egressip/egressip/internal/agent/datapathsync"
+	"github.com/egressip/egressip/internal/agent/hoststack"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
-// scriptedCheck stands in for hostpath's Detector: it records the Pod IPs
+// scriptedCheck stands in for hoststack's Detector: it records the Pod IPs
 // it is asked about and answers the finding set by the test.
 type scriptedCheck struct {
 	mu      sync.Mutex
-	finding hostpath.Finding
+	finding hoststack.Finding
 	asked   [][]netip.Addr
 }
 
-func (s *scriptedCheck) Detect(ips []netip.Addr) (hostpath.Finding, error) {
+func (s *scriptedCheck) Detect(ips []netip.Addr) (hoststack.Finding, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.asked = append(s.asked, slices.Clone(ips))
 	return s.finding, nil
 }
 
-func (s *scriptedCheck) set(f hostpath.Finding) {
+func (s *scriptedCheck) set(f hoststack.Finding) {
 	s.mu.Lock()
 	s.finding = f
 	s.mu.Unlock()
@@ -79,7 +80,7 @@ func TestDatapathHostCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	check := &scriptedCheck{finding: hostpath.Finding{Bypass: true, Devices: 1,
+	check := &scriptedCheck{finding: hoststack.Finding{Bypass: true, Devices: 1,
 		Evidence: []string{`tc BPF program "cil_from_container" in direct-action mode on the ingress of lxc1 (route to Pod 10.31.0.5)`}}}
 	var (
 		mu       sync.Mutex
@@ -89,7 +90,7 @@ func TestDatapathHostCheck(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &agent.DatapathReconciler{NodeName: node, DP: &recordingDP{}, ResyncPeriod: time.Hour, HostCheck: check,
+	r := &datapathsync.Reconciler{NodeName: node, DP: &recordingDP{}, ResyncPeriod: time.Hour, HostCheck: check,
 		OnFinding: func(s *report.DatapathStatus) {
 			mu.Lock()
 			findings = append(findings, *s)
@@ -128,7 +129,7 @@ func TestDatapathHostCheck(t *testing.T) {
 	}
 
 	// The CNI changes; a Pod event brings the next reconcile.
-	check.set(hostpath.Finding{Devices: 1})
+	check.set(hoststack.Finding{Devices: 1})
 	var pa corev1.Pod
 	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "a"}, &pa); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-// Package hostpath tells whether the Pods of a Node send their traffic
+// Package hoststack tells whether the Pods of a Node send their traffic
 // through the host's IP stack, where egressip's datapath (nftables hooks,
 // policy routing) acts on it, or whether the CNI steers it past that stack
 // with eBPF (Cilium with BPF host routing, Calico's eBPF dataplane).
@@ -29,7 +29,7 @@
 // the check off on the agent (--datapath-host-stack-check=false). BPF
 // programs attached elsewhere (XDP, cgroup hooks, socket-level load
 // balancing) are not examined.
-package hostpath
+package hoststack
 
 import (
 	"errors"

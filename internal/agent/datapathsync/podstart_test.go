@@ -1,4 +1,4 @@
-package agent_test
+package datapathsync_test
 
 import (
 	"bytes"
@@ -21,6 +21,7 @@ import (
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent"
+	"github.com/egressip/egressip/internal/agent/datapathsync"
 	"github.com/egressip/egressip/internal/podstart"
 	"github.com/egressip/egressip/internal/podstart/cniapi"
 	"github.com/egressip/egressip/internal/testutil/poll"
@@ -106,7 +107,7 @@ func TestPodStartGateClassifiesBeforeStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &agent.DatapathReconciler{NodeName: src, DP: rec, ResyncPeriod: time.Hour}
+	r := &datapathsync.Reconciler{NodeName: src, DP: rec, ResyncPeriod: time.Hour}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package agent
+package datapathsync
 
 import (
 	"context"
@@ -17,8 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
-	"github.com/egressip/egressip/internal/agent/bind/netnstest"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // boundName returns a valid Kubernetes object name (DNS-1123 subdomain,

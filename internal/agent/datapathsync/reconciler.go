@@ -1,4 +1,4 @@
-package agent
+package datapathsync
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -29,22 +28,26 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent/datapath"
-	"github.com/egressip/egressip/internal/agent/hostpath"
+	"github.com/egressip/egressip/internal/agent/hoststack"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/selection"
 )
 
-// DatapathControllerName names the datapath reconciler in logs and metrics.
-const DatapathControllerName = "egressip-agent-datapath"
+// controllerName names the datapath reconciler in logs and metrics.
+const controllerName = "egressip-agent-datapath"
 
-// Datapath is the engine a DatapathReconciler programs: package datapath's
+// DefaultResyncPeriod is the period of re-applying an unchanged State when
+// Reconciler.ResyncPeriod is 0: 30 s, the binding reconciler's default too
+// (agent.DefaultResyncPeriod, --resync-period).
+const DefaultResyncPeriod = 30 * time.Second
+
+// Datapath is the engine a Reconciler programs: package datapath's
 // *Datapath, or a stand-in in tests.
 type Datapath interface {
 	// Apply programs the Node from st; applying the same State twice
@@ -56,81 +59,14 @@ type Datapath interface {
 	Counters(ctx context.Context) (map[string]uint64, error)
 }
 
-var (
-	datapathApplies = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "egressip_agent_datapath_applies_total",
-		Help: "Datapath programming runs (a changed State, or the periodic re-apply), by result (ok; partial: some Egresses refused by the kernel, the others programmed; error).",
-	}, []string{"result"})
-	rejectedDesc = prometheus.NewDesc("egressip_agent_packets_rejected_total",
-		"Packets of an Egress's Pods rejected on this Node because the Egress has no egress Node and failurePolicy Fail, by Egress.",
-		[]string{"egress"}, nil)
-)
-
-// rejectedCollector serves egressip_agent_packets_rejected_total and
-// egressip_agent_source_guard_dropped_total from the newest
-// DatapathReconciler's engine at scrape time.
-type rejectedCollector struct {
-	mu sync.Mutex
-	r  *DatapathReconciler
-}
-
-func (c *rejectedCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- rejectedDesc
-	ch <- sourceGuardDesc
-}
-
-func (c *rejectedCollector) Collect(ch chan<- prometheus.Metric) {
-	c.mu.Lock()
-	r := c.r
-	c.mu.Unlock()
-	if r == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	counts, err := r.DP.Counters(ctx)
-	if err != nil {
-		r.log.Error(err, "read the datapath's rejected-packet counters")
-		return
-	}
-	// Every Egress this Node programs gets a series (0 until a packet is
-	// rejected), so a dashboard sees the Egress before its first reject.
-	names := map[string]bool{}
-	for _, n := range r.lastNames() {
-		names[n] = true
-	}
-	for n := range counts {
-		if len(n) > 0 && n[0] != '@' {
-			names[n] = true
-		}
-	}
-	for n := range names {
-		ch <- prometheus.MustNewConstMetric(rejectedDesc, prometheus.CounterValue, float64(counts[n]), n)
-	}
-	ch <- prometheus.MustNewConstMetric(sourceGuardDesc, prometheus.CounterValue, float64(counts[sourceGuardKey]), familyIPv6)
-}
-
-// sourceGuardKey is the key of the source guard's drop counter in
-// Datapath.Counters (package datapath's counter eip-source).
-const sourceGuardKey = "@eip-source"
-
-var rejected = &rejectedCollector{}
-
-func init() {
-	metrics.Registry.MustRegister(datapathApplies, rejected)
-	for _, r := range []string{"ok", "partial", "error"} {
-		datapathApplies.WithLabelValues(r)
-	}
-}
-
-// HostStackCheck is package hostpath's *Detector, or a stand-in in tests.
+// HostStackCheck is package hoststack's *Detector, or a stand-in in tests.
 type HostStackCheck interface {
 	// Detect examines the host devices of the routes to podIPs.
-	Detect(podIPs []netip.Addr) (hostpath.Finding, error)
+	Detect(podIPs []netip.Addr) (hoststack.Finding, error)
 }
 
 // statusOf turns a host stack finding into the report's datapath status.
-func statusOf(f hostpath.Finding) *report.DatapathStatus {
+func statusOf(f hoststack.Finding) *report.DatapathStatus {
 	if !f.Bypass {
 		msg := fmt.Sprintf("no eBPF bypass of the host stack found (%d Pod devices examined)", f.Devices)
 		if len(f.Unexamined) > 0 {
@@ -165,7 +101,7 @@ func localPodIPs(pods []corev1.Pod, node string) []netip.Addr {
 
 // checkHostStack runs HostCheck and hands a changed finding to OnFinding,
 // logging and recording an Event on a change.
-func (r *DatapathReconciler) checkHostStack(ctx context.Context, pods []corev1.Pod) {
+func (r *Reconciler) checkHostStack(ctx context.Context, pods []corev1.Pod) {
 	if r.HostCheck == nil {
 		return
 	}
@@ -193,13 +129,14 @@ func (r *DatapathReconciler) checkHostStack(ctx context.Context, pods []corev1.P
 	}
 }
 
-// DatapathReconciler computes this Node's datapath State from the cache
+// Reconciler computes this Node's datapath State from the cache
 // (all Egresses and pools, all Namespaces and Nodes, this Node's Pods, the
 // EgressMemberSlices) and applies it to DP when it changed, and again every
 // ResyncPeriod to repair hand-made changes. It runs beside the binding
-// reconciler (Agent) in the same manager, whose cache must come from
-// CacheOptionsFor(node, true).
-type DatapathReconciler struct {
+// reconciler (package agent's Agent) in the same manager, whose cache must
+// come from agent.DatapathCacheOptions(node) (agent.NewDatapathManager
+// builds such a manager).
+type Reconciler struct {
 	NodeName string
 	DP       Datapath
 	CIDRs    CIDRs
@@ -247,18 +184,18 @@ const drainRecheck = 5 * time.Second
 type drainer interface{ Draining() int }
 
 // draining reports whether the engine has drains in progress.
-func (r *DatapathReconciler) draining() bool {
+func (r *Reconciler) draining() bool {
 	d, ok := r.DP.(drainer)
 	return ok && d.Draining() > 0
 }
 
-func (r *DatapathReconciler) lastApplyTime() time.Time {
+func (r *Reconciler) lastApplyTime() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.lastApply
 }
 
-func (r *DatapathReconciler) lastNames() []string {
+func (r *Reconciler) lastNames() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.last == nil {
@@ -273,7 +210,7 @@ func (r *DatapathReconciler) lastNames() []string {
 
 // Applied returns the last State applied successfully, and whether there
 // is one.
-func (r *DatapathReconciler) Applied() (datapath.State, bool) {
+func (r *Reconciler) Applied() (datapath.State, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.last == nil {
@@ -286,7 +223,7 @@ func (r *DatapathReconciler) Applied() (datapath.State, bool) {
 // last one applied or the last apply is older than ResyncPeriod. It changes
 // nothing and returns an error when the cache cannot be read; it returns
 // the engine's error when Apply fails (retried with backoff).
-func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	log := ctrllog.FromContext(ctx)
 	resync := r.ResyncPeriod
 	if resync <= 0 {
@@ -373,7 +310,7 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 // publishRefused logs every refused Egress (by name, once per change of its
 // message) and hands the list, sorted and bounded as the report wants it,
 // to OnRefused; a nil ref clears it.
-func (r *DatapathReconciler) publishRefused(ctx context.Context, ref *datapath.RefusedError) {
+func (r *Reconciler) publishRefused(ctx context.Context, ref *datapath.RefusedError) {
 	var out []report.RefusedEgress
 	if ref != nil {
 		for n, e := range ref.Egresses {
@@ -424,12 +361,13 @@ func nodeAddrChanged(o, n *corev1.Node) bool {
 	return !equality.Semantic.DeepEqual(o.Status.Addresses, n.Status.Addresses) || !equality.Semantic.DeepEqual(o.Spec.PodCIDRs, n.Spec.PodCIDRs)
 }
 
-// SetupWithManager registers the reconciler with mgr (built by NewManager
-// with Options.Datapath set). Every watched event maps to one work key, so
-// changes coalesce into one State computation. Like the binding
+// SetupWithManager registers the reconciler with mgr (built by
+// agent.NewDatapathManager, as agent.Run does when RunOptions.Datapath is
+// set). Every watched event maps to one work key, so changes coalesce into
+// one State computation. Like the binding
 // reconciler it never runs before the cache's first List of every watched
 // kind.
-func (r *DatapathReconciler) SetupWithManager(mgr manager.Manager) error {
+func (r *Reconciler) SetupWithManager(mgr manager.Manager) error {
 	if r.DP == nil || r.NodeName == "" {
 		return errors.New("datapath reconciler: no engine or no node name")
 	}
@@ -471,7 +409,7 @@ func (r *DatapathReconciler) SetupWithManager(mgr manager.Manager) error {
 		}
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		Named(DatapathControllerName).
+		Named(controllerName).
 		WatchesRawSource(source.Channel(r.serviceCIDREvents, toKey)).
 		WatchesRawSource(source.Channel(r.annEvents, toKey)).
 		Watches(&v1alpha1.Egress{}, toKey).
@@ -493,7 +431,7 @@ func (r *DatapathReconciler) SetupWithManager(mgr manager.Manager) error {
 			CacheSyncTimeout:   100 * 365 * 24 * time.Hour,
 		}).
 		WithLogConstructor(func(*reconcile.Request) logr.Logger {
-			return mgr.GetLogger().WithValues("controller", DatapathControllerName, "node", klog.KRef("", r.NodeName))
+			return mgr.GetLogger().WithValues("controller", controllerName, "node", klog.KRef("", r.NodeName))
 		}).
 		Complete(r)
 }

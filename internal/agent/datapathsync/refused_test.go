@@ -1,4 +1,4 @@
-package agent_test
+package datapathsync_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/agent/datapathsync"
 	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/testutil/poll"
 )
@@ -83,7 +84,7 @@ func TestOneEgressFailsAgentReportsAndKeepsApplying(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &agent.DatapathReconciler{NodeName: node, DP: dp, CIDRs: agent.CIDRs{ServiceCIDRs: []netip.Prefix{}}, ResyncPeriod: time.Hour,
+	r := &datapathsync.Reconciler{NodeName: node, DP: dp, CIDRs: datapathsync.CIDRs{ServiceCIDRs: []netip.Prefix{}}, ResyncPeriod: time.Hour,
 		OnRefused: func(rs []report.RefusedEgress) { mu.Lock(); published = append(published, rs); mu.Unlock() }}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)

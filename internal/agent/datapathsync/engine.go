@@ -1,4 +1,4 @@
-package agent
+package datapathsync
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/egressip/egressip/internal/agent/datapath"
-	"github.com/egressip/egressip/internal/agent/hostpath"
+	"github.com/egressip/egressip/internal/agent/hoststack"
 )
 
 // Engine is the kernel datapath of one Node with the namespace handle it
@@ -96,10 +96,10 @@ func routeLink(ns netns.NsHandle) (string, error) {
 	return "", errors.Join(errs...)
 }
 
-// HostCheck is package hostpath's detector on a Node's namespace; Close
+// HostCheck is package hoststack's detector on a Node's namespace; Close
 // releases both.
 type HostCheck struct {
-	*hostpath.Detector
+	*hoststack.Detector
 	ns netns.NsHandle
 }
 
@@ -112,7 +112,7 @@ func (c *HostCheck) Close() error {
 	return err
 }
 
-// NewHostCheck opens the host stack check (package hostpath) in the
+// NewHostCheck opens the host stack check (package hoststack) in the
 // network namespace at netnsPath (empty: the agent's own). It fails when
 // the namespace or a netlink socket cannot be opened.
 func NewHostCheck(netnsPath string) (*HostCheck, error) {
@@ -124,7 +124,7 @@ func NewHostCheck(netnsPath string) (*HostCheck, error) {
 		}
 		ns = h
 	}
-	d, err := hostpath.NewDetector(ns)
+	d, err := hoststack.NewDetector(ns)
 	if err != nil {
 		if ns.IsOpen() {
 			_ = ns.Close()

@@ -1,4 +1,4 @@
-package agent_test
+package datapathsync_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/datapath"
+	"github.com/egressip/egressip/internal/agent/datapathsync"
 	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
@@ -68,14 +69,14 @@ func egressOf(st datapath.State, name string) (datapath.Egress, bool) {
 // startDatapathAgent runs a manager built like Run builds it with a
 // datapath, with only the datapath reconciler (the bindings are tested
 // elsewhere), against the recording engine dp.
-func startDatapathAgent(t *testing.T, node string, dp agent.Datapath, cidrs agent.CIDRs) manager.Manager {
+func startDatapathAgent(t *testing.T, node string, dp datapathsync.Datapath, cidrs datapathsync.CIDRs) manager.Manager {
 	t.Helper()
 	env := apiServer(t)
 	mgr, err := agent.NewDatapathManager(env.Config, node, manager.Options{Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &agent.DatapathReconciler{NodeName: node, DP: dp, CIDRs: cidrs, ResyncPeriod: time.Hour}
+	r := &datapathsync.Reconciler{NodeName: node, DP: dp, CIDRs: cidrs, ResyncPeriod: time.Hour}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -171,8 +172,8 @@ func TestDatapathReconciler(t *testing.T) {
 
 	dp1, dp2 := &recordingDP{}, &recordingDP{rejected: map[string]uint64{ops: 42, "@eip-source": 7}}
 	svc := []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
-	startDatapathAgent(t, n1, dp1, agent.CIDRs{ServiceCIDRs: svc})
-	mgr2 := startDatapathAgent(t, n2, dp2, agent.CIDRs{ServiceCIDRs: svc})
+	startDatapathAgent(t, n1, dp1, datapathsync.CIDRs{ServiceCIDRs: svc})
+	mgr2 := startDatapathAgent(t, n2, dp2, datapathsync.CIDRs{ServiceCIDRs: svc})
 
 	ip := netip.MustParseAddr
 	poll.Until(t, 30*time.Second, "n1: pay held with the remote member", func() error {
@@ -274,9 +275,9 @@ func TestDatapathServiceCIDRs(t *testing.T) {
 	mkNode(t, c, n1, "192.0.2.31", "10.31.0.0/24")
 	mkNode(t, c, n2, "192.0.2.32", "10.32.0.0/24")
 	auto, flagged := &recordingDP{}, &recordingDP{}
-	startDatapathAgent(t, n1, auto, agent.CIDRs{})
+	startDatapathAgent(t, n1, auto, datapathsync.CIDRs{})
 	flag := []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16")}
-	startDatapathAgent(t, n2, flagged, agent.CIDRs{ServiceCIDRs: flag})
+	startDatapathAgent(t, n2, flagged, datapathsync.CIDRs{ServiceCIDRs: flag})
 
 	var existing networkingv1.ServiceCIDRList
 	if err := c.List(ctx, &existing); err != nil {

@@ -1,4 +1,4 @@
-package agent
+package datapathsync
 
 import (
 	"context"
@@ -38,7 +38,7 @@ const serviceCIDRRecheck = 10 * time.Minute
 // the resource it logs once that Service CIDRs must be given with
 // --service-cidrs and asks again every serviceCIDRRecheck. It returns nil
 // when ctx is done, or the error of starting the informer.
-func (r *DatapathReconciler) watchServiceCIDRs(ctx context.Context, dc discovery.DiscoveryInterface, informers ctrlcache.Informers) error {
+func (r *Reconciler) watchServiceCIDRs(ctx context.Context, dc discovery.DiscoveryInterface, informers ctrlcache.Informers) error {
 	b := serviceCIDRRetry
 	told := false
 	for {

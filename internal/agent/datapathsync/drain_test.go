@@ -1,4 +1,4 @@
-package agent_test
+package datapathsync_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent"
+	"github.com/egressip/egressip/internal/agent/datapathsync"
 	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
@@ -54,7 +55,7 @@ func TestDrainingReappliesUnchangedState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &agent.DatapathReconciler{NodeName: node, DP: dp, CIDRs: agent.CIDRs{ServiceCIDRs: []netip.Prefix{}}, ResyncPeriod: time.Hour}
+	r := &datapathsync.Reconciler{NodeName: node, DP: dp, CIDRs: datapathsync.CIDRs{ServiceCIDRs: []netip.Prefix{}}, ResyncPeriod: time.Hour}
 	if err := r.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
