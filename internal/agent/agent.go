@@ -690,15 +690,15 @@ func ownershipStatus(s bind.Status) report.OwnershipStatus {
 	o := report.OwnershipStatus{Mode: string(s.Mode), Healthy: s.Err == nil}
 	switch {
 	case errors.Is(s.Err, bind.ErrRecordUnreadable):
-		o.Reason = report.ReasonRecordUnreadable
+		o.Reason = v1alpha1.ReasonRecordUnreadable
 	case errors.Is(s.Err, bind.ErrRecordUnwritable):
-		o.Reason = report.ReasonRecordUnwritable
+		o.Reason = v1alpha1.ReasonRecordUnwritable
 	case errors.Is(s.Err, bind.ErrRecordMissing):
-		o.Reason = report.ReasonRecordMissing
+		o.Reason = v1alpha1.ReasonRecordMissing
 	case s.Mode == bind.OwnershipRecord || s.MarkDropped:
-		o.Reason = report.ReasonOwnershipRecord
+		o.Reason = v1alpha1.ReasonOwnershipRecord
 	default:
-		o.Reason = report.ReasonOwnershipMark
+		o.Reason = v1alpha1.ReasonOwnershipMark
 	}
 	switch {
 	case s.Err != nil:

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"net/netip"
 	"slices"
 	"strings"
@@ -117,7 +118,7 @@ func TestDatapathHostCheck(t *testing.T) {
 
 	eventually(t, 30*time.Second, "a bypass finding", func() error {
 		f, n := lastFinding()
-		if n == 0 || f.Supported || f.Reason != report.ReasonHostStackBypass || !strings.Contains(f.Message, "lxc1") {
+		if n == 0 || f.Supported || f.Reason != v1.ReasonHostStackBypass || !strings.Contains(f.Message, "lxc1") {
 			return fmt.Errorf("findings so far: %d, last %+v", n, f)
 		}
 		return nil
@@ -138,7 +139,7 @@ func TestDatapathHostCheck(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "the finding clears", func() error {
 		f, n := lastFinding()
-		if !f.Supported || f.Reason != report.ReasonHostStack {
+		if !f.Supported || f.Reason != v1.ReasonHostStack {
 			return fmt.Errorf("findings so far: %d, last %+v", n, f)
 		}
 		return nil

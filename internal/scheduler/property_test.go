@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"math"
 	"net/netip"
 	"slices"
@@ -346,7 +347,7 @@ func TestPropertyCapacityChange(t *testing.T) {
 		}
 		left := map[unitID]bool{}
 		for _, m := range out.Moves {
-			if m.From != name || m.Reason != MoveCapacityReduced {
+			if m.From != name || m.Reason != v1.MoveCapacityReduced {
 				t.Fatalf("capacity change on %s gave move %+v", name, m)
 			}
 			for _, e := range after.Egresses {

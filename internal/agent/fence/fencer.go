@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"net/http"
 	"sync"
 	"time"
@@ -64,7 +65,7 @@ func New(o Options) *Fencer {
 	if o.Client == nil {
 		o.Client = NewPeerClient(o.ProbeTimeout())
 	}
-	return &Fencer{o: o, results: map[string]Peer{}, last: Decision{Reason: ReasonPolled}}
+	return &Fencer{o: o, results: map[string]Peer{}, last: Decision{Reason: v1.ReasonPolled}}
 }
 
 // Fenced reports whether the last decision fences.
