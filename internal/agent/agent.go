@@ -433,7 +433,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg:       cfg,
 		instance:  hex.EncodeToString(id),
-		log:       ctrllog.Log.WithName("agent").WithValues("node", cfg.NodeName),
+		log:       ctrllog.Log.WithName("agent").WithValues("node", klog.KRef("", cfg.NodeName)),
 		hints:     map[netip.Addr]bind.Hint{},
 		state:     map[netip.Addr]*entry{},
 		assignGen: map[netip.Addr]uint64{},
@@ -800,7 +800,7 @@ func (a *Agent) rejoin(ctx context.Context, cached desiredState, pools []v1alpha
 	}
 	var live v1alpha1.EgressList
 	if err := a.apiReader.List(ctx, &live, client.MatchingFields{v1alpha1.EgressNodeField: a.cfg.NodeName}); err != nil {
-		log.Info("rejoining after a fence: cannot read the Egresses assigned to this Node from the API server yet; binding nothing", "error", err.Error())
+		log.Info("rejoining after a fence: cannot read the Egresses assigned to this Node from the API server yet; binding nothing", "err", err)
 		return none
 	}
 	ld := computeDesired(a.cfg.NodeName, live.Items, pools)

@@ -611,7 +611,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	if err != nil && ctx.Err() != nil {
 		// Shutting down as asked; a controller interrupted while waiting
 		// for its first List reports that as an error.
-		log.Info("error while stopping", "error", err.Error())
+		log.Info("error while stopping", "err", err)
 		return nil
 	}
 	if err != nil {
@@ -713,7 +713,7 @@ func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 		}
 		d := b.Step()
 		log.Info("reject queue unavailable (another agent of this Node may still hold it); failurePolicy Fail rejects without it meanwhile, IPv6 connects then failing on the retransmitted SYN after about 1 s",
-			"error", err.Error(), "retryIn", d)
+			"err", err, "retryIn", d)
 		select {
 		case <-ctx.Done():
 			return

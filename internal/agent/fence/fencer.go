@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
@@ -165,7 +166,7 @@ func (f *Fencer) probe(ctx context.Context, peers []Candidate) {
 			at := f.o.Now()
 			if err != nil {
 				peerProbes.WithLabelValues(resultError).Inc()
-				logger.V(1).Info("peer probe failed", "peer", p.Node, "error", err.Error())
+				logger.V(1).Info("peer probe failed", "peer", klog.KRef("", p.Node), "err", err)
 				res[i] = Peer{Node: p.Node, At: at}
 				return
 			}
@@ -183,7 +184,7 @@ func (f *Fencer) probe(ctx context.Context, peers []Candidate) {
 	} else {
 		apiProbes.WithLabelValues(resultError).Inc()
 		f.api.LastFailed = now
-		logger.V(1).Info("API server probe failed", "error", apiErr.Error())
+		logger.V(1).Info("API server probe failed", "err", apiErr)
 	}
 	prev := f.results
 	f.results = make(map[string]Peer, len(res))
