@@ -2,9 +2,10 @@ package agent_test
 
 import (
 	"errors"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"testing"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 
 	"github.com/egressip/egressip/internal/agent/fence"
 )

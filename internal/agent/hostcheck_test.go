@@ -3,13 +3,14 @@ package agent_test
 import (
 	"context"
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 
 	"github.com/go-logr/logr"

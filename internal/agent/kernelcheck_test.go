@@ -3,10 +3,11 @@ package agent
 import (
 	"errors"
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"strings"
 	"sync"
 	"testing"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"

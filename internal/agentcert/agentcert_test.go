@@ -10,7 +10,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -20,6 +19,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 

@@ -5,10 +5,11 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"net"
 	"net/http"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // RefusedReasons lists every reason, for metrics initialised at zero.

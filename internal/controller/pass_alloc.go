@@ -2,8 +2,9 @@ package controller
 
 import (
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"net/netip"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // allocate is the allocation phase: every Egress keeps what its spec and

@@ -2,12 +2,13 @@ package scheduler
 
 import (
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"math"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // This file is an independent statement of the scheduling rules: given an

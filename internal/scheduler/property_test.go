@@ -2,13 +2,14 @@ package scheduler
 
 import (
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"math"
 	"net/netip"
 	"slices"
 	"sync"
 	"testing"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 
 	"pgregory.net/rapid"
 )

@@ -4,10 +4,11 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"math"
 	"net/netip"
 	"slices"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // This file is a plain reference implementation of the rules in doc.go,

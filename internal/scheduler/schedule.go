@@ -4,12 +4,13 @@ import (
 	"cmp"
 	"encoding/binary"
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"math"
 	"math/bits"
 	"slices"
 	"strings"
 	"sync"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // nodeRec is one distinct Node. It holds no pointers (names are read

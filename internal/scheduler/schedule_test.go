@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"math"
 	"net/netip"
 	"reflect"
@@ -10,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 
 	"pgregory.net/rapid"
 )

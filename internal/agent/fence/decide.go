@@ -2,8 +2,9 @@ package fence
 
 import (
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // APIState is what the API-server probes found since they started.

@@ -4,10 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"net/http"
 	"sync"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/log"

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"net"
 	"net/http"
 	"net/netip"
@@ -13,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 func TestSelectPeers(t *testing.T) {
