@@ -1,5 +1,305 @@
 package v1alpha1
 
+// This file holds every reason a user can see: the Reason of each condition
+// egressip writes (Egress, ExternalIPPool, Node and
+// CertificateSigningRequest conditions), the reason of each Event it
+// records, and the values of the "reason" labels of its metrics
+// (docs/metrics.md). Values are CamelCase, as Kubernetes asks of condition
+// and Event reasons (metav1.Condition.Reason), and are part of the API:
+// alerts, scripts and tests match them, so a value never changes.
+// docs/troubleshooting.md says what to do for each.
+
+// Reasons of the Egress condition IPAllocated, written by the controller's
+// pass. Each is also the "reason" label of
+// egressip_controller_unplaced_egresses for an Egress that has no IP.
+const (
+	// ReasonAllocated: IPAllocated=True; the Egress has an address of its
+	// pool (the one spec.egressIP names, or the lowest free one).
+	ReasonAllocated = "Allocated"
+	// ReasonPoolNotFound: IPAllocated=False while spec.externalIPPool names
+	// no ExternalIPPool. Also a scheduler Placement reason (an Egress whose
+	// pool the scheduler was not given).
+	ReasonPoolNotFound = "PoolNotFound"
+	// ReasonPoolInvalid: IPAllocated=False while the Egress's pool is
+	// invalid (its Ready condition says why). Also a scheduler Placement
+	// reason (a pool listed twice or of no family).
+	ReasonPoolInvalid = "PoolInvalid"
+	// ReasonPoolExhausted: IPAllocated=False while every address of the
+	// pool is allocated; the youngest Egresses wait. Always present in
+	// egressip_controller_unplaced_egresses (0 when none waits).
+	ReasonPoolExhausted = "PoolExhausted"
+	// ReasonIPOutsidePool: IPAllocated=False while spec.egressIP is not an
+	// address the pool can give (outside its ranges, excluded, reserved);
+	// the message quotes the rule.
+	ReasonIPOutsidePool = "IPOutsidePool"
+	// ReasonWaitingForWarmIP: IPAllocated=False while a cloud-backed pool
+	// attaches an address for the Egress (no warm address is available).
+	ReasonWaitingForWarmIP = "WaitingForWarmIP"
+)
+
+// Reasons of the Egress condition Assigned, written by the controller's
+// pass. The False ones are also the "reason" label of
+// egressip_controller_unplaced_egresses.
+const (
+	// ReasonScheduled: Assigned=True; status.egressNode holds the IP.
+	ReasonScheduled = "Scheduled"
+	// ReasonWaitingForRelease: Assigned=False while a planned move waits
+	// for the old Node's agent to release the IP (at most
+	// --release-timeout; then ReasonReleaseTimedOut).
+	ReasonWaitingForRelease = "WaitingForRelease"
+	// ReasonNotAssigned: Assigned=False while the Egress has no IP; the
+	// IPAllocated condition says why.
+	ReasonNotAssigned = "NotAssigned"
+	// ReasonAttaching: Assigned=False while the cloud attaches the
+	// address to the chosen Node's interface.
+	ReasonAttaching = "Attaching"
+)
+
+// Reasons of the Egress condition Ready, written by the controller's pass
+// from the agents' reports.
+const (
+	// ReasonAnnounced: Ready=True; the egress Node's agent reports the IP
+	// bound and announced.
+	ReasonAnnounced = "Announced"
+	// ReasonBinding: Ready=False while the controller waits for the
+	// egress Node's agent to report the IP bound and announced.
+	ReasonBinding = "Binding"
+	// ReasonNoEgressNode: Ready=False while no Node holds the Egress's IP
+	// (none allocated or none assigned), and the Warning Event recorded
+	// when it turns so; the selected Pods' traffic then follows
+	// spec.failurePolicy.
+	ReasonNoEgressNode = "NoEgressNode"
+	// ReasonDatapathRefused: Ready=False, and the Warning Event, while
+	// the kernel of some Node refuses to program the Egress's part of the
+	// datapath: its Pods there do not leave with the egress IP. The agent
+	// programs every other Egress of that Node.
+	ReasonDatapathRefused = "DatapathRefused"
+)
+
+// Reasons of the Egress condition SelectorValid.
+const (
+	// ReasonInvalidSelector: SelectorValid=False, and the Warning Event,
+	// while spec.appliedTo holds a selector that cannot be parsed.
+	ReasonInvalidSelector = "InvalidSelector"
+)
+
+// Reasons of the ExternalIPPool condition Ready, written by the
+// controller's pass.
+const (
+	// ReasonValid: Ready=True; the pool's spec is valid (the message
+	// gives its usage).
+	ReasonValid = "Valid"
+	// ReasonInvalid: Ready=False while the pool's spec is invalid; the
+	// message names the field and the rule.
+	ReasonInvalid = "Invalid"
+	// ReasonInUse: Ready=False while a pool being deleted waits for its
+	// Egresses to go, or for its cloud addresses and interfaces to be
+	// released.
+	ReasonInUse = "InUse"
+)
+
+// Why an Egress has no Node: the reason of Assigned=False, and the
+// "reason" label of egressip_controller_unplaced_egresses, set from the
+// scheduler's Placement.Reason (internal/scheduler).
+const (
+	// ReasonDuplicateEgress: the Egress's name was given to the scheduler
+	// twice (a bug of the caller; never seen from the API server).
+	ReasonDuplicateEgress = "DuplicateEgress"
+	// ReasonIPNotAllocated: the Egress has no IP yet.
+	ReasonIPNotAllocated = "IPNotAllocated"
+	// ReasonIPInvalid: the Egress's IP is not of its pool's family, or has
+	// an IPv6 zone.
+	ReasonIPInvalid = "IPInvalid"
+	// ReasonNoEligibleNode: no Node of the pool is eligible with a
+	// capacity above 0. Always present in
+	// egressip_controller_unplaced_egresses (0 when none).
+	ReasonNoEligibleNode = "NoEligibleNode"
+	// ReasonCapacityExhausted: the pool has eligible Nodes but all of
+	// them are full (with older Egresses, or ones that keep their Node).
+	// Always present in egressip_controller_unplaced_egresses.
+	ReasonCapacityExhausted = "CapacityExhausted"
+)
+
+// Why an egress IP leaves its Node: the "reason" label of
+// egressip_controller_moves_total and the words in parentheses of the
+// Moved and Releasing Events (the scheduler's Move.Reason).
+const (
+	// MoveNodeRemoved: the Node is gone.
+	MoveNodeRemoved = "NodeRemoved"
+	// MoveNodeIneligible: the Node cannot hold egress IPs any more; the
+	// label is "NodeIneligible/" followed by one of the Ineligible*
+	// reasons, or just "NodeIneligible" when the Node gives none.
+	MoveNodeIneligible = "NodeIneligible"
+	// MoveNodeNotInPool: the Node no longer matches the pool's
+	// nodeSelector.
+	MoveNodeNotInPool = "NodeNotInPool"
+	// MoveCapacityReduced: the Node's capacity, filled in priority order,
+	// has no room left for this Egress (the capacity was lowered, possibly
+	// to 0, or older Egresses claim the room).
+	MoveCapacityReduced = "CapacityReduced"
+	// MoveSharedIP: the Egress follows the other Egresses that share its
+	// IP to their Node.
+	MoveSharedIP = "SharedIP"
+)
+
+// Why a Node cannot hold egress IPs: the part after "NodeIneligible/" of
+// a move's reason, checked in this order.
+const (
+	// IneligibleDeleting: the Node has a deletionTimestamp.
+	IneligibleDeleting = "Deleting"
+	// IneligibleNotReady: the Node's Ready condition is not True.
+	IneligibleNotReady = "NotReady"
+	// IneligibleNetworkUnavailable: the Node's NetworkUnavailable
+	// condition is True.
+	IneligibleNetworkUnavailable = "NetworkUnavailable"
+	// IneligibleNotLinux: the Node's kubernetes.io/os label is set and is
+	// not linux.
+	IneligibleNotLinux = "NotLinux"
+	// IneligibleAgentDead: the controller declared the Node's agent dead
+	// (see ReasonAgentUnreachable).
+	IneligibleAgentDead = "AgentDead"
+	// IneligibleCordoned: the Node is cordoned (spec.unschedulable).
+	IneligibleCordoned = "Cordoned"
+)
+
+// Reasons of the Normal and Warning Events recorded on an Egress when its
+// IP is placed or moved (the conditions above say the same at rest).
+const (
+	// EventAssigned (Normal): the IP was assigned to a Node.
+	EventAssigned = "Assigned"
+	// EventMoved (Normal): the IP moved from one Node to another; the
+	// note gives the move's reason.
+	EventMoved = "Moved"
+	// EventReleasing (Normal): a planned move began; the old Node's agent
+	// is told to release the IP first.
+	EventReleasing = "Releasing"
+	// EventUnassigned (Warning): the IP was removed from its Node and has
+	// no other; the note says why and what the selected Pods' traffic
+	// does now.
+	EventUnassigned = "Unassigned"
+	// EventAttachFailed (Warning): the cloud failed to attach the IP to
+	// the chosen Node's interface; the note carries the cloud's error.
+	EventAttachFailed = "AttachFailed"
+	// EventEgressIPChanged (Warning): the egress IP of an Egress that had
+	// one changed to another address: the selected Pods' traffic leaves
+	// with the new address at once, so peers' allow-lists naming the old
+	// one stop matching.
+	EventEgressIPChanged = "EgressIPChanged"
+)
+
+// EventInvalidCapacity is the reason of the Warning Event recorded on a
+// Node whose egressip.io/max-egress-ips annotation is not valid; the
+// controller uses the default capacity for it.
+const EventInvalidCapacity = "InvalidCapacity"
+
+// ReasonAgentNodeIdentity is the reason of the Approved condition the
+// controller sets on a CertificateSigningRequest for the signer
+// egressip.io/agent that passes every rule (a Node's own identity); see
+// ReasonAgentCSRDenied for the others.
+const ReasonAgentNodeIdentity = "AgentNodeIdentity"
+
+// Reasons of the Node conditions the controller keeps from the agents'
+// reports (EgressDatapathSupported, EgressIPOwnershipKnown,
+// EgressKernelFeatures; internal/controller/nodecondition.go), which the
+// agent sends in its report (internal/report).
+const (
+	// ReasonHostStack: the Pods' traffic crosses the host's IP stack,
+	// where the datapath acts (no evidence of a BPF bypass).
+	ReasonHostStack = "HostStackCrossed"
+	// ReasonHostStackBypass: the CNI steers Pod traffic past the host's
+	// IP stack with eBPF, so selected Pods would leave with their own
+	// address; the message names the evidence. Also the Warning Event
+	// recorded when the condition turns False.
+	ReasonHostStackBypass = "HostStackBypass"
+	// ReasonOwnershipMark: addresses are marked with IFA_PROTO (and
+	// recorded, where a record is configured).
+	ReasonOwnershipMark = "AddressProtocol"
+	// ReasonOwnershipRecord: the ownership record alone (kernel before
+	// 5.18, or forced with --address-ownership=record).
+	ReasonOwnershipRecord = "OwnershipRecord"
+	// ReasonRecordUnreadable: the record cannot be read or parsed; the
+	// agent binds and unbinds nothing until it is fixed.
+	ReasonRecordUnreadable = "OwnershipRecordUnreadable"
+	// ReasonRecordUnwritable: the record cannot be written; addresses
+	// that would need a record entry are not added.
+	ReasonRecordUnwritable = "OwnershipRecordUnwritable"
+	// ReasonRecordMissing: the record disappeared while it listed
+	// addresses; they are left alone.
+	ReasonRecordMissing = "OwnershipRecordMissing"
+	// ReasonKernelFeaturesPresent: every kernel feature probed was found.
+	ReasonKernelFeaturesPresent = "KernelFeaturesPresent"
+	// ReasonKernelFeatureMissing: a kernel feature is missing; a part of
+	// the agent is degraded or did not start, as the message says. Also
+	// the Warning Event recorded when the condition turns False.
+	ReasonKernelFeatureMissing = "KernelFeatureMissing"
+)
+
+// Reasons of the Events recorded on a Node when one of the conditions
+// above turns True again or the ownership record fails.
+const (
+	// EventDatapathSupported (Normal): EgressDatapathSupported turned
+	// True again.
+	EventDatapathSupported = "DatapathSupported"
+	// EventOwnershipRecordProblem (Warning): EgressIPOwnershipKnown
+	// turned False.
+	EventOwnershipRecordProblem = "OwnershipRecordProblem"
+	// EventOwnershipKnown (Normal): EgressIPOwnershipKnown turned True
+	// again.
+	EventOwnershipKnown = "OwnershipKnown"
+)
+
+// Reasons of an agent's fence decision (internal/agent/fence): the
+// "reason" label of egressip_agent_fence_events_total, the reason the
+// agent serves in its report and logs, and the reason quoted in the
+// message of the Node condition EgressSelfFenced (docs/failover.md).
+const (
+	// ReasonPolled: the controller polled this Node less than the fence
+	// timeout ago.
+	ReasonPolled = "Polled"
+	// ReasonAPIServerReachable: polls are late but the API server
+	// answers, so the agent's watch shows any move of its IPs at once.
+	ReasonAPIServerReachable = "APIServerReachable"
+	// ReasonNoPeers: polls and API server lost, but the agent knows no
+	// peer (a one-Node cluster, or no Node list cached yet): nothing
+	// tells a partition from a control-plane outage, so nothing is
+	// fenced.
+	ReasonNoPeers = "NoPeers"
+	// ReasonControllerGone: the peers that answer were not polled after
+	// this Node either: the controller is down or cut off from everyone,
+	// so nothing can move the IPs and nothing is fenced.
+	ReasonControllerGone = "ControllerGone"
+	// ReasonPeersLost (fenced): fewer than a majority of the peer set
+	// answer: this Node is isolated or on the minority side.
+	ReasonPeersLost = "PeersLost"
+	// ReasonControllerPollsOthers (fenced): a majority of the peers that
+	// answer were polled after this Node's last poll: the controller is
+	// alive, cannot reach this Node and will declare it dead.
+	ReasonControllerPollsOthers = "ControllerPollsOthers"
+)
+
+// Why the controller refuses a poll of an agent's report port: the
+// "reason" label of egressip_controller_agent_reports_refused_total and
+// the words of the Node's AgentReportRefused Warning Event
+// (internal/agentcert; docs/security.md).
+const (
+	// RefusedNotTLS: the server answered something other than TLS (a
+	// plain-HTTP report, or another protocol).
+	RefusedNotTLS = "NotTLS"
+	// RefusedUntrusted: the server's certificate does not chain to the
+	// agent CA (self-signed, another CA: a spoofed server or a man in the
+	// middle).
+	RefusedUntrusted = "UntrustedCertificate"
+	// RefusedInvalid: the certificate chains to the CA but is not valid
+	// now (expired, not yet valid) or not for serving.
+	RefusedInvalid = "InvalidCertificate"
+	// RefusedWrongIdentity: a valid agent certificate, but of another
+	// Node (or of no Node).
+	RefusedWrongIdentity = "WrongIdentity"
+	// RefusedHandshake: the TLS handshake failed otherwise (the server
+	// refused the controller's certificate, no common parameters, ...).
+	RefusedHandshake = "HandshakeFailed"
+)
+
 // Condition reasons and Event reasons users see for the rules that keep
 // Node addresses, special-purpose addresses and hand-written statuses from
 // becoming egress IPs (docs/troubleshooting.md lists what to do for each).

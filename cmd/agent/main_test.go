@@ -595,7 +595,7 @@ func TestKernelProbeAgentProcess(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if r.Kernel == nil || r.Kernel.Release != kernel.Release() || r.Kernel.Reason != report.ReasonKernelFeaturesPresent || len(r.Kernel.Missing) != 0 {
+		if r.Kernel == nil || r.Kernel.Release != kernel.Release() || r.Kernel.Reason != v1alpha1.ReasonKernelFeaturesPresent || len(r.Kernel.Missing) != 0 {
 			return fmt.Errorf("kernel finding %+v", r.Kernel)
 		}
 		return nil

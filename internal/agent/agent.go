@@ -433,7 +433,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{
 		cfg:       cfg,
 		instance:  hex.EncodeToString(id),
-		log:       ctrllog.Log.WithName("agent").WithValues("node", cfg.NodeName),
+		log:       ctrllog.Log.WithName("agent").WithValues("node", klog.KRef("", cfg.NodeName)),
 		hints:     map[netip.Addr]bind.Hint{},
 		state:     map[netip.Addr]*entry{},
 		assignGen: map[netip.Addr]uint64{},
@@ -690,15 +690,15 @@ func ownershipStatus(s bind.Status) report.OwnershipStatus {
 	o := report.OwnershipStatus{Mode: string(s.Mode), Healthy: s.Err == nil}
 	switch {
 	case errors.Is(s.Err, bind.ErrRecordUnreadable):
-		o.Reason = report.ReasonRecordUnreadable
+		o.Reason = v1alpha1.ReasonRecordUnreadable
 	case errors.Is(s.Err, bind.ErrRecordUnwritable):
-		o.Reason = report.ReasonRecordUnwritable
+		o.Reason = v1alpha1.ReasonRecordUnwritable
 	case errors.Is(s.Err, bind.ErrRecordMissing):
-		o.Reason = report.ReasonRecordMissing
+		o.Reason = v1alpha1.ReasonRecordMissing
 	case s.Mode == bind.OwnershipRecord || s.MarkDropped:
-		o.Reason = report.ReasonOwnershipRecord
+		o.Reason = v1alpha1.ReasonOwnershipRecord
 	default:
-		o.Reason = report.ReasonOwnershipMark
+		o.Reason = v1alpha1.ReasonOwnershipMark
 	}
 	switch {
 	case s.Err != nil:
@@ -800,7 +800,7 @@ func (a *Agent) rejoin(ctx context.Context, cached desiredState, pools []v1alpha
 	}
 	var live v1alpha1.EgressList
 	if err := a.apiReader.List(ctx, &live, client.MatchingFields{v1alpha1.EgressNodeField: a.cfg.NodeName}); err != nil {
-		log.Info("rejoining after a fence: cannot read the Egresses assigned to this Node from the API server yet; binding nothing", "error", err.Error())
+		log.Info("rejoining after a fence: cannot read the Egresses assigned to this Node from the API server yet; binding nothing", "err", err)
 		return none
 	}
 	ld := computeDesired(a.cfg.NodeName, live.Items, pools)

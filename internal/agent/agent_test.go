@@ -22,7 +22,6 @@ import (
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/agent"
 	"github.com/egressip/egressip/internal/agent/bind"
-	"github.com/egressip/egressip/internal/report"
 	"github.com/egressip/egressip/internal/testenv"
 	"github.com/egressip/egressip/internal/testutil/netnstest"
 	"github.com/egressip/egressip/internal/testutil/poll"
@@ -587,8 +586,8 @@ func TestAgentOwnershipRecordUnreadable(t *testing.T) {
 	cfg := n.config()
 	cfg.Ownership, cfg.RecordPath = bind.OwnershipRecord, path
 	a := newAgent(t, cfg)
-	if o := a.Report().Ownership; o == nil || o.Healthy || o.Reason != report.ReasonRecordUnreadable || !strings.Contains(o.Message, "fix or delete the file") {
-		t.Fatalf("report ownership before the first reconcile = %+v; want unhealthy, %s, saying what to do", o, report.ReasonRecordUnreadable)
+	if o := a.Report().Ownership; o == nil || o.Healthy || o.Reason != v1alpha1.ReasonRecordUnreadable || !strings.Contains(o.Message, "fix or delete the file") {
+		t.Fatalf("report ownership before the first reconcile = %+v; want unhealthy, %s, saying what to do", o, v1alpha1.ReasonRecordUnreadable)
 	}
 	rc := reconcileCount(t)
 	r := startAgent(t, env.Config, n.name, a)

@@ -8,6 +8,7 @@ import (
 
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
@@ -88,7 +89,7 @@ func (a *Agent) noteArrival(old, cur *v1alpha1.Egress) {
 	if ip, ok := arrival(a.cfg.NodeName, old, cur, afterGap); ok {
 		a.assignSeq++
 		a.assignGen[ip] = a.assignSeq
-		a.log.V(1).Info("assignment arrived", "egress", cur.Name, "ip", ip, "resourceVersion", cur.ResourceVersion, "afterWatchError", afterGap)
+		a.log.V(1).Info("assignment arrived", "egress", klog.KObj(cur), "ip", ip, "resourceVersion", cur.ResourceVersion, "afterWatchError", afterGap)
 	}
 }
 

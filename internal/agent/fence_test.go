@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+
 	"github.com/egressip/egressip/internal/agent/fence"
 	"github.com/egressip/egressip/internal/testutil/poll"
 )
@@ -31,7 +33,7 @@ func TestAgentFenceUnbindsAndRejoins(t *testing.T) {
 		return wantReport(rep, n.NodeIf, true, ip("192.0.2.40"), ip("192.0.2.41"))
 	})
 
-	a.SetFence(ctx, fence.Decision{Fence: true, Reason: fence.ReasonPeersLost, Message: "test: isolated"})
+	a.SetFence(ctx, fence.Decision{Fence: true, Reason: v1.ReasonPeersLost, Message: "test: isolated"})
 	poll.Until(t, 10*time.Second, "every IP unbound while fenced", func() error {
 		if n.present(t, ip("192.0.2.40")) || n.present(t, ip("192.0.2.41")) {
 			return errors.New("still bound")
@@ -40,7 +42,7 @@ func TestAgentFenceUnbindsAndRejoins(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if rep.Fence == nil || !rep.Fence.Fenced || rep.Fence.Reason != fence.ReasonPeersLost {
+		if rep.Fence == nil || !rep.Fence.Fenced || rep.Fence.Reason != v1.ReasonPeersLost {
 			return errors.New("report does not say fenced")
 		}
 		return wantReport(rep, n.NodeIf, true)
@@ -55,7 +57,7 @@ func TestAgentFenceUnbindsAndRejoins(t *testing.T) {
 	}
 	// Meanwhile the controller moved one Egress away.
 	setStatus(t, c, moving, "192.0.2.40", uniq("other-node"))
-	a.SetFence(ctx, fence.Decision{Reason: fence.ReasonPolled, Message: "test: polled again"})
+	a.SetFence(ctx, fence.Decision{Reason: v1.ReasonPolled, Message: "test: polled again"})
 	poll.Until(t, 15*time.Second, "the assigned IP back, the moved one not, rejoin over", func() error {
 		if n.present(t, ip("192.0.2.40")) {
 			t.Fatal("192.0.2.40, moved away while fenced, bound again")

@@ -3,6 +3,8 @@ package agent
 import (
 	"errors"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+
 	"github.com/go-logr/logr"
 
 	"github.com/egressip/egressip/internal/agent/kernel"
@@ -59,7 +61,7 @@ func (k *KernelCheck) Decision() kernel.Decision { return kernel.Decide(k.releas
 // or degraded, sets egressip_agent_kernel_feature for every feature probed
 // (1 present, 0 missing), and returns the finding for the report.
 func RecordKernel(log logr.Logger, d kernel.Decision) *report.KernelStatus {
-	st := &report.KernelStatus{Release: d.Release, Reason: report.ReasonKernelFeaturesPresent, Message: d.ConditionMessage()}
+	st := &report.KernelStatus{Release: d.Release, Reason: v1.ReasonKernelFeaturesPresent, Message: d.ConditionMessage()}
 	for _, f := range d.Probed {
 		v := 0.0
 		if d.Present(f) {
@@ -73,7 +75,7 @@ func RecordKernel(log logr.Logger, d kernel.Decision) *report.KernelStatus {
 			"message", m.Message(d.Release))
 	}
 	if len(d.Missing) > 0 {
-		st.Reason = report.ReasonKernelFeatureMissing
+		st.Reason = v1.ReasonKernelFeatureMissing
 	}
 	for _, p := range []kernel.Part{kernel.PartDatapath, kernel.PartRejectQueue, kernel.PartOwnership} {
 		switch {

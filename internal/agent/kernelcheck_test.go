@@ -7,11 +7,12 @@ import (
 	"sync"
 	"testing"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/egressip/egressip/internal/agent/kernel"
-	"github.com/egressip/egressip/internal/report"
 )
 
 // missingProber finds every feature but one, which fails with err; it
@@ -105,7 +106,7 @@ func TestKernelProbeInjected(t *testing.T) {
 			a := &Agent{}
 			a.SetKernelStatus(st)
 			got := a.Report().Kernel
-			if got == nil || got.Reason != report.ReasonKernelFeatureMissing || got.Release != release ||
+			if got == nil || got.Reason != v1.ReasonKernelFeatureMissing || got.Release != release ||
 				len(got.Missing) != 1 || got.Missing[0] != string(s.Feature) {
 				t.Fatalf("report's kernel finding: %+v", got)
 			}
@@ -129,7 +130,7 @@ func TestKernelProbeAllPresent(t *testing.T) {
 	k.SetRejectQueueForm("xt NFQUEUE")
 	var logs logLines
 	st := RecordKernel(funcr.New(logs.add, funcr.Options{}), k.Decision())
-	if st.Reason != report.ReasonKernelFeaturesPresent || len(st.Missing) != 0 ||
+	if st.Reason != v1.ReasonKernelFeaturesPresent || len(st.Missing) != 0 ||
 		st.Message != fmt.Sprintf("kernel 6.18.44 has every feature probed (%d)", len(kernel.Specs)) {
 		t.Errorf("finding %+v", st)
 	}

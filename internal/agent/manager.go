@@ -342,10 +342,11 @@ func (a *Agent) ServeReport(ctx context.Context, ln net.Listener) error {
 
 // startCertificates starts the agent's identity (agentcert.Source) of
 // cfg and makes the report server use it; nil cfg does nothing.
-func (a *Agent) startCertificates(ctx context.Context, cfg *agentcert.SourceConfig, log logr.Logger) error {
+func (a *Agent) startCertificates(ctx context.Context, cfg *agentcert.SourceConfig) error {
 	if cfg == nil {
 		return nil
 	}
+	log := logr.FromContextOrDiscard(ctx)
 	src, err := agentcert.NewSource(*cfg)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
@@ -444,6 +445,8 @@ type RunOptions struct {
 // fails to start or the manager or the report server fails.
 func Run(ctx context.Context, o RunOptions) (err error) {
 	log := ctrl.Log.WithName("agent").WithValues("node", klog.KRef("", o.NodeName))
+	// What Run starts logs through the context's logger (log.FromContext).
+	ctx = logr.NewContext(ctx, log)
 	if o.REST == nil {
 		return errors.New("agent: no REST config")
 	}
@@ -495,7 +498,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	a.SetKernelStatus(o.Kernel)
-	if err := a.startCertificates(ctx, o.Certificates, log); err != nil {
+	if err := a.startCertificates(ctx, o.Certificates); err != nil {
 		_ = a.Close()
 		return err
 	}
@@ -505,7 +508,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		}
 		log.Info("stopped; egress IPs stay bound for the next agent instance")
 	}()
-	defer a.startRenewal(ctx, log)() // stopped before Close
+	defer a.startRenewal(ctx)() // stopped before Close
 
 	off := func(s string) string {
 		if s == "" {
@@ -613,7 +616,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	if err != nil && ctx.Err() != nil {
 		// Shutting down as asked; a controller interrupted while waiting
 		// for its first List reports that as an error.
-		log.Info("error while stopping", "error", err.Error())
+		log.Info("error while stopping", "err", err)
 		return nil
 	}
 	if err != nil {
@@ -629,7 +632,8 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 // SIGTERM): the manager's shutdown can take longer than the lifetime (5 s
 // was seen in CI against a 3 s lifetime), and addresses must not expire
 // while the agent is still exiting.
-func (a *Agent) startRenewal(ctx context.Context, log logr.Logger) func() {
+func (a *Agent) startRenewal(ctx context.Context) func() {
+	log := logr.FromContextOrDiscard(ctx)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var renewing sync.WaitGroup
 	renewing.Go(func() { a.RenewAddresses(ctx) })
@@ -715,7 +719,7 @@ func serveRejectQueue(ctx context.Context, rq rejectQueue) {
 		}
 		d := b.Step()
 		log.Info("reject queue unavailable (another agent of this Node may still hold it); failurePolicy Fail rejects without it meanwhile, IPv6 connects then failing on the retransmitted SYN after about 1 s",
-			"error", err.Error(), "retryIn", d)
+			"err", err, "retryIn", d)
 		select {
 		case <-ctx.Done():
 			return

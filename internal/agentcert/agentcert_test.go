@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+
 	certificatesv1 "k8s.io/api/certificates/v1"
 
 	"github.com/egressip/egressip/internal/agent/fence"
@@ -176,11 +178,11 @@ func TestPollRefusesImpostors(t *testing.T) {
 		reason string // "" accepted
 	}{
 		{"the Node's agent", serverWith(issued(t, ca, "node-a", now)), ""},
-		{"plain HTTP", portOf(plain.URL), agentcert.RefusedNotTLS},
-		{"self-signed", portOf(selfSigned.URL), agentcert.RefusedUntrusted},
-		{"another CA (man in the middle)", serverWith(issued(t, other, "node-a", now)), agentcert.RefusedUntrusted},
-		{"another Node's agent", serverWith(issued(t, ca, "node-b", now)), agentcert.RefusedWrongIdentity},
-		{"expired", serverWith(issued(t, ca, "node-a", now.Add(-2*time.Hour))), agentcert.RefusedInvalid},
+		{"plain HTTP", portOf(plain.URL), v1.RefusedNotTLS},
+		{"self-signed", portOf(selfSigned.URL), v1.RefusedUntrusted},
+		{"another CA (man in the middle)", serverWith(issued(t, other, "node-a", now)), v1.RefusedUntrusted},
+		{"another Node's agent", serverWith(issued(t, ca, "node-b", now)), v1.RefusedWrongIdentity},
+		{"expired", serverWith(issued(t, ca, "node-a", now.Add(-2*time.Hour))), v1.RefusedInvalid},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

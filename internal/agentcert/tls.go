@@ -8,32 +8,12 @@ import (
 	"net"
 	"net/http"
 	"time"
-)
 
-// Reasons a poll is refused (the "reason" label of
-// egressip_controller_agent_reports_refused_total and the words of the
-// Node's Warning Event).
-const (
-	// RefusedNotTLS: the server answered something other than TLS (a
-	// plain-HTTP report, or another protocol).
-	RefusedNotTLS = "NotTLS"
-	// RefusedUntrusted: the server's certificate does not chain to the
-	// agent CA (self-signed, another CA: a spoofed server or a man in the
-	// middle).
-	RefusedUntrusted = "UntrustedCertificate"
-	// RefusedInvalid: the certificate chains to the CA but is not valid
-	// now (expired, not yet valid) or not for serving.
-	RefusedInvalid = "InvalidCertificate"
-	// RefusedWrongIdentity: a valid agent certificate, but of another Node
-	// (or of no Node).
-	RefusedWrongIdentity = "WrongIdentity"
-	// RefusedHandshake: the TLS handshake failed otherwise (the server
-	// refused the controller's certificate, no common parameters, ...).
-	RefusedHandshake = "HandshakeFailed"
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // RefusedReasons lists every reason, for metrics initialised at zero.
-var RefusedReasons = []string{RefusedNotTLS, RefusedUntrusted, RefusedInvalid, RefusedWrongIdentity, RefusedHandshake}
+var RefusedReasons = []string{v1.RefusedNotTLS, v1.RefusedUntrusted, v1.RefusedInvalid, v1.RefusedWrongIdentity, v1.RefusedHandshake}
 
 // RefusedError is a connection refused because the peer is not who it
 // must be.
@@ -61,18 +41,18 @@ func Classify(err error) (*RefusedError, bool) {
 	}
 	reason := ""
 	if _, ok := errors.AsType[tls.RecordHeaderError](err); ok {
-		reason = RefusedNotTLS
+		reason = v1.RefusedNotTLS
 	} else if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok {
-		reason = RefusedUntrusted
+		reason = v1.RefusedUntrusted
 	} else if _, ok := errors.AsType[x509.CertificateInvalidError](err); ok {
-		reason = RefusedInvalid
+		reason = v1.RefusedInvalid
 	} else if _, ok := errors.AsType[x509.HostnameError](err); ok {
-		reason = RefusedWrongIdentity
+		reason = v1.RefusedWrongIdentity
 	} else if _, ok := errors.AsType[tls.AlertError](err); ok {
-		reason = RefusedHandshake
+		reason = v1.RefusedHandshake
 	} else if oe, ok := errors.AsType[*net.OpError](err); ok && oe.Op == "remote error" {
 		// An alert from the server: it refused our certificate, or has none.
-		reason = RefusedHandshake
+		reason = v1.RefusedHandshake
 	}
 	if reason == "" {
 		return nil, false
@@ -84,7 +64,7 @@ func Classify(err error) (*RefusedError, bool) {
 // usage at now, and returns the leaf's identity.
 func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, usage x509.ExtKeyUsage, now time.Time) (Identity, error) {
 	if len(certs) == 0 {
-		return Identity{}, &RefusedError{Reason: RefusedHandshake, Err: errors.New("no certificate presented")}
+		return Identity{}, &RefusedError{Reason: v1.RefusedHandshake, Err: errors.New("no certificate presented")}
 	}
 	inter := x509.NewCertPool()
 	for _, c := range certs[1:] {
@@ -93,13 +73,13 @@ func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, usage x509.Ext
 	_, err := certs[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{usage}, CurrentTime: now})
 	if err != nil {
 		if _, ok := errors.AsType[x509.UnknownAuthorityError](err); ok {
-			return Identity{}, &RefusedError{Reason: RefusedUntrusted, Err: err}
+			return Identity{}, &RefusedError{Reason: v1.RefusedUntrusted, Err: err}
 		}
-		return Identity{}, &RefusedError{Reason: RefusedInvalid, Err: err}
+		return Identity{}, &RefusedError{Reason: v1.RefusedInvalid, Err: err}
 	}
 	id, ok := identityOf(certs[0])
 	if !ok {
-		return Identity{}, &RefusedError{Reason: RefusedWrongIdentity, Err: errNoIdentity}
+		return Identity{}, &RefusedError{Reason: v1.RefusedWrongIdentity, Err: errNoIdentity}
 	}
 	return id, nil
 }
@@ -113,7 +93,7 @@ func VerifyAgent(certs []*x509.Certificate, roots *x509.CertPool, node string, n
 		return err
 	}
 	if id.Controller || id.Node != node {
-		return &RefusedError{Reason: RefusedWrongIdentity, Err: fmt.Errorf("the server is the %s, not the agent of Node %s", id, node)}
+		return &RefusedError{Reason: v1.RefusedWrongIdentity, Err: fmt.Errorf("the server is the %s, not the agent of Node %s", id, node)}
 	}
 	return nil
 }

@@ -115,7 +115,7 @@ func (r *AgentCSRReconciler) Reconcile(ctx context.Context, req ctrl.Request) (c
 	}
 	if !csrCondition(&csr, certificatesv1.CertificateApproved) {
 		csr.Status.Conditions = append(csr.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
-			Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "AgentNodeIdentity",
+			Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: v1.ReasonAgentNodeIdentity,
 			Message: "the agent of Node " + accepted.Node + " asks for its own identity", LastUpdateTime: metav1.Now(),
 		})
 		if err := r.Client.SubResource("approval").Update(ctx, &csr); err != nil {

@@ -257,7 +257,7 @@ func TestRefusedReportNeverReady(t *testing.T) {
 	grantAgent(t)
 	cl := newNodes(t, env, "ref", 1, 10)
 	cl.opts.AgentTLS = &AgentTLSOptions{Namespace: testAgentNS, AgentUser: testAgentUser, Lifetime: time.Hour}
-	counter := refusedReports.WithLabelValues(agentcert.RefusedNotTLS)
+	counter := refusedReports.WithLabelValues(v1.RefusedNotTLS)
 	before := testutil.ToFloat64(counter)
 	cl.startController()
 	cl.pool("ref-pool", nil)

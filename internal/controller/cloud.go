@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -310,7 +311,7 @@ func (c *CloudActuator) Refresh(ctx context.Context) error {
 		// A partial answer: some Nodes could not be looked up (e.g. a
 		// providerID of another cloud or of Fargate). They hold no cloud
 		// IPs; the others go on.
-		log.FromContext(ctx).Info("Some Nodes have no cloud interface", "error", err.Error())
+		log.FromContext(ctx).Info("Some Nodes have no cloud interface", "err", err)
 	}
 	tagged, subnets, subnetErr, ok := c.readOwn(ctx)
 	now := c.cfg.Clock.Now()
@@ -639,7 +640,7 @@ func (c *CloudActuator) failed(ctx context.Context, action, pool, iface string, 
 	}
 	c.lastError[iface] = msg
 	c.mu.Unlock()
-	log.FromContext(ctx).Info("cloud call failed; backing off", "action", action, "pool", pool, "interface", iface, "until", until, "err", err)
+	log.FromContext(ctx).Info("cloud call failed; backing off", "action", action, "pool", klog.KRef("", pool), "interface", iface, "until", until, "err", err)
 	select {
 	case c.refreshNow <- struct{}{}:
 	default:

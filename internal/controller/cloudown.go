@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -252,7 +253,7 @@ func (c *CloudActuator) createENI(ctx context.Context, im cloud.InterfaceManager
 		c.ifaces[cr.Node] = ifc
 	}
 	c.mu.Unlock()
-	log.FromContext(ctx).Info("attached a network interface of our own", "pool", cr.Pool, "node", cr.Node, "interface", eni.ID, "deviceIndex", device)
+	log.FromContext(ctx).Info("attached a network interface of our own", "pool", klog.KRef("", cr.Pool), "node", klog.KRef("", cr.Node), "interface", eni.ID, "deviceIndex", device)
 }
 
 func (c *CloudActuator) deleteENI(ctx context.Context, im cloud.InterfaceManager, d eniDelete) {
@@ -268,7 +269,7 @@ func (c *CloudActuator) deleteENI(ctx context.Context, im cloud.InterfaceManager
 		return
 	}
 	c.succeeded(backoffKey{backoffDelete, d.InterfaceID})
-	log.FromContext(ctx).Info("deleted a network interface of our own", "pool", d.Pool, "node", d.Node, "interface", d.InterfaceID, "why", d.Why)
+	log.FromContext(ctx).Info("deleted a network interface of our own", "pool", klog.KRef("", d.Pool), "node", klog.KRef("", d.Node), "interface", d.InterfaceID, "why", d.Why)
 }
 
 // poolFailed records a pool's interface error for its condition and backs
@@ -288,7 +289,7 @@ func (c *CloudActuator) poolFailed(ctx context.Context, pool string, key backoff
 	until := now.Add(c.backoff.Get(key.String()))
 	c.backoffUntil[key] = until
 	c.mu.Unlock()
-	log.FromContext(ctx).Info("network interface call failed; backing off", "pool", pool, "until", until, "err", err)
+	log.FromContext(ctx).Info("network interface call failed; backing off", "pool", klog.KRef("", pool), "until", until, "err", err)
 }
 
 // succeeded clears a backoff key after a successful interface call.
@@ -429,7 +430,7 @@ func (c *CloudActuator) nicsReported(node string, nics []string) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	log.FromContext(ctx).V(1).Info("a Node's NICs differ from the cloud view; re-reading its interfaces", "node", node, "nics", nics, "view", viewMACs(ifc), "try", a.tries)
+	log.FromContext(ctx).V(1).Info("a Node's NICs differ from the cloud view; re-reading its interfaces", "node", klog.KRef("", node), "nics", nics, "view", viewMACs(ifc), "try", a.tries)
 	select {
 	case c.nicNow <- struct{}{}:
 	default:

@@ -17,16 +17,6 @@ import (
 	"github.com/egressip/egressip/internal/scheduler"
 )
 
-// Condition reasons of cloud-backed pools.
-const (
-	// ReasonWaitingForWarmIP: IPAllocated=False while the pool attaches an
-	// address for the Egress (no warm address is available).
-	ReasonWaitingForWarmIP = "WaitingForWarmIP"
-	// ReasonAttaching: Assigned=False while the cloud attaches the address
-	// to the chosen Node's interface.
-	ReasonAttaching = "Attaching"
-)
-
 // cloudInput is the cloud side of a pass, read from the CloudActuator's memory.
 // Everything here is a snapshot; plan does not modify it.
 type cloudInput struct {

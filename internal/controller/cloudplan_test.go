@@ -60,7 +60,7 @@ func TestPlanCloud(t *testing.T) {
 		out := plan(passInput{Pools: []v1.ExternalIPPool{planPool()}, Egresses: []v1.Egress{planEgress("e", "", "", 0)},
 			Nodes: []corev1.Node{planNode("a")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10}})
 		c := meta.FindStatusCondition(out.Egresses["e"].Status.Conditions, v1.ConditionIPAllocated)
-		if c == nil || c.Reason != ReasonPoolInvalid || !strings.Contains(c.Message, "--cloud-provider=aws") {
+		if c == nil || c.Reason != v1.ReasonPoolInvalid || !strings.Contains(c.Message, "--cloud-provider=aws") {
 			t.Fatalf("IPAllocated = %+v", c)
 		}
 	})
@@ -94,7 +94,7 @@ func TestPlanCloud(t *testing.T) {
 			Nodes: []corev1.Node{planNode("a")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10},
 			Cloud: cloudIn(iface("a", 1, 10))})
 		c := meta.FindStatusCondition(out.Egresses["e"].Status.Conditions, v1.ConditionIPAllocated)
-		if c == nil || c.Reason != ReasonWaitingForWarmIP {
+		if c == nil || c.Reason != v1.ReasonWaitingForWarmIP {
 			t.Fatalf("IPAllocated = %+v", c)
 		}
 		if pl := out.Cloud.Pools["c"].Plan; pl.Short != 1 || len(pl.Attach) != 1 {
@@ -129,7 +129,7 @@ func TestPlanCloud(t *testing.T) {
 		for _, e := range egs {
 			st := out.Egresses[e.Name].Status
 			c := meta.FindStatusCondition(st.Conditions, v1.ConditionAssigned)
-			if st.EgressNode != "" || c == nil || c.Reason != ReasonAttaching {
+			if st.EgressNode != "" || c == nil || c.Reason != v1.ReasonAttaching {
 				t.Fatalf("%s before the attach: node %q, Assigned %+v", e.Name, st.EgressNode, c)
 			}
 		}

@@ -174,7 +174,7 @@ func TestCooldownSamePassEmu(t *testing.T) {
 	cl.eventually(late+" waiting for a warm IP", func() (bool, string) {
 		e := cl.get(late)
 		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated)
-		return c != nil && c.Reason == ReasonWaitingForWarmIP && e.Status.EgressIP == "", describe(e)
+		return c != nil && c.Reason == v1.ReasonWaitingForWarmIP && e.Status.EgressIP == "", describe(e)
 	})
 	if d := time.Since(released); d < 25*time.Second {
 		// Still inside the cooldown: the waiting above proves it is not

@@ -117,7 +117,7 @@ func TestCooldownSamePassPlan(t *testing.T) {
 					t.Errorf("%s got %q, want %q", name, st.EgressIP, ip)
 				}
 				if ip == "" {
-					if c := meta.FindStatusCondition(st.Conditions, v1.ConditionIPAllocated); c == nil || c.Reason != ReasonWaitingForWarmIP {
+					if c := meta.FindStatusCondition(st.Conditions, v1.ConditionIPAllocated); c == nil || c.Reason != v1.ReasonWaitingForWarmIP {
 						t.Errorf("%s waiting: IPAllocated = %+v", name, c)
 					}
 				}

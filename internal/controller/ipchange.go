@@ -7,12 +7,6 @@ import (
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
-// EventEgressIPChanged is the reason of the Warning Event recorded when the
-// egress IP of an Egress that had one changes to another address: the
-// selected Pods' traffic leaves with the new address at once, so peers'
-// allow-lists naming the old one stop matching.
-const EventEgressIPChanged = "EgressIPChanged"
-
 // maxSharedWith bounds status.sharedWith (the API's maxItems).
 const maxSharedWith = 8
 

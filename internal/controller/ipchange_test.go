@@ -40,7 +40,7 @@ func TestEgressIPChangedEventAndSharedWith(t *testing.T) {
 			}
 			var notes []string
 			for _, ev := range evs.Items {
-				if ev.Regarding.Name != "ipch-a" || ev.Reason != EventEgressIPChanged {
+				if ev.Regarding.Name != "ipch-a" || ev.Reason != v1.EventEgressIPChanged {
 					continue
 				}
 				if ev.Type == corev1.EventTypeWarning && strings.Contains(ev.Note, "from "+from+" to "+to) {

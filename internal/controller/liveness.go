@@ -365,7 +365,7 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 		s.failures++
 		if !s.Dead && s.failures >= l.cfg.FailureThreshold && now.Sub(s.LastSeen) >= l.cfg.DeadAfter {
 			s.Dead, changed, dpChanged = true, true, s.Known
-			log.FromContext(ctx).Info("agent declared dead", "node", node, "failures", s.failures, "lastSeen", s.LastSeen, "err", err)
+			log.FromContext(ctx).Info("agent declared dead", "node", klog.KRef("", node), "failures", s.failures, "lastSeen", s.LastSeen, "err", err)
 		}
 	}
 	hook, nicHook := l.dpHook, l.nicHook
@@ -404,7 +404,7 @@ func (l *Liveness) noteRefused(ctx context.Context, node string, err error) {
 		return
 	}
 	log.FromContext(ctx).Info("agent report refused: the server on the report port is not this Node's agent",
-		"node", klog.KRef("", node), "reason", re.Reason, "err", re.Err.Error())
+		"node", klog.KRef("", node), "reason", re.Reason, "err", re.Err)
 	if rec == nil {
 		return
 	}

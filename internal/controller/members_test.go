@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
-	"github.com/egressip/egressip/internal/scheduler"
 )
 
 // createPod creates a running Pod on node with the given IPs (status
@@ -203,13 +202,13 @@ func TestNoEgressNode(t *testing.T) {
 	cl.eventually("noden-b Assigned=False says no Node matches", func() (bool, string) {
 		e := cl.get("noden-b")
 		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned)
-		return c != nil && c.Reason == scheduler.ReasonNoEligibleNode && strings.Contains(c.Message, `Nodes matches the nodeSelector of pool "noden"`), describe(e)
+		return c != nil && c.Reason == v1.ReasonNoEligibleNode && strings.Contains(c.Message, `Nodes matches the nodeSelector of pool "noden"`), describe(e)
 	})
 	for name, want := range map[string]string{"noden-a": "failurePolicy Ignore", "noden-b": "failurePolicy Fail"} {
 		cl.eventually(name+" Ready=False NoEgressNode", func() (bool, string) {
 			e := cl.get(name)
 			c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady)
-			return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonNoEgressNode && strings.Contains(c.Message, want), describe(e)
+			return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1.ReasonNoEgressNode && strings.Contains(c.Message, want), describe(e)
 		})
 		cl.eventually(name+" NoEgressNode Event", func() (bool, string) {
 			var evs eventsv1.EventList
@@ -220,7 +219,7 @@ func TestNoEgressNode(t *testing.T) {
 			// have been recorded for the policy before the patch.
 			var notes []string
 			for _, ev := range evs.Items {
-				if ev.Regarding.Name == name && ev.Reason == ReasonNoEgressNode && ev.Type == corev1.EventTypeWarning {
+				if ev.Regarding.Name == name && ev.Reason == v1.ReasonNoEgressNode && ev.Type == corev1.EventTypeWarning {
 					if strings.Contains(ev.Note, want) {
 						return true, ""
 					}

@@ -169,9 +169,9 @@ func TestSliceName(t *testing.T) {
 // match the pool's nodeSelector by why they cannot hold an IP.
 func TestNoNodeDetail(t *testing.T) {
 	nodes := map[string]*scheduler.Node{
-		"a": {Name: "a", Reason: NodeCordoned},
-		"b": {Name: "b", Reason: NodeNotReady},
-		"c": {Name: "c", Reason: NodeCordoned},
+		"a": {Name: "a", Reason: v1.IneligibleCordoned},
+		"b": {Name: "b", Reason: v1.IneligibleNotReady},
+		"c": {Name: "c", Reason: v1.IneligibleCordoned},
 		"d": {Name: "d", Eligible: true, Capacity: 0},
 		"e": {Name: "e", Eligible: true, Capacity: 3},
 	}

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	"github.com/egressip/egressip/internal/scheduler"
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // Label names and values several of the controller's metrics share.
@@ -67,7 +67,7 @@ func init() {
 	metrics.Registry.MustRegister(passDuration, movesTotal, unplacedEgresses, statusWrites, invalidCapacity, conflictEgresses, conflictEvents, sliceWrites)
 	// Start the common series at zero so dashboards see them before the
 	// first move or write.
-	for _, r := range []string{scheduler.MoveNodeRemoved, scheduler.MoveNodeIneligible, scheduler.MoveNodeNotInPool, scheduler.MoveCapacityReduced} {
+	for _, r := range []string{v1.MoveNodeRemoved, v1.MoveNodeIneligible, v1.MoveNodeNotInPool, v1.MoveCapacityReduced} {
 		movesTotal.WithLabelValues(r)
 	}
 	for _, k := range []string{kindEgress, kindExternalIPPool} {

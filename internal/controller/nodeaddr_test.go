@@ -159,7 +159,7 @@ func TestNodeAddressJoinsTakesEgressIP(t *testing.T) {
 	// The Node leaves the pool's range: everything recovers by itself.
 	cl.setAddresses("najoin-new", internalIP("198.51.100.9"))
 	e = cl.waitReady("najoin-named")["najoin-named"]
-	if c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned); c == nil || c.Reason != ReasonScheduled {
+	if c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned); c == nil || c.Reason != v1.ReasonScheduled {
 		t.Errorf("najoin-named Assigned = %+v, want Scheduled", c)
 	}
 }

@@ -29,7 +29,7 @@ import (
 // NodeConditionDatapath is the Node condition the controller keeps from
 // each agent's host stack check: True when the Node's Pod traffic crosses
 // the host's IP stack (the datapath works), False with reason
-// report.ReasonHostStackBypass and the evidence when the CNI bypasses it.
+// v1.ReasonHostStackBypass and the evidence when the CNI bypasses it.
 const NodeConditionDatapath corev1.NodeConditionType = "EgressDatapathSupported"
 
 // NodeConditionOwnership is the Node condition the controller keeps from
@@ -42,7 +42,7 @@ const NodeConditionOwnership corev1.NodeConditionType = "EgressIPOwnershipKnown"
 // NodeConditionKernel is the Node condition the controller keeps from each
 // agent's kernel feature probe (report.Report.Kernel): True when every
 // feature probed was found, False with reason
-// report.ReasonKernelFeatureMissing and a message naming the kernel
+// v1.ReasonKernelFeatureMissing and a message naming the kernel
 // release, the missing features and the parts of the agent degraded or not
 // started (docs/agent.md has the table).
 const NodeConditionKernel corev1.NodeConditionType = "EgressKernelFeatures"
@@ -61,23 +61,6 @@ const NodeConditionAgentReachable corev1.NodeConditionType = "EgressAgentReachab
 // v1.ReasonFenceLifted after; the message says when and why the last
 // fence began, and when it was lifted. A Warning Event marks each fence.
 const NodeConditionFenced corev1.NodeConditionType = "EgressSelfFenced"
-
-// Event reasons of the Node conditions' transitions.
-const (
-	// EventHostStackBypass (Warning): the condition turned False.
-	EventHostStackBypass = report.ReasonHostStackBypass
-	// EventDatapathSupported (Normal): the condition turned True again.
-	EventDatapathSupported = "DatapathSupported"
-	// EventOwnershipRecordProblem (Warning): EgressIPOwnershipKnown
-	// turned False.
-	EventOwnershipRecordProblem = "OwnershipRecordProblem"
-	// EventOwnershipKnown (Normal): EgressIPOwnershipKnown turned True
-	// again.
-	EventOwnershipKnown = "OwnershipKnown"
-	// EventKernelFeatureMissing (Warning): EgressKernelFeatures turned
-	// False.
-	EventKernelFeatureMissing = report.ReasonKernelFeatureMissing
-)
 
 // NodeDatapathReconciler mirrors the findings of each agent's report
 // (polled by Liveness) into Node conditions: the datapath finding into
@@ -99,9 +82,9 @@ func desiredCondition(st *report.DatapathStatus) corev1.NodeCondition {
 		c.Status = corev1.ConditionFalse
 	}
 	if c.Reason == "" {
-		c.Reason = report.ReasonHostStack
+		c.Reason = v1.ReasonHostStack
 		if !st.Supported {
-			c.Reason = report.ReasonHostStackBypass
+			c.Reason = v1.ReasonHostStackBypass
 		}
 	}
 	return c
@@ -129,9 +112,9 @@ func desiredKernelCondition(st *report.KernelStatus) corev1.NodeCondition {
 		c.Status = corev1.ConditionFalse
 	}
 	if c.Reason == "" {
-		c.Reason = report.ReasonKernelFeaturesPresent
+		c.Reason = v1.ReasonKernelFeaturesPresent
 		if len(st.Missing) > 0 {
-			c.Reason = report.ReasonKernelFeatureMissing
+			c.Reason = v1.ReasonKernelFeatureMissing
 		}
 	}
 	return c
@@ -191,23 +174,23 @@ func transitionEvent(prev *corev1.NodeCondition, want corev1.NodeCondition) (con
 	case !changed:
 		return conditionEvent{}, false
 	case want.Type == NodeConditionDatapath && want.Status == corev1.ConditionFalse:
-		return conditionEvent{corev1.EventTypeWarning, EventHostStackBypass, "CheckDatapath",
+		return conditionEvent{corev1.EventTypeWarning, v1.ReasonHostStackBypass, "CheckDatapath",
 			"Pod traffic on this Node bypasses the host's IP stack, so Egresses cannot carry it: " + want.Message}, true
 	case want.Type == NodeConditionDatapath && prev != nil:
-		return conditionEvent{corev1.EventTypeNormal, EventDatapathSupported, "CheckDatapath",
+		return conditionEvent{corev1.EventTypeNormal, v1.EventDatapathSupported, "CheckDatapath",
 			"Pod traffic on this Node crosses the host's IP stack again: " + want.Message}, true
 	case want.Type == NodeConditionOwnership && want.Status == corev1.ConditionFalse:
-		return conditionEvent{corev1.EventTypeWarning, EventOwnershipRecordProblem, "CheckOwnership",
+		return conditionEvent{corev1.EventTypeWarning, v1.EventOwnershipRecordProblem, "CheckOwnership",
 			"the egressip agent cannot tell which addresses on this Node are its own and changes none until this is fixed or cleared: " + want.Message}, true
 	case want.Type == NodeConditionKernel && want.Status == corev1.ConditionFalse:
-		return conditionEvent{corev1.EventTypeWarning, EventKernelFeatureMissing, "ProbeKernel",
+		return conditionEvent{corev1.EventTypeWarning, v1.ReasonKernelFeatureMissing, "ProbeKernel",
 			"The kernel of this Node lacks features egressip uses: " + want.Message}, true
 	case want.Type == NodeConditionAgentReachable && want.Status == corev1.ConditionFalse:
 		return conditionEvent{corev1.EventTypeWarning, v1.ReasonAgentUnreachable, "PollAgent", want.Message}, true
 	case want.Type == NodeConditionAgentReachable && prev != nil:
 		return conditionEvent{corev1.EventTypeNormal, v1.ReasonAgentAnswers, "PollAgent", "the egressip agent of this Node answers the controller's polls again"}, true
 	case want.Type == NodeConditionOwnership && prev != nil:
-		return conditionEvent{corev1.EventTypeNormal, EventOwnershipKnown, "CheckOwnership",
+		return conditionEvent{corev1.EventTypeNormal, v1.EventOwnershipKnown, "CheckOwnership",
 			"the egressip agent knows its addresses on this Node again: " + want.Message}, true
 	}
 	return conditionEvent{}, false

@@ -50,13 +50,13 @@ func TestNodeDatapathCondition(t *testing.T) {
 	}
 
 	evidence := `tc BPF program "cil_from_container" in direct-action mode on the ingress of lxc1 (route to Pod 10.0.1.5)`
-	cl.agents[bypassed].setDatapath(&report.DatapathStatus{Supported: false, Reason: report.ReasonHostStackBypass, Message: evidence})
+	cl.agents[bypassed].setDatapath(&report.DatapathStatus{Supported: false, Reason: v1.ReasonHostStackBypass, Message: evidence})
 	cl.eventually("condition False with the evidence", func() (bool, string) {
 		c, ok, _ := cond(bypassed)
-		return ok && c.Status == corev1.ConditionFalse && c.Reason == report.ReasonHostStackBypass && c.Message == evidence, fmt.Sprintf("%+v", c)
+		return ok && c.Status == corev1.ConditionFalse && c.Reason == v1.ReasonHostStackBypass && c.Message == evidence, fmt.Sprintf("%+v", c)
 	})
 	cl.eventually("Warning Event", func() (bool, string) {
-		ok, note := event(bypassed, EventHostStackBypass)
+		ok, note := event(bypassed, v1.ReasonHostStackBypass)
 		return ok && strings.Contains(note, "lxc1"), note
 	})
 	_, _, n := cond(bypassed)
@@ -67,12 +67,12 @@ func TestNodeDatapathCondition(t *testing.T) {
 	}
 	first, _, _ := cond(bypassed)
 
-	cl.agents[bypassed].setDatapath(&report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: "no eBPF bypass of the host stack found (1 Pod devices examined)"})
+	cl.agents[bypassed].setDatapath(&report.DatapathStatus{Supported: true, Reason: v1.ReasonHostStack, Message: "no eBPF bypass of the host stack found (1 Pod devices examined)"})
 	cl.eventually("condition True again", func() (bool, string) {
 		c, ok, _ := cond(bypassed)
-		return ok && c.Status == corev1.ConditionTrue && c.Reason == report.ReasonHostStack, fmt.Sprintf("%+v", c)
+		return ok && c.Status == corev1.ConditionTrue && c.Reason == v1.ReasonHostStack, fmt.Sprintf("%+v", c)
 	})
-	cl.eventually("Normal Event", func() (bool, string) { return event(bypassed, EventDatapathSupported) })
+	cl.eventually("Normal Event", func() (bool, string) { return event(bypassed, v1.EventDatapathSupported) })
 	if c, _, _ := cond(bypassed); c.LastTransitionTime.Before(&first.LastTransitionTime) {
 		t.Errorf("transition time went back: %v then %v", first.LastTransitionTime, c.LastTransitionTime)
 	}
@@ -125,37 +125,37 @@ func TestNodeOwnershipCondition(t *testing.T) {
 	}
 
 	a := cl.agents[node]
-	a.setDatapath(&report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: "no bypass"})
-	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: report.ReasonOwnershipRecord,
+	a.setDatapath(&report.DatapathStatus{Supported: true, Reason: v1.ReasonHostStack, Message: "no bypass"})
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: v1.ReasonOwnershipRecord,
 		Message: "ownership record /run/egressip/ownership.json (forced: IFA_PROTO not used)"})
 	cl.eventually("condition True naming the record", func() (bool, string) {
 		c, ok := cond(NodeConditionOwnership)
-		return ok && c.Status == corev1.ConditionTrue && c.Reason == report.ReasonOwnershipRecord &&
+		return ok && c.Status == corev1.ConditionTrue && c.Reason == v1.ReasonOwnershipRecord &&
 			strings.Contains(c.Message, "mode record") && strings.Contains(c.Message, "ownership.json"), fmt.Sprintf("%+v", c)
 	})
 
 	msg := "ownership record unreadable: /run/egressip/ownership.json is corrupt: unexpected EOF; egressip binds and unbinds nothing on this Node until it is fixed, " +
 		"and removes no address because of it: check which /32 and /128 addresses on the Node are egress IPs, then fix or delete the file"
-	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: false, Reason: report.ReasonRecordUnreadable, Message: msg})
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: false, Reason: v1.ReasonRecordUnreadable, Message: msg})
 	cl.eventually("condition False with what to do", func() (bool, string) {
 		c, ok := cond(NodeConditionOwnership)
-		return ok && c.Status == corev1.ConditionFalse && c.Reason == report.ReasonRecordUnreadable &&
+		return ok && c.Status == corev1.ConditionFalse && c.Reason == v1.ReasonRecordUnreadable &&
 			strings.Contains(c.Message, "fix or delete the file"), fmt.Sprintf("%+v", c)
 	})
 	cl.eventually("Warning Event", func() (bool, string) {
-		ok, note := event(EventOwnershipRecordProblem)
+		ok, note := event(v1.EventOwnershipRecordProblem)
 		return ok && strings.Contains(note, "ownership.json is corrupt"), note
 	})
 	if c, ok := cond(NodeConditionDatapath); !ok || c.Status != corev1.ConditionTrue {
 		t.Errorf("datapath condition beside it = %+v, %v; want True", c, ok)
 	}
 
-	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: report.ReasonOwnershipRecord, Message: "ownership record /run/egressip/ownership.json"})
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: v1.ReasonOwnershipRecord, Message: "ownership record /run/egressip/ownership.json"})
 	cl.eventually("condition True again", func() (bool, string) {
 		c, ok := cond(NodeConditionOwnership)
 		return ok && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v", c)
 	})
-	cl.eventually("Normal Event", func() (bool, string) { return event(EventOwnershipKnown) })
+	cl.eventually("Normal Event", func() (bool, string) { return event(v1.EventOwnershipKnown) })
 }
 
 // TestInvalidSelectorIsReported: an appliedTo selector the schema admits
@@ -174,7 +174,7 @@ func TestInvalidSelectorIsReported(t *testing.T) {
 	cl.eventually("SelectorValid=False", func() (bool, string) {
 		e := cl.get("badsel-a")
 		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionSelectorValid)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonInvalidSelector && strings.Contains(c.Message, "pay/ments") &&
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1.ReasonInvalidSelector && strings.Contains(c.Message, "pay/ments") &&
 			c.ObservedGeneration == e.Generation, describe(e)
 	})
 	cl.eventually("InvalidSelector Event", func() (bool, string) {
@@ -183,7 +183,7 @@ func TestInvalidSelectorIsReported(t *testing.T) {
 			return false, err.Error()
 		}
 		for _, ev := range evs.Items {
-			if ev.Regarding.Name == "badsel-a" && ev.Reason == ReasonInvalidSelector {
+			if ev.Regarding.Name == "badsel-a" && ev.Reason == v1.ReasonInvalidSelector {
 				return strings.Contains(ev.Note, "podSelector"), ev.Note
 			}
 		}
@@ -215,15 +215,15 @@ func TestKernelProbeNodeCondition(t *testing.T) {
 		return nodeCondition(t, cl, node, typ)
 	}
 	msg := "kernel 4.18.0-553.el8_10.x86_64: datapath not started, missing nft-inet-nat (nftables rejected it: operation not supported)"
-	cl.agents[node].setDatapath(&report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: "no eBPF bypass"})
+	cl.agents[node].setDatapath(&report.DatapathStatus{Supported: true, Reason: v1.ReasonHostStack, Message: "no eBPF bypass"})
 	cl.agents[node].setKernel(&report.KernelStatus{Release: "4.18.0-553.el8_10.x86_64", Missing: []string{"nft-inet-nat"},
-		Reason: report.ReasonKernelFeatureMissing, Message: msg})
+		Reason: v1.ReasonKernelFeatureMissing, Message: msg})
 	cl.eventually("kernel condition False naming the feature and release", func() (bool, string) {
 		c, ok := cond(NodeConditionKernel)
-		return ok && c.Status == corev1.ConditionFalse && c.Reason == report.ReasonKernelFeatureMissing && c.Message == msg, fmt.Sprintf("%+v", c)
+		return ok && c.Status == corev1.ConditionFalse && c.Reason == v1.ReasonKernelFeatureMissing && c.Message == msg, fmt.Sprintf("%+v", c)
 	})
 	cl.eventually("Warning Event", func() (bool, string) {
-		for _, ev := range nodeWarnings(t, cl, node, EventKernelFeatureMissing) {
+		for _, ev := range nodeWarnings(t, cl, node, v1.ReasonKernelFeatureMissing) {
 			return strings.Contains(ev.Note, "nft-inet-nat") && strings.Contains(ev.Note, "4.18.0"), ev.Note
 		}
 		return false, "no event"
@@ -232,11 +232,11 @@ func TestKernelProbeNodeCondition(t *testing.T) {
 		t.Errorf("datapath condition beside the kernel one: %+v (present %v)", c, ok)
 	}
 
-	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: report.ReasonKernelFeaturesPresent,
+	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: v1.ReasonKernelFeaturesPresent,
 		Message: "kernel 6.18.44 has every feature probed (11)"})
 	cl.eventually("kernel condition True after the upgrade", func() (bool, string) {
 		c, ok := cond(NodeConditionKernel)
-		return ok && c.Status == corev1.ConditionTrue && c.Reason == report.ReasonKernelFeaturesPresent && strings.Contains(c.Message, "6.18.44"), fmt.Sprintf("%+v", c)
+		return ok && c.Status == corev1.ConditionTrue && c.Reason == v1.ReasonKernelFeaturesPresent && strings.Contains(c.Message, "6.18.44"), fmt.Sprintf("%+v", c)
 	})
 }
 
@@ -248,7 +248,7 @@ func TestNodeOwnershipProblemNamedInReady(t *testing.T) {
 	cl := newCluster(t, "ownrdy", 1, 4)
 	a := cl.agents["ownrdy-n1"]
 	msg := "ownership record unreadable: /run/egressip/ownership.json is corrupt: unexpected EOF; fix or delete the file"
-	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: false, Reason: report.ReasonRecordUnreadable, Message: msg})
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: false, Reason: v1.ReasonRecordUnreadable, Message: msg})
 	cl.pool("ownrdy", nil)
 	cl.egress("ownrdy-e", "ownrdy", "")
 	cl.eventually("Ready=False naming the ownership problem", func() (bool, string) {
@@ -257,10 +257,10 @@ func TestNodeOwnershipProblemNamedInReady(t *testing.T) {
 		if c == nil {
 			return false, "no Ready condition"
 		}
-		return c.Status == metav1.ConditionFalse && c.Reason == ReasonBinding &&
+		return c.Status == metav1.ConditionFalse && c.Reason == v1.ReasonBinding &&
 			strings.Contains(c.Message, "EgressIPOwnershipKnown") && strings.Contains(c.Message, "fix or delete the file"), c.Message
 	})
-	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: report.ReasonOwnershipRecord, Message: "ownership record /run/egressip/ownership.json"})
+	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: v1.ReasonOwnershipRecord, Message: "ownership record /run/egressip/ownership.json"})
 	cl.waitReady("ownrdy-e")
 }
 
@@ -310,7 +310,7 @@ func TestFenceShownOnNode(t *testing.T) {
 	events := func() []eventsv1.Event { return nodeWarnings(t, cl, node, v1.ReasonSelfFenced) }
 	// Never fenced: no condition.
 	cl.agents[node].setFence(&report.FenceStatus{Reason: "Polled", Since: time.Now()})
-	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: report.ReasonKernelFeaturesPresent, Message: "all"})
+	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: v1.ReasonKernelFeaturesPresent, Message: "all"})
 	cl.eventually("kernel condition written (the Node was reconciled)", func() (bool, string) {
 		_, ok := nodeCondition(t, cl, node, NodeConditionKernel)
 		return ok, ""
@@ -370,7 +370,7 @@ func TestAgentReachableCondition(t *testing.T) {
 	cond := func(n string, typ corev1.NodeConditionType) (corev1.NodeCondition, bool) {
 		return nodeCondition(t, cl, n, typ)
 	}
-	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: report.ReasonKernelFeaturesPresent, Message: "all"})
+	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: v1.ReasonKernelFeaturesPresent, Message: "all"})
 	cl.eventually("reachable True", func() (bool, string) {
 		c, ok := cond(node, NodeConditionAgentReachable)
 		return ok && c.Status == corev1.ConditionTrue && c.Reason == v1.ReasonAgentAnswers, fmt.Sprintf("%+v", c)

@@ -3,6 +3,8 @@ package controller
 import (
 	"fmt"
 	"net/netip"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // allocate is the allocation phase: every Egress keeps what its spec and
@@ -18,9 +20,9 @@ func (p *pass) allocate() {
 		ps := p.pools[e.Spec.ExternalIPPool]
 		switch {
 		case ps == nil:
-			p.alloc[i].cond = allocatedCond(false, ReasonPoolNotFound, fmt.Sprintf("ExternalIPPool %q does not exist; create it or fix spec.externalIPPool", e.Spec.ExternalIPPool))
+			p.alloc[i].cond = allocatedCond(false, v1.ReasonPoolNotFound, fmt.Sprintf("ExternalIPPool %q does not exist; create it or fix spec.externalIPPool", e.Spec.ExternalIPPool))
 		case ps.err != nil:
-			p.alloc[i].cond = allocatedCond(false, ReasonPoolInvalid, fmt.Sprintf("ExternalIPPool %q is invalid: %v", e.Spec.ExternalIPPool, ps.err))
+			p.alloc[i].cond = allocatedCond(false, v1.ReasonPoolInvalid, fmt.Sprintf("ExternalIPPool %q is invalid: %v", e.Spec.ExternalIPPool, ps.err))
 		case !ps.kind.keep(p, ps, i):
 			p.pending = append(p.pending, i)
 		}
@@ -39,5 +41,5 @@ func (p *pass) allocate() {
 // condition's message.
 func (p *pass) allocated(i int, ip netip.Addr, msg string) {
 	p.alloc[i].ip = ip
-	p.alloc[i].cond = allocatedCond(true, ReasonAllocated, msg)
+	p.alloc[i].cond = allocatedCond(true, v1.ReasonAllocated, msg)
 }

@@ -165,7 +165,7 @@ func (k *cloudKind) keepNamed(p *pass, ps *poolState, i int) {
 		err = cp.checkNamed(ip, ps.pool)
 	}
 	if err != nil {
-		p.alloc[i].cond = allocatedCond(false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
+		p.alloc[i].cond = allocatedCond(false, v1.ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
 		return
 	}
 	if h, held := ci.Held[ip]; held {
@@ -197,7 +197,7 @@ func (k *cloudKind) allocateNew(p *pass, _ *poolState, i int) {
 		if why := cp.interfaceTrouble(k.c.in); why != "" {
 			msg += "; but the pool cannot get network interfaces of its own: " + why
 		}
-		p.alloc[i].cond = allocatedCond(false, ReasonWaitingForWarmIP, msg)
+		p.alloc[i].cond = allocatedCond(false, v1.ReasonWaitingForWarmIP, msg)
 		return
 	}
 	p.allocated(i, ip, fmt.Sprintf("%s (warm on Node %s) allocated from ExternalIPPool %q", ip, node, e.Spec.ExternalIPPool))
@@ -275,9 +275,9 @@ func (k *cloudKind) attachTo(p *pass, i int, target string, es *egressStatus) {
 	}
 	if le := c.in.LastError[eni]; le != "" {
 		msg += "; the last call on that interface failed: " + le
-		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, "AttachFailed", msg
+		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, v1.EventAttachFailed, msg
 	}
-	meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: ReasonAttaching,
+	meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: v1.ReasonAttaching,
 		Message: msg, ObservedGeneration: e.Generation})
 	if !ok {
 		return

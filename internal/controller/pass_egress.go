@@ -89,13 +89,13 @@ func (p *pass) waitForRelease(es *egressStatus, target string) string {
 	if t := p.in.Config.ReleaseTimeout; t > 0 {
 		msg += fmt.Sprintf(" (it is told to in every poll; after %v it counts as not releasing)", t)
 	}
-	meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: ReasonWaitingForRelease,
+	meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: v1.ReasonWaitingForRelease,
 		Message: msg, ObservedGeneration: e.Generation})
 	p.out.Awaited = append(p.out.Awaited, waitFor)
 	p.out.Waits = append(p.out.Waits, releaseKey{waitFor, ip})
 	if cur != "" {
 		mr := p.sched.moveReason[e.Name]
-		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeNormal, "Releasing", fmt.Sprintf("releasing %s from Node %s before moving it to Node %s (%s)", es.st.EgressIP, cur, target, cmp.Or(mr, "rebalance"))
+		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeNormal, v1.EventReleasing, fmt.Sprintf("releasing %s from Node %s before moving it to Node %s (%s)", es.st.EgressIP, cur, target, cmp.Or(mr, "rebalance"))
 		es.ch.MoveReason = cmp.Or(mr, "Release")
 	}
 	return ""
@@ -139,7 +139,7 @@ func (p *pass) assignedCondition(es *egressStatus, pl scheduler.Placement, targe
 	case !isWaiting(es.st.Conditions) && !isAttaching(es.st.Conditions) || pl.Node == "":
 		// An Egress without an address counts under its IPAllocated
 		// reason (PoolExhausted, ...): that says why it has no Node.
-		reason, msg, counted := ReasonNotAssigned, "waiting for an IP (see condition IPAllocated)", p.alloc[es.i].cond.Reason
+		reason, msg, counted := v1.ReasonNotAssigned, "waiting for an IP (see condition IPAllocated)", p.alloc[es.i].cond.Reason
 		if p.alloc[es.i].ip.IsValid() {
 			reason, msg = pl.Reason, unplacedMessage(pl, p.noNodeDetail(e.Spec.ExternalIPPool, pl))
 			counted = reason
@@ -147,7 +147,7 @@ func (p *pass) assignedCondition(es *egressStatus, pl scheduler.Placement, targe
 		meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: reason, Message: msg, ObservedGeneration: e.Generation})
 		p.out.Unplaced[counted]++
 		if cur != "" {
-			es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, "Unassigned", fmt.Sprintf("%s removed from Node %s: %s; %s", es.st.EgressIP, cur, msg, failureEffect(e.Spec.FailurePolicy))
+			es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, v1.EventUnassigned, fmt.Sprintf("%s removed from Node %s: %s; %s", es.st.EgressIP, cur, msg, failureEffect(e.Spec.FailurePolicy))
 			es.ch.MoveReason = cmp.Or(p.sched.moveReason[e.Name], reason)
 		}
 	}
@@ -175,7 +175,7 @@ func (p *pass) nodeConflict(es *egressStatus) {
 func (p *pass) scheduled(es *egressStatus, target string) {
 	e, cur := es.e, es.e.Status.EgressNode
 	late, timedOut := p.lateNote(es.i, target, cur)
-	meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: ReasonScheduled,
+	meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: v1.ReasonScheduled,
 		Message: fmt.Sprintf("%s is assigned to Node %s", es.st.EgressIP, target) + late, ObservedGeneration: e.Generation})
 	mr := p.sched.moveReason[e.Name]
 	switch {
@@ -185,9 +185,9 @@ func (p *pass) scheduled(es *egressStatus, target string) {
 			es.ch.MoveReason = cmp.Or(mr, "Rebalance")
 		}
 	case cur == "":
-		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeNormal, "Assigned", fmt.Sprintf("%s assigned to Node %s", es.st.EgressIP, target)
+		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeNormal, v1.EventAssigned, fmt.Sprintf("%s assigned to Node %s", es.st.EgressIP, target)
 	case cur != target:
-		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeNormal, "Moved", fmt.Sprintf("%s moved from Node %s to Node %s (%s)", es.st.EgressIP, cur, target, cmp.Or(mr, "rebalance"))
+		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeNormal, v1.EventMoved, fmt.Sprintf("%s moved from Node %s to Node %s (%s)", es.st.EgressIP, cur, target, cmp.Or(mr, "rebalance"))
 		es.ch.MoveReason = cmp.Or(mr, "Rebalance")
 	}
 }
@@ -196,7 +196,7 @@ func (p *pass) scheduled(es *egressStatus, target string) {
 // else "".
 func (p *pass) noNodeDetail(pool string, pl scheduler.Placement) string {
 	pm, ok := p.sched.poolNodes[pool]
-	if !ok || pl.Reason != scheduler.ReasonNoEligibleNode {
+	if !ok || pl.Reason != v1.ReasonNoEligibleNode {
 		return ""
 	}
 	if p.sched.nodeByName == nil {
@@ -217,7 +217,7 @@ func (p *pass) readyCondition(es *egressStatus) {
 	rc := readyCondition(e, es.st, p.in.Agents)
 	rc.Message += noPodsNote(e)
 	applyRefusal(e, p.sched.refused[e.Name], &rc, ch)
-	if rc.Reason == ReasonBinding {
+	if rc.Reason == v1.ReasonBinding {
 		p.out.Awaited = append(p.out.Awaited, es.st.EgressNode)
 	}
 	prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady)
@@ -232,8 +232,8 @@ func (p *pass) readyCondition(es *egressStatus) {
 	if a.rejected != "" && ch.EventReason == "" {
 		ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonStatusIPRejected, a.rejected
 	}
-	if rc.Reason == ReasonNoEgressNode && ch.EventReason == "" && changed {
-		ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, ReasonNoEgressNode, rc.Message
+	if rc.Reason == v1.ReasonNoEgressNode && ch.EventReason == "" && changed {
+		ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonNoEgressNode, rc.Message
 	}
 	meta.SetStatusCondition(&es.st.Conditions, rc)
 }
@@ -253,5 +253,5 @@ func selectorCondition(es *egressStatus) {
 		es.ch.SelectorEvent = msg
 	}
 	meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionSelectorValid, Status: metav1.ConditionFalse,
-		Reason: ReasonInvalidSelector, Message: msg, ObservedGeneration: e.Generation})
+		Reason: v1.ReasonInvalidSelector, Message: msg, ObservedGeneration: e.Generation})
 }

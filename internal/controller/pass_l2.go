@@ -45,7 +45,7 @@ func (l2Pool) keep(p *pass, ps *poolState, i int) bool {
 			return true
 		}
 		if err != nil {
-			p.alloc[i].cond = allocatedCond(false, ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
+			p.alloc[i].cond = allocatedCond(false, v1.ReasonIPOutsidePool, fmt.Sprintf("spec.egressIP %s cannot be used from ExternalIPPool %q: %v", e.Spec.EgressIP, e.Spec.ExternalIPPool, err))
 			return true
 		}
 		p.allocated(i, ip, named)
@@ -75,7 +75,7 @@ func (l2Pool) allocateNew(p *pass, ps *poolState, i int) {
 	e := &p.egs[i]
 	ip, err := ps.alloc.Allocate()
 	if err != nil {
-		p.alloc[i].cond = allocatedCond(false, ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or delete an Egress", e.Spec.ExternalIPPool, ps.alloc.Used(), ps.alloc.Total()))
+		p.alloc[i].cond = allocatedCond(false, v1.ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or delete an Egress", e.Spec.ExternalIPPool, ps.alloc.Used(), ps.alloc.Total()))
 		return
 	}
 	p.allocated(i, ip, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))

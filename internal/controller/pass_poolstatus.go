@@ -33,19 +33,19 @@ func (p *pass) poolStatuses() {
 			if len(held) > 10 {
 				held = append(held[:10], fmt.Sprintf("and %d more", len(users[pl.Name])-10))
 			}
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInUse,
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1.ReasonInUse,
 				Message: fmt.Sprintf("deletion waits: Egresses %s still use this pool; delete them or point them at another pool", strings.Join(held, ", ")), ObservedGeneration: pl.Generation})
 			ps.kind.deletingStatus(p, ps, &st)
 		case deleting && p.out.Finalize[pl.Name]:
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInUse,
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1.ReasonInUse,
 				Message: "deletion waits: the controller is releasing the pool's cloud addresses and deleting its network interfaces", ObservedGeneration: pl.Generation})
 			p.cloud.poolParts(pl.Name, &st)
 		case ps.err != nil:
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonInvalid, Message: ps.err.Error(), ObservedGeneration: pl.Generation})
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1.ReasonInvalid, Message: ps.err.Error(), ObservedGeneration: pl.Generation})
 		default:
 			more := ps.kind.poolStatus(p, ps, &st)
 			msg := fmt.Sprintf("%d of %s IPs used", st.Usage.Used, st.Usage.TotalText) + excludedSummary(st.Excluded) + more
-			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: ReasonValid,
+			meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionTrue, Reason: v1.ReasonValid,
 				Message: msg, ObservedGeneration: pl.Generation})
 		}
 		p.out.Pools[pl.Name] = st

@@ -31,7 +31,6 @@ import (
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/report"
-	"github.com/egressip/egressip/internal/scheduler"
 )
 
 // passKey is the single work item: every trigger (Egress, pool, Node,
@@ -156,7 +155,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 // reason (the common reasons at zero when none) and the conflicts.
 func setPassMetrics(out *passOutput) {
 	unplacedEgresses.Reset()
-	for _, reason := range []string{scheduler.ReasonNoEligibleNode, scheduler.ReasonCapacityExhausted, ReasonPoolExhausted} {
+	for _, reason := range []string{v1.ReasonNoEligibleNode, v1.ReasonCapacityExhausted, v1.ReasonPoolExhausted} {
 		unplacedEgresses.WithLabelValues(reason).Set(0)
 	}
 	for reason, n := range out.Unplaced {
@@ -228,10 +227,10 @@ func (r *PassReconciler) recordChange(e *v1.Egress, ch egressChange) {
 		r.Recorder.Eventf(e, nil, ch.EventType, ch.EventReason, "Schedule", "%s", ch.EventNote)
 	}
 	if ch.IPChangedNote != "" {
-		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, EventEgressIPChanged, "Allocate", "%s", ch.IPChangedNote)
+		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1.EventEgressIPChanged, "Allocate", "%s", ch.IPChangedNote)
 	}
 	if ch.SelectorEvent != "" {
-		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
+		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1.ReasonInvalidSelector, "Select", "%s", ch.SelectorEvent)
 	}
 	if ch.ConflictEvent != "" {
 		r.Recorder.Eventf(e, nil, corev1.EventTypeWarning, v1.ReasonDuplicateIP, "Probe", "%s", ch.ConflictEvent)
@@ -462,7 +461,7 @@ func (r *PassReconciler) reportCapacity(ctx context.Context, nodes []corev1.Node
 		}
 		r.reportedInvalid[n.Name] = v
 		log.FromContext(ctx).Info("invalid capacity annotation ignored", "node", klog.KObj(n), "err", err)
-		r.Recorder.Eventf(n, nil, corev1.EventTypeWarning, "InvalidCapacity", "Schedule", "%v; using the default capacity %d", err, r.Config.DefaultCapacity)
+		r.Recorder.Eventf(n, nil, corev1.EventTypeWarning, v1.EventInvalidCapacity, "Schedule", "%v; using the default capacity %d", err, r.Config.DefaultCapacity)
 	}
 }
 

@@ -101,7 +101,7 @@ func TestNamedIPOutsidePoolIsReported(t *testing.T) {
 	cl.eventually("IPAllocated=False", func() (bool, string) {
 		e := cl.get("outside-a")
 		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated)
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonIPOutsidePool, describe(e)
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1.ReasonIPOutsidePool, describe(e)
 	})
 }
 
@@ -115,7 +115,7 @@ func TestPoolExhaustionThenRoom(t *testing.T) {
 	cl.eventually("exhaust-c reports the pool exhausted", func() (bool, string) {
 		e := cl.get("exhaust-c")
 		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated)
-		return c != nil && c.Reason == ReasonPoolExhausted, describe(e)
+		return c != nil && c.Reason == v1.ReasonPoolExhausted, describe(e)
 	})
 	if err := cl.c.Delete(cl.ctx, &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "exhaust-a"}}); err != nil {
 		t.Fatal(err)
@@ -329,7 +329,7 @@ func TestCordonIsAPlannedMove(t *testing.T) {
 	cl.updateNode(from, func(n *corev1.Node) { n.Spec.Unschedulable = true }, false)
 	cl.eventually("moved to the other Node", func() (bool, string) {
 		e := cl.get("cordon-a")
-		if c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned); c != nil && c.Reason == ReasonWaitingForRelease {
+		if c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned); c != nil && c.Reason == v1.ReasonWaitingForRelease {
 			sawWaiting = true
 		}
 		if e.Status.EgressNode != "" && e.Status.EgressNode != from {
@@ -495,6 +495,6 @@ func TestOverlappingPoolsOlderWins(t *testing.T) {
 	cl.eventually("overlap-b PoolInvalid", func() (bool, string) {
 		e := cl.get("overlap-b")
 		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated)
-		return c != nil && c.Reason == ReasonPoolInvalid && strings.Contains(c.Message, `overlaps ExternalIPPool "overlap-old"`), describe(e)
+		return c != nil && c.Reason == v1.ReasonPoolInvalid && strings.Contains(c.Message, `overlaps ExternalIPPool "overlap-old"`), describe(e)
 	})
 }

@@ -18,40 +18,6 @@ import (
 	"github.com/egressip/egressip/internal/scheduler"
 )
 
-// Condition reasons written by the controller.
-const (
-	ReasonAllocated         = "Allocated"
-	ReasonPoolNotFound      = "PoolNotFound"
-	ReasonPoolInvalid       = "PoolInvalid"
-	ReasonPoolExhausted     = "PoolExhausted"
-	ReasonIPOutsidePool     = "IPOutsidePool"
-	ReasonScheduled         = "Scheduled"
-	ReasonWaitingForRelease = "WaitingForRelease"
-	ReasonAnnounced         = "Announced"
-	ReasonBinding           = "Binding"
-	ReasonNotAssigned       = "NotAssigned"
-	ReasonValid             = "Valid"
-	ReasonInvalid           = "Invalid"
-	ReasonInUse             = "InUse"
-	// ReasonInvalidSelector: spec.appliedTo holds a selector that cannot be
-	// parsed (condition SelectorValid and a Warning Event).
-	ReasonInvalidSelector = "InvalidSelector"
-	// ReasonNoEgressNode is the Ready reason while no Node holds the
-	// Egress's IP (none allocated or none assigned); the selected Pods'
-	// traffic then follows spec.failurePolicy.
-	ReasonNoEgressNode = "NoEgressNode"
-)
-
-// Node eligibility reasons (scheduler.Node.Reason).
-const (
-	NodeDeleting           = "Deleting"
-	NodeNotReady           = "NotReady"
-	NodeNetworkUnavailable = "NetworkUnavailable"
-	NodeNotLinux           = "NotLinux"
-	NodeAgentDead          = "AgentDead"
-	NodeCordoned           = "Cordoned"
-)
-
 // PassConfig holds the controller settings one pass uses.
 type PassConfig struct {
 	// DefaultCapacity is the number of egress IPs a Node may hold when it
@@ -116,7 +82,7 @@ type egressChange struct {
 	// MoveReason is set when the Egress leaves a Node (for metrics).
 	MoveReason string
 	// SelectorEvent, when set, is the note of a Warning Event
-	// (ReasonInvalidSelector): the Egress's selectors became unparsable.
+	// (v1.ReasonInvalidSelector): the Egress's selectors became unparsable.
 	SelectorEvent string
 	// IPChangedNote, when set, is the note of the EgressIPChanged Warning
 	// Event: status.egressIP changes from one address to another.
@@ -285,12 +251,12 @@ func lateHolders(ip netip.Addr, target, cur string, holders map[netip.Addr][]str
 
 func isAttaching(cs []metav1.Condition) bool {
 	c := meta.FindStatusCondition(cs, v1.ConditionAssigned)
-	return c != nil && c.Reason == ReasonAttaching
+	return c != nil && c.Reason == v1.ReasonAttaching
 }
 
 func isWaiting(cs []metav1.Condition) bool {
 	c := meta.FindStatusCondition(cs, v1.ConditionAssigned)
-	return c != nil && c.Reason == ReasonWaitingForRelease
+	return c != nil && c.Reason == v1.ReasonWaitingForRelease
 }
 
 // readyCondition says whether the egress Node's agent reports the IP bound
@@ -299,7 +265,7 @@ func isWaiting(cs []metav1.Condition) bool {
 func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentState) metav1.Condition {
 	c := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: e.Generation}
 	if st.EgressNode == "" {
-		c.Reason, c.Message = ReasonNoEgressNode, "no Node holds the egress IP (see condition Assigned); "+failureEffect(e.Spec.FailurePolicy)
+		c.Reason, c.Message = v1.ReasonNoEgressNode, "no Node holds the egress IP (see condition Assigned); "+failureEffect(e.Spec.FailurePolicy)
 		if a := meta.FindStatusCondition(st.Conditions, v1.ConditionIPAllocated); st.EgressIP == "" && a != nil && a.Status != metav1.ConditionTrue {
 			// Say why at once rather than send the reader through
 			// Assigned to IPAllocated.
@@ -317,7 +283,7 @@ func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentS
 	}
 	ip, _ := netip.ParseAddr(st.EgressIP)
 	if b, ok := a.Report.Lookup(ip); ok && a.Known && !a.Dead && b.Announced {
-		c.Status, c.Reason, c.Message = metav1.ConditionTrue, ReasonAnnounced, fmt.Sprintf("%s is bound on %s of Node %s and announced", st.EgressIP, b.Interface, st.EgressNode)
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, v1.ReasonAnnounced, fmt.Sprintf("%s is bound on %s of Node %s and announced", st.EgressIP, b.Interface, st.EgressNode)
 		return c
 	}
 	if r, ok := a.Report.LookupRefused(ip); ok && a.Known && !a.Dead && st.EgressIP == e.Status.EgressIP && st.EgressNode == e.Status.EgressNode {
@@ -326,7 +292,7 @@ func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentS
 		c.Reason, c.Message = v1.ReasonBindRefused, fmt.Sprintf("the agent on Node %s does not bind %s: %s", st.EgressNode, st.EgressIP, r.Message)
 		return c
 	}
-	c.Reason, c.Message = ReasonBinding, fmt.Sprintf("waiting for the agent on Node %s to bind and announce %s", st.EgressNode, st.EgressIP)
+	c.Reason, c.Message = v1.ReasonBinding, fmt.Sprintf("waiting for the agent on Node %s to bind and announce %s", st.EgressNode, st.EgressIP)
 	if o := a.Report.Ownership; a.Known && !a.Dead && o != nil && !o.Healthy {
 		// The agent binds nothing new while it cannot keep ownership
 		// (internal/agent/bind): say why, as the Node condition does.
@@ -386,12 +352,12 @@ func noNodeDetail(pool, what string, total int, matching []string, nodes map[str
 // Egress; noNode is its pool's noNodeDetail.
 func unplacedMessage(p scheduler.Placement, noNode string) string {
 	switch p.Reason {
-	case scheduler.ReasonNoEligibleNode:
+	case v1.ReasonNoEligibleNode:
 		if noNode != "" {
 			return "no eligible Node (a Ready, uncordoned Linux Node with a live agent, capacity above 0, matching the pool's nodeSelector): " + noNode
 		}
 		return "no eligible Node: no Ready Linux Node with a live agent matches the pool's nodeSelector" + detail(p.Message)
-	case scheduler.ReasonCapacityExhausted:
+	case v1.ReasonCapacityExhausted:
 		return "all eligible Nodes are full (egressip.io/max-egress-ips); raise capacity or add Nodes" + detail(p.Message)
 	}
 	return cmp.Or(p.Message, p.Reason)
@@ -408,17 +374,17 @@ func detail(m string) string {
 func ineligibleReason(n *corev1.Node, agent AgentState) string {
 	switch {
 	case n.DeletionTimestamp != nil:
-		return NodeDeleting
+		return v1.IneligibleDeleting
 	case !conditionTrue(n, corev1.NodeReady):
-		return NodeNotReady
+		return v1.IneligibleNotReady
 	case conditionTrue(n, corev1.NodeNetworkUnavailable):
-		return NodeNetworkUnavailable
+		return v1.IneligibleNetworkUnavailable
 	case n.Labels[corev1.LabelOSStable] != "" && n.Labels[corev1.LabelOSStable] != "linux":
-		return NodeNotLinux
+		return v1.IneligibleNotLinux
 	case agent.Dead:
-		return NodeAgentDead
+		return v1.IneligibleAgentDead
 	case n.Spec.Unschedulable:
-		return NodeCordoned
+		return v1.IneligibleCordoned
 	}
 	return ""
 }

@@ -98,9 +98,9 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{planNode("n1"), planNode("n2")},
 		agents:   agents(nil),
 		want: map[string]want{
-			"b": {ip: "198.51.100.1", node: anyNode, allocated: ReasonAllocated, assigned: ReasonScheduled, ready: ReasonBinding, event: "Assigned"},
-			"a": {ip: "198.51.100.2", node: anyNode, allocated: ReasonAllocated, assigned: ReasonScheduled, ready: ReasonBinding, event: "Assigned"},
-			"c": {ip: "198.51.100.3", node: anyNode, allocated: ReasonAllocated, assigned: ReasonScheduled, ready: ReasonBinding, event: "Assigned"},
+			"b": {ip: "198.51.100.1", node: anyNode, allocated: v1.ReasonAllocated, assigned: v1.ReasonScheduled, ready: v1.ReasonBinding, event: "Assigned"},
+			"a": {ip: "198.51.100.2", node: anyNode, allocated: v1.ReasonAllocated, assigned: v1.ReasonScheduled, ready: v1.ReasonBinding, event: "Assigned"},
+			"c": {ip: "198.51.100.3", node: anyNode, allocated: v1.ReasonAllocated, assigned: v1.ReasonScheduled, ready: v1.ReasonBinding, event: "Assigned"},
 		},
 		unplaced: map[string]int{},
 		spread:   true,
@@ -111,8 +111,8 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{planNode("n1"), planNode("n2"), planNode("n3")},
 		agents:   agents(map[string][]string{"n2": {"198.51.100.5", "198.51.100.6"}}),
 		want: map[string]want{
-			"a": {ip: "198.51.100.5", node: "n2", allocated: ReasonAllocated, assigned: ReasonScheduled, ready: ReasonAnnounced},
-			"b": {ip: "198.51.100.6", node: "n2", allocated: ReasonAllocated, assigned: ReasonScheduled, ready: ReasonAnnounced},
+			"a": {ip: "198.51.100.5", node: "n2", allocated: v1.ReasonAllocated, assigned: v1.ReasonScheduled, ready: v1.ReasonAnnounced},
+			"b": {ip: "198.51.100.6", node: "n2", allocated: v1.ReasonAllocated, assigned: v1.ReasonScheduled, ready: v1.ReasonAnnounced},
 		},
 		unplaced: map[string]int{},
 	}, {
@@ -122,7 +122,7 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{planNode("n1"), planNode("n2")},
 		agents:   agents(nil, "n1"),
 		want: map[string]want{
-			"a": {ip: "198.51.100.1", node: "n2", allocated: ReasonAllocated, assigned: ReasonScheduled, ready: ReasonBinding, event: "Moved", moveReason: "NodeIneligible/" + NodeAgentDead},
+			"a": {ip: "198.51.100.1", node: "n2", allocated: v1.ReasonAllocated, assigned: v1.ReasonScheduled, ready: v1.ReasonBinding, event: "Moved", moveReason: "NodeIneligible/" + v1.IneligibleAgentDead},
 		},
 		unplaced: map[string]int{},
 		awaited:  []string{"n2"},
@@ -133,7 +133,7 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{notReady, planNode("n2")},
 		agents:   agents(map[string][]string{"n1": {"198.51.100.1"}}),
 		want: map[string]want{
-			"a": {ip: "198.51.100.1", node: "", assigned: ReasonWaitingForRelease, ready: ReasonNoEgressNode, event: "Releasing",
+			"a": {ip: "198.51.100.1", node: "", assigned: v1.ReasonWaitingForRelease, ready: v1.ReasonNoEgressNode, event: "Releasing",
 				assignedMsg: "waiting for Node n1 to release 198.51.100.1"},
 		},
 		unplaced: map[string]int{},
@@ -145,7 +145,7 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{cordoned, planNode("n2")},
 		agents:   agents(nil),
 		want: map[string]want{
-			"a": {ip: "198.51.100.1", node: "n2", assigned: ReasonScheduled, ready: ReasonBinding, event: "Moved", moveReason: "NodeIneligible/" + NodeCordoned},
+			"a": {ip: "198.51.100.1", node: "n2", assigned: v1.ReasonScheduled, ready: v1.ReasonBinding, event: "Moved", moveReason: "NodeIneligible/" + v1.IneligibleCordoned},
 		},
 		unplaced: map[string]int{},
 		awaited:  []string{"n2"},
@@ -156,7 +156,7 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{planNode("n2")},
 		agents:   agents(nil, "gone"),
 		want: map[string]want{
-			"a": {ip: "198.51.100.1", node: "n2", assigned: ReasonScheduled, event: "Moved"},
+			"a": {ip: "198.51.100.1", node: "n2", assigned: v1.ReasonScheduled, event: "Moved"},
 		},
 		unplaced: map[string]int{},
 		awaited:  []string{"n2"},
@@ -168,12 +168,12 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{planNode("n1")},
 		agents:   agents(nil),
 		want: map[string]want{
-			"old": {ip: "198.51.100.1", node: "n1", allocated: ReasonAllocated},
-			"mid": {ip: "198.51.100.2", node: "n1", allocated: ReasonAllocated},
-			"young": {ip: "", node: "", allocated: ReasonPoolExhausted, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, event: ReasonNoEgressNode, allocMsg: "(2 of 2 used)",
+			"old": {ip: "198.51.100.1", node: "n1", allocated: v1.ReasonAllocated},
+			"mid": {ip: "198.51.100.2", node: "n1", allocated: v1.ReasonAllocated},
+			"young": {ip: "", node: "", allocated: v1.ReasonPoolExhausted, assigned: v1.ReasonNotAssigned, ready: v1.ReasonNoEgressNode, event: v1.ReasonNoEgressNode, allocMsg: "(2 of 2 used)",
 				readyMsg: `no egress IP is allocated (IPAllocated PoolExhausted: ExternalIPPool "l2" has no free IP (2 of 2 used)`},
 		},
-		unplaced: map[string]int{ReasonPoolExhausted: 1},
+		unplaced: map[string]int{v1.ReasonPoolExhausted: 1},
 		awaited:  []string{"n1", "n1"},
 	}, {
 		name:  "named addresses: in the pool it is reserved, outside it is refused, a Node's address conflicts",
@@ -188,13 +188,13 @@ func TestPlanL2(t *testing.T) {
 		nodes:  []corev1.Node{nodeAt("n1", "198.51.100.6")},
 		agents: agents(nil),
 		want: map[string]want{
-			"named":   {ip: "198.51.100.1", node: "n1", allocated: ReasonAllocated, allocMsg: "named in spec"},
-			"free":    {ip: "198.51.100.2", node: "n1", allocated: ReasonAllocated},
-			"outside": {ip: "", node: "", allocated: ReasonIPOutsidePool, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, allocMsg: "203.0.113.9", readyMsg: "IPAllocated IPOutsidePool"},
-			"nodeip": {ip: "198.51.100.6", node: "", allocated: ReasonAllocated, assigned: v1.ReasonNodeAddressConflict, ready: ReasonNoEgressNode,
+			"named":   {ip: "198.51.100.1", node: "n1", allocated: v1.ReasonAllocated, allocMsg: "named in spec"},
+			"free":    {ip: "198.51.100.2", node: "n1", allocated: v1.ReasonAllocated},
+			"outside": {ip: "", node: "", allocated: v1.ReasonIPOutsidePool, assigned: v1.ReasonNotAssigned, ready: v1.ReasonNoEgressNode, allocMsg: "203.0.113.9", readyMsg: "IPAllocated IPOutsidePool"},
+			"nodeip": {ip: "198.51.100.6", node: "", allocated: v1.ReasonAllocated, assigned: v1.ReasonNodeAddressConflict, ready: v1.ReasonNoEgressNode,
 				event: v1.ReasonNodeAddressConflict, assignedMsg: "n1"},
 		},
-		unplaced: map[string]int{ReasonIPOutsidePool: 1, v1.ReasonNodeAddressConflict: 1},
+		unplaced: map[string]int{v1.ReasonIPOutsidePool: 1, v1.ReasonNodeAddressConflict: 1},
 		awaited:  []string{"n1", "n1"},
 	}, {
 		name:     "a status address outside the pool is replaced by the lowest free one",
@@ -203,7 +203,7 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{planNode("n1")},
 		agents:   agents(nil),
 		want: map[string]want{
-			"a": {ip: "198.51.100.1", node: "n1", allocated: ReasonAllocated, assigned: ReasonScheduled, event: "Assigned"},
+			"a": {ip: "198.51.100.1", node: "n1", allocated: v1.ReasonAllocated, assigned: v1.ReasonScheduled, event: "Assigned"},
 		},
 		unplaced: map[string]int{},
 		awaited:  []string{"n1"},
@@ -214,10 +214,10 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{planNode("n1")},
 		agents:   agents(nil),
 		want: map[string]want{
-			"nopool":  {allocated: ReasonPoolNotFound, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, allocMsg: `"absent" does not exist`},
-			"overlap": {allocated: ReasonPoolInvalid, assigned: ReasonNotAssigned, ready: ReasonNoEgressNode, allocMsg: `overlaps ExternalIPPool "l2"`},
+			"nopool":  {allocated: v1.ReasonPoolNotFound, assigned: v1.ReasonNotAssigned, ready: v1.ReasonNoEgressNode, allocMsg: `"absent" does not exist`},
+			"overlap": {allocated: v1.ReasonPoolInvalid, assigned: v1.ReasonNotAssigned, ready: v1.ReasonNoEgressNode, allocMsg: `overlaps ExternalIPPool "l2"`},
 		},
-		unplaced: map[string]int{ReasonPoolNotFound: 1, ReasonPoolInvalid: 1},
+		unplaced: map[string]int{v1.ReasonPoolNotFound: 1, v1.ReasonPoolInvalid: 1},
 	}, {
 		name:     "a full Node: the younger Egress is CapacityExhausted",
 		pools:    []v1.ExternalIPPool{l2PoolOf("198.51.100.0/29", 0)},
@@ -225,10 +225,10 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{oneSlot},
 		agents:   agents(nil),
 		want: map[string]want{
-			"a": {ip: "198.51.100.1", node: "n1", assigned: ReasonScheduled},
-			"b": {ip: "198.51.100.2", node: "", assigned: scheduler.ReasonCapacityExhausted, ready: ReasonNoEgressNode, assignedMsg: "max-egress-ips"},
+			"a": {ip: "198.51.100.1", node: "n1", assigned: v1.ReasonScheduled},
+			"b": {ip: "198.51.100.2", node: "", assigned: v1.ReasonCapacityExhausted, ready: v1.ReasonNoEgressNode, assignedMsg: "max-egress-ips"},
 		},
-		unplaced: map[string]int{scheduler.ReasonCapacityExhausted: 1},
+		unplaced: map[string]int{v1.ReasonCapacityExhausted: 1},
 		awaited:  []string{"n1"},
 	}, {
 		name:     "no eligible Node: the message counts why each matching Node cannot hold it",
@@ -237,10 +237,10 @@ func TestPlanL2(t *testing.T) {
 		nodes:    []corev1.Node{notReady, func() corev1.Node { n := planNode("n2"); n.Spec.Unschedulable = true; return n }()},
 		agents:   agents(nil),
 		want: map[string]want{
-			"a": {ip: "198.51.100.1", node: "", assigned: scheduler.ReasonNoEligibleNode, ready: ReasonNoEgressNode,
+			"a": {ip: "198.51.100.1", node: "", assigned: v1.ReasonNoEligibleNode, ready: v1.ReasonNoEgressNode,
 				assignedMsg: "2 of 2 Nodes match the nodeSelector of pool \"l2\", none can hold an IP: 1 Cordoned, 1 NotReady"},
 		},
-		unplaced: map[string]int{scheduler.ReasonNoEligibleNode: 1},
+		unplaced: map[string]int{v1.ReasonNoEligibleNode: 1},
 	}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,12 +12,6 @@ import (
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
-// ReasonDatapathRefused is the Ready reason (and the Warning Event's) while
-// the kernel of some Node refuses to program the Egress's part of the
-// datapath: its Pods there do not leave with the egress IP. The agent
-// programs every other Egress of that Node.
-const ReasonDatapathRefused = "DatapathRefused"
-
 // nodeRefusal is one Node whose agent reports an Egress refused.
 type nodeRefusal struct {
 	node, message string
@@ -53,7 +47,7 @@ func refusedCondition(e *v1.Egress, rs []nodeRefusal) metav1.Condition {
 	if n := len(rs) - 1; n > 0 {
 		msg += fmt.Sprintf("; %d other Node(s) refuse it too", n)
 	}
-	return metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: ReasonDatapathRefused, Message: msg, ObservedGeneration: e.Generation}
+	return metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1.ReasonDatapathRefused, Message: msg, ObservedGeneration: e.Generation}
 }
 
 // applyRefusal replaces rc with the refused condition when some Node
@@ -65,7 +59,7 @@ func applyRefusal(e *v1.Egress, rs []nodeRefusal, rc *metav1.Condition, ch *egre
 	}
 	*rc = refusedCondition(e, rs)
 	prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady)
-	if ch.EventReason == "" && (prev == nil || prev.Reason != ReasonDatapathRefused || prev.Message != rc.Message) {
-		ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, ReasonDatapathRefused, rc.Message
+	if ch.EventReason == "" && (prev == nil || prev.Reason != v1.ReasonDatapathRefused || prev.Message != rc.Message) {
+		ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonDatapathRefused, rc.Message
 	}
 }

@@ -35,7 +35,7 @@ func TestOneEgressFailsReadyFalseWithEvent(t *testing.T) {
 		if c != nil {
 			note = c.Message
 		}
-		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == ReasonDatapathRefused &&
+		return c != nil && c.Status == metav1.ConditionFalse && c.Reason == v1.ReasonDatapathRefused &&
 			strings.Contains(c.Message, "Node refuse-n2") && strings.Contains(c.Message, kernelErr), describe(e)
 	})
 	t.Logf("Ready message: %s", note)
@@ -47,7 +47,7 @@ func TestOneEgressFailsReadyFalseWithEvent(t *testing.T) {
 		var seen []string
 		for _, ev := range evs.Items {
 			if ev.Regarding.Name == "refuse-a" {
-				if ev.Reason == ReasonDatapathRefused && ev.Type == corev1.EventTypeWarning && strings.Contains(ev.Note, "refuse-n2") {
+				if ev.Reason == v1.ReasonDatapathRefused && ev.Type == corev1.EventTypeWarning && strings.Contains(ev.Note, "refuse-n2") {
 					return true, ""
 				}
 				seen = append(seen, ev.Reason)

@@ -89,7 +89,7 @@ func TestReleaseWaitBoundedTimeout(t *testing.T) {
 	var moved time.Duration
 	cl.eventually("Ready on the other Node after the release timeout", func() (bool, string) {
 		e := cl.get("reltmo-e1")
-		if c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned); c != nil && c.Reason == ReasonWaitingForRelease {
+		if c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionAssigned); c != nil && c.Reason == v1.ReasonWaitingForRelease {
 			sawWaiting = true
 		}
 		moved = time.Since(cut)

@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/egressip/egressip/internal/podstart/cniapi"
@@ -82,7 +83,7 @@ func serve(w http.ResponseWriter, r *http.Request, op string, fn func(context.Co
 	result := "ok"
 	if code != http.StatusOK {
 		result = "error"
-		log.FromContext(r.Context()).Error(err, "pod-start request failed", "op", op, "pod", req.Namespace+"/"+req.Name)
+		log.FromContext(r.Context()).Error(err, "pod-start request failed", "op", op, "pod", klog.KRef(req.Namespace, req.Name))
 	}
 	requests.WithLabelValues(op, result).Inc()
 	if op == "add" {

@@ -190,25 +190,6 @@ func (r *Report) LookupRefused(ip netip.Addr) (RefusedIP, bool) {
 	return r.Refused[i], true
 }
 
-// Reasons of OwnershipStatus, also the reasons of the Node condition.
-const (
-	// ReasonOwnershipMark: addresses are marked with IFA_PROTO (and
-	// recorded, where a record is configured).
-	ReasonOwnershipMark = "AddressProtocol"
-	// ReasonOwnershipRecord: the ownership record alone (kernel before
-	// 5.18, or forced with --address-ownership=record).
-	ReasonOwnershipRecord = "OwnershipRecord"
-	// ReasonRecordUnreadable: the record cannot be read or parsed; the
-	// agent binds and unbinds nothing until it is fixed.
-	ReasonRecordUnreadable = "OwnershipRecordUnreadable"
-	// ReasonRecordUnwritable: the record cannot be written; addresses
-	// that would need a record entry are not added.
-	ReasonRecordUnwritable = "OwnershipRecordUnwritable"
-	// ReasonRecordMissing: the record disappeared while it listed
-	// addresses; they are left alone.
-	ReasonRecordMissing = "OwnershipRecordMissing"
-)
-
 // OwnershipStatus is how an agent keeps address ownership, and any problem.
 type OwnershipStatus struct {
 	// Mode is the configured mode (auto, proto or record).
@@ -235,16 +216,6 @@ type RefusedEgress struct {
 	Message string `json:"message"`
 }
 
-// Reasons of KernelStatus, also the reasons of the Node condition
-// EgressKernelFeatures.
-const (
-	// ReasonKernelFeaturesPresent: every feature probed was found.
-	ReasonKernelFeaturesPresent = "KernelFeaturesPresent"
-	// ReasonKernelFeatureMissing: a feature is missing; a part of the
-	// agent is degraded or did not start, as the message says.
-	ReasonKernelFeatureMissing = "KernelFeatureMissing"
-)
-
 // KernelStatus is the outcome of the agent's kernel feature probe.
 type KernelStatus struct {
 	// Release is the kernel release (uname -r).
@@ -252,7 +223,7 @@ type KernelStatus struct {
 	// Missing names the features found missing (the "feature" label of
 	// egressip_agent_kernel_feature); empty when all were found.
 	Missing []string `json:"missing,omitempty"`
-	// Reason is ReasonKernelFeaturesPresent or ReasonKernelFeatureMissing.
+	// Reason is v1alpha1.ReasonKernelFeaturesPresent or v1alpha1.ReasonKernelFeatureMissing.
 	Reason string `json:"reason"`
 	// Message names the kernel release, each part degraded or not started
 	// and its missing features, at most MaxDatapathMessage bytes.
@@ -267,17 +238,6 @@ func (k *KernelStatus) Equal(o *KernelStatus) bool {
 	return k.Release == o.Release && k.Reason == o.Reason && k.Message == o.Message && slices.Equal(k.Missing, o.Missing)
 }
 
-// Reasons of DatapathStatus, also the reasons of the Node condition.
-const (
-	// ReasonHostStack: the Pods' traffic crosses the host's IP stack, where
-	// the datapath acts (no evidence of a BPF bypass).
-	ReasonHostStack = "HostStackCrossed"
-	// ReasonHostStackBypass: the CNI steers Pod traffic past the host's
-	// IP stack with eBPF, so selected Pods would leave with their own
-	// address; the message names the evidence.
-	ReasonHostStackBypass = "HostStackBypass"
-)
-
 // MaxDatapathMessage bounds DatapathStatus.Message, in bytes.
 const MaxDatapathMessage = 1024
 
@@ -286,7 +246,7 @@ type DatapathStatus struct {
 	// Supported is false when the check found evidence that Pod traffic
 	// bypasses the host's IP stack.
 	Supported bool `json:"supported"`
-	// Reason is ReasonHostStack or ReasonHostStackBypass (CamelCase, as a
+	// Reason is v1alpha1.ReasonHostStack or v1alpha1.ReasonHostStackBypass (CamelCase, as a
 	// Kubernetes condition reason).
 	Reason string `json:"reason"`
 	// Message is a human-readable account of the evidence, at most

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // This file is an independent statement of the scheduling rules: given an
@@ -118,20 +120,20 @@ func newChecker(in Input, out Result) *checker {
 func (ck *checker) staticReason(e *Egress) string {
 	switch {
 	case ck.nameCount[e.Name] > 1:
-		return ReasonDuplicateEgress
+		return v1.ReasonDuplicateEgress
 	case ck.poolCount[e.Pool] == 0:
-		return ReasonPoolNotFound
+		return v1.ReasonPoolNotFound
 	case ck.poolCount[e.Pool] > 1:
-		return ReasonPoolInvalid
+		return v1.ReasonPoolInvalid
 	}
 	f := ck.pools[e.Pool].Family
 	switch {
 	case f != IPv4 && f != IPv6:
-		return ReasonPoolInvalid
+		return v1.ReasonPoolInvalid
 	case !e.IP.IsValid():
-		return ReasonIPNotAllocated
+		return v1.ReasonIPNotAllocated
 	case e.IP.Zone() != "" || (f == IPv4 && !e.IP.Is4()) || (f == IPv6 && !e.IP.Is6()):
-		return ReasonIPInvalid
+		return v1.ReasonIPInvalid
 	}
 	return ""
 }
@@ -186,9 +188,9 @@ func (ck *checker) checkPlacements() error {
 			}
 			continue
 		}
-		want := ReasonCapacityExhausted
+		want := v1.ReasonCapacityExhausted
 		if len(ck.fit[e.Pool]) == 0 {
-			want = ReasonNoEligibleNode
+			want = v1.ReasonNoEligibleNode
 		}
 		if p.Reason != want || p.Message == "" {
 			return fmt.Errorf("Egress %q: want unplaced with %s and a message, got %+v", e.Name, want, p)
@@ -310,19 +312,19 @@ func (ck *checker) moveReason(i int) string {
 	n, ok := ck.nodes[e.CurrentNode]
 	switch {
 	case !ok:
-		return MoveNodeRemoved
+		return v1.MoveNodeRemoved
 	case !n.eligible && n.reason == "":
-		return MoveNodeIneligible
+		return v1.MoveNodeIneligible
 	case !n.eligible:
-		return MoveNodeIneligible + "/" + n.reason
+		return v1.MoveNodeIneligible + "/" + n.reason
 	case n.capacity <= 0:
-		return MoveCapacityReduced
+		return v1.MoveCapacityReduced
 	case !ck.fitFor(e.CurrentNode, e.Pool):
-		return MoveNodeNotInPool
+		return v1.MoveNodeNotInPool
 	case ck.unitOf[i].cand == e.CurrentNode:
-		return MoveCapacityReduced
+		return v1.MoveCapacityReduced
 	}
-	return MoveSharedIP
+	return v1.MoveSharedIP
 }
 
 // checkKeep: a unit whose fit current Node did not keep it lost its place to

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // The checker of check_test.go is only worth its passes if it can fail.
@@ -58,7 +60,7 @@ func TestCheckerRejectsBrokenResults(t *testing.T) {
 		},
 		corrupt: func(t *testing.T, r *Result) {
 			placeOn(r, "b", "n2", "")
-			r.Moves = []Move{{Egress: "b", From: "n1", To: "n2", Reason: MoveSharedIP}}
+			r.Moves = []Move{{Egress: "b", From: "n1", To: "n2", Reason: v1.MoveSharedIP}}
 		},
 		want: "split",
 	}, {
@@ -72,7 +74,7 @@ func TestCheckerRejectsBrokenResults(t *testing.T) {
 		},
 		corrupt: func(t *testing.T, r *Result) {
 			placeOn(r, "a", "n2", "")
-			r.Moves = []Move{{Egress: "a", From: "n1", To: "n2", Reason: MoveCapacityReduced}}
+			r.Moves = []Move{{Egress: "a", From: "n1", To: "n2", Reason: v1.MoveCapacityReduced}}
 		},
 		want: "which is not full",
 	}, {
@@ -103,7 +105,7 @@ func TestCheckerRejectsBrokenResults(t *testing.T) {
 		},
 		corrupt: func(t *testing.T, r *Result) {
 			placeOn(r, "young", "n1", "")
-			placeOn(r, "old", "", ReasonCapacityExhausted)
+			placeOn(r, "old", "", v1.ReasonCapacityExhausted)
 		},
 		want: "but newer unit",
 	}, {
@@ -117,7 +119,7 @@ func TestCheckerRejectsBrokenResults(t *testing.T) {
 		},
 		corrupt: func(t *testing.T, r *Result) {
 			placeOn(r, "b", "n1", "")
-			placeOn(r, "a", "", ReasonCapacityExhausted)
+			placeOn(r, "a", "", v1.ReasonCapacityExhausted)
 		},
 		want: "but newer unit",
 	}, {

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // goldenCases are small inputs with their whole expected Result written
@@ -33,8 +35,8 @@ var goldenCases = []struct {
 	want: Result{
 		Placements: []Placement{{Egress: "new", Node: "n2"}, {Egress: "old", Node: "n1"}, {Egress: "orphan", Node: "n2"}},
 		Moves: []Move{
-			{Egress: "new", From: "n1", To: "n2", Reason: MoveCapacityReduced},
-			{Egress: "orphan", From: "gone", To: "n2", Reason: MoveNodeRemoved},
+			{Egress: "new", From: "n1", To: "n2", Reason: v1.MoveCapacityReduced},
+			{Egress: "orphan", From: "gone", To: "n2", Reason: v1.MoveNodeRemoved},
 		},
 	},
 }, {
@@ -54,8 +56,8 @@ var goldenCases = []struct {
 	want: Result{
 		Placements: []Placement{{Egress: "a", Node: "n1"}, {Egress: "b", Node: "n1"}, {Egress: "c", Node: "n1"}},
 		Moves: []Move{
-			{Egress: "b", From: "n3", To: "n1", Reason: MoveNodeNotInPool},
-			{Egress: "c", From: "n2", To: "n1", Reason: MoveNodeIneligible + "/Cordoned"},
+			{Egress: "b", From: "n3", To: "n1", Reason: v1.MoveNodeNotInPool},
+			{Egress: "c", From: "n2", To: "n1", Reason: v1.MoveNodeIneligible + "/Cordoned"},
 		},
 	},
 }, {
@@ -102,7 +104,7 @@ var goldenCases = []struct {
 		Placements: []Placement{
 			{Egress: "p1", Node: "n2"}, {Egress: "p2", Node: "n2"}, {Egress: "p3", Node: "n3"}, {Egress: "p4", Node: "n3"},
 			{Egress: "p5", Node: "n3"},
-			{Egress: "p6", Reason: ReasonCapacityExhausted, Message: `all 3 eligible Nodes of pool "p" are at capacity`},
+			{Egress: "p6", Reason: v1.ReasonCapacityExhausted, Message: `all 3 eligible Nodes of pool "p" are at capacity`},
 			{Egress: "q1", Node: "n1"},
 		},
 	},
@@ -124,15 +126,15 @@ var goldenCases = []struct {
 	},
 	want: Result{
 		Placements: []Placement{
-			{Egress: "dup", Reason: ReasonDuplicateEgress, Message: `Egress name "dup" is given 2 times`},
-			{Egress: "lost", Reason: ReasonPoolNotFound, Message: `pool "nowhere" not found`},
-			{Egress: "nobody", Reason: ReasonNoEligibleNode, Message: `no Node of pool "v6" is eligible with a capacity above 0`},
-			{Egress: "pending", Reason: ReasonIPNotAllocated, Message: "no IP has been allocated to the Egress yet"},
-			{Egress: "repeated", Reason: ReasonPoolInvalid, Message: `pool "twice" is given more than once`},
-			{Egress: "wrong", Reason: ReasonIPInvalid, Message: `IP 2001:db8::1 is not IPv4 like its pool "p"`},
-			{Egress: "zoned", Reason: ReasonIPInvalid, Message: "IP fe80::1%eth0 has an IPv6 zone"},
+			{Egress: "dup", Reason: v1.ReasonDuplicateEgress, Message: `Egress name "dup" is given 2 times`},
+			{Egress: "lost", Reason: v1.ReasonPoolNotFound, Message: `pool "nowhere" not found`},
+			{Egress: "nobody", Reason: v1.ReasonNoEligibleNode, Message: `no Node of pool "v6" is eligible with a capacity above 0`},
+			{Egress: "pending", Reason: v1.ReasonIPNotAllocated, Message: "no IP has been allocated to the Egress yet"},
+			{Egress: "repeated", Reason: v1.ReasonPoolInvalid, Message: `pool "twice" is given more than once`},
+			{Egress: "wrong", Reason: v1.ReasonIPInvalid, Message: `IP 2001:db8::1 is not IPv4 like its pool "p"`},
+			{Egress: "zoned", Reason: v1.ReasonIPInvalid, Message: "IP fe80::1%eth0 has an IPv6 zone"},
 		},
-		Moves: []Move{{Egress: "lost", From: "n1", Reason: ReasonPoolNotFound}},
+		Moves: []Move{{Egress: "lost", From: "n1", Reason: v1.ReasonPoolNotFound}},
 	},
 }, {
 	// Plain consistent hashing (c = +Inf): where each new unit lands is

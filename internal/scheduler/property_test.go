@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+
 	"pgregory.net/rapid"
 )
 
@@ -346,7 +348,7 @@ func TestPropertyCapacityChange(t *testing.T) {
 		}
 		left := map[unitID]bool{}
 		for _, m := range out.Moves {
-			if m.From != name || m.Reason != MoveCapacityReduced {
+			if m.From != name || m.Reason != v1.MoveCapacityReduced {
 				t.Fatalf("capacity change on %s gave move %+v", name, m)
 			}
 			for _, e := range after.Egresses {

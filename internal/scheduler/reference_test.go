@@ -7,6 +7,8 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // This file is a plain reference implementation of the rules in doc.go,
@@ -129,17 +131,17 @@ func (r *refPass) static(e Egress) (reason, msg string) {
 	p := r.pools[e.Pool]
 	switch {
 	case r.count[e.Name] > 1:
-		return ReasonDuplicateEgress, fmt.Sprintf("Egress name %q is given %d times", e.Name, r.count[e.Name])
+		return v1.ReasonDuplicateEgress, fmt.Sprintf("Egress name %q is given %d times", e.Name, r.count[e.Name])
 	case p == nil:
-		return ReasonPoolNotFound, fmt.Sprintf("pool %q not found", e.Pool)
+		return v1.ReasonPoolNotFound, fmt.Sprintf("pool %q not found", e.Pool)
 	case p.invalid != "":
-		return ReasonPoolInvalid, p.invalid
+		return v1.ReasonPoolInvalid, p.invalid
 	case !e.IP.IsValid():
-		return ReasonIPNotAllocated, "no IP has been allocated to the Egress yet"
+		return v1.ReasonIPNotAllocated, "no IP has been allocated to the Egress yet"
 	case e.IP.Zone() != "":
-		return ReasonIPInvalid, fmt.Sprintf("IP %s has an IPv6 zone", e.IP)
+		return v1.ReasonIPInvalid, fmt.Sprintf("IP %s has an IPv6 zone", e.IP)
 	case e.IP.Is4() != (p.family == IPv4):
-		return ReasonIPInvalid, fmt.Sprintf("IP %s is not %s like its pool %q", e.IP, p.family, e.Pool)
+		return v1.ReasonIPInvalid, fmt.Sprintf("IP %s is not %s like its pool %q", e.IP, p.family, e.Pool)
 	}
 	return "", ""
 }
@@ -216,9 +218,9 @@ func (r *refPass) place() {
 			}
 		}
 		if !room {
-			u.reason = ReasonCapacityExhausted
+			u.reason = v1.ReasonCapacityExhausted
 			if len(p.members) == 0 {
-				u.reason = ReasonNoEligibleNode
+				u.reason = v1.ReasonNoEligibleNode
 			}
 			continue
 		}
@@ -285,19 +287,19 @@ func (r *refPass) moveReason(i int, pl Placement) string {
 	case r.unitOf[i] == nil: // cannot be scheduled at all
 		return pl.Reason
 	case n == nil:
-		return MoveNodeRemoved
+		return v1.MoveNodeRemoved
 	case !n.eligible && n.reason == "":
-		return MoveNodeIneligible
+		return v1.MoveNodeIneligible
 	case !n.eligible:
-		return MoveNodeIneligible + "/" + n.reason
+		return v1.MoveNodeIneligible + "/" + n.reason
 	case n.capacity <= 0:
-		return MoveCapacityReduced
+		return v1.MoveCapacityReduced
 	case !r.pools[e.Pool].members[e.CurrentNode]:
-		return MoveNodeNotInPool
+		return v1.MoveNodeNotInPool
 	case r.unitOf[i].keep == e.CurrentNode: // the unit's Node to keep, full
-		return MoveCapacityReduced
+		return v1.MoveCapacityReduced
 	}
-	return MoveSharedIP // its unit keeps, or goes, where an older member is
+	return v1.MoveSharedIP // its unit keeps, or goes, where an older member is
 }
 
 // refPick returns the first Node clockwise on pool p's ring, from the
@@ -328,9 +330,9 @@ func refPick(p *refPool, pool string, ip netip.Addr, takes func(node string) boo
 // refPoolMessage is the message of an unplaced unit's reason.
 func refPoolMessage(reason, pool string, members int) string {
 	switch {
-	case reason == ReasonNoEligibleNode:
+	case reason == v1.ReasonNoEligibleNode:
 		return fmt.Sprintf("no Node of pool %q is eligible with a capacity above 0", pool)
-	case reason != ReasonCapacityExhausted:
+	case reason != v1.ReasonCapacityExhausted:
 		return ""
 	case members == 1:
 		return fmt.Sprintf("the only eligible Node of pool %q is at capacity", pool)

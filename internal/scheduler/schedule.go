@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // nodeRec is one distinct Node. It holds no pointers (names are read
@@ -84,13 +86,13 @@ const (
 
 var reasonNames = [...]string{
 	rPlaced:            "",
-	rDuplicate:         ReasonDuplicateEgress,
-	rPoolNotFound:      ReasonPoolNotFound,
-	rPoolInvalid:       ReasonPoolInvalid,
-	rIPNotAllocated:    ReasonIPNotAllocated,
-	rIPInvalid:         ReasonIPInvalid,
-	rNoEligibleNode:    ReasonNoEligibleNode,
-	rCapacityExhausted: ReasonCapacityExhausted,
+	rDuplicate:         v1.ReasonDuplicateEgress,
+	rPoolNotFound:      v1.ReasonPoolNotFound,
+	rPoolInvalid:       v1.ReasonPoolInvalid,
+	rIPNotAllocated:    v1.ReasonIPNotAllocated,
+	rIPInvalid:         v1.ReasonIPInvalid,
+	rNoEligibleNode:    v1.ReasonNoEligibleNode,
+	rCapacityExhausted: v1.ReasonCapacityExhausted,
 }
 
 // state is the working memory of one pass.
@@ -104,7 +106,7 @@ type state struct {
 	// free.
 	nodeTab   []int32
 	nodeShift uint
-	// moveReasons caches MoveNodeIneligible + "/" + Node.Reason by node.
+	// moveReasons caches v1.MoveNodeIneligible + "/" + Node.Reason by node.
 	moveReasons map[int32]string
 	pools       []poolRec
 	poolIdx     map[string]int32
@@ -890,11 +892,11 @@ func (s *state) moveReason(r *egRec) string {
 	}
 	switch r.curSt {
 	case curRemoved:
-		return MoveNodeRemoved
+		return v1.MoveNodeRemoved
 	case curIneligible:
 		m, ok := s.moveReasons[r.cur]
 		if !ok {
-			m = MoveNodeIneligible
+			m = v1.MoveNodeIneligible
 			if why := s.in.Nodes[s.nodes[r.cur].why].Reason; why != "" {
 				m += "/" + why
 			}
@@ -905,15 +907,15 @@ func (s *state) moveReason(r *egRec) string {
 		}
 		return m
 	case curNoCapacity:
-		return MoveCapacityReduced
+		return v1.MoveCapacityReduced
 	case curNotInPool:
-		return MoveNodeNotInPool
+		return v1.MoveNodeNotInPool
 	}
 	// curValid: the unit's kept Node was this one but had no room, or the
 	// unit followed an older member to another Node.
 	ur := &s.units[r.unit]
 	if ur.candOut && s.slotNode[ur.cand] == r.cur {
-		return MoveCapacityReduced
+		return v1.MoveCapacityReduced
 	}
-	return MoveSharedIP
+	return v1.MoveSharedIP
 }

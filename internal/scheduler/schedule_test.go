@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+
 	"pgregory.net/rapid"
 )
 
@@ -186,8 +188,8 @@ func TestSharedIPPriorityIsOldestMember(t *testing.T) {
 	if placementOf(t, out, "new").Node != "n1" || placementOf(t, out, "old").Node != "n1" {
 		t.Errorf("the unit of old and new has old's priority and wins: %+v", out.Placements)
 	}
-	if p := placementOf(t, out, "mid"); p.Node != "" || p.Reason != ReasonCapacityExhausted {
-		t.Errorf("mid should be unplaced with %s: %+v", ReasonCapacityExhausted, p)
+	if p := placementOf(t, out, "mid"); p.Node != "" || p.Reason != v1.ReasonCapacityExhausted {
+		t.Errorf("mid should be unplaced with %s: %+v", v1.ReasonCapacityExhausted, p)
 	}
 }
 
@@ -243,15 +245,15 @@ func TestInvalidEgresses(t *testing.T) {
 	out := run(t, in)
 	want := map[string]string{
 		"ok4": "", "ok6": "",
-		"nopool":    ReasonPoolNotFound,
-		"duppool":   ReasonPoolInvalid,
-		"badfamily": ReasonPoolInvalid,
-		"noip":      ReasonIPNotAllocated,
-		"v6in4":     ReasonIPInvalid,
-		"v4in6":     ReasonIPInvalid,
-		"mapped":    ReasonIPInvalid,
-		"zoned":     ReasonIPInvalid,
-		"twice":     ReasonDuplicateEgress,
+		"nopool":    v1.ReasonPoolNotFound,
+		"duppool":   v1.ReasonPoolInvalid,
+		"badfamily": v1.ReasonPoolInvalid,
+		"noip":      v1.ReasonIPNotAllocated,
+		"v6in4":     v1.ReasonIPInvalid,
+		"v4in6":     v1.ReasonIPInvalid,
+		"mapped":    v1.ReasonIPInvalid,
+		"zoned":     v1.ReasonIPInvalid,
+		"twice":     v1.ReasonDuplicateEgress,
 	}
 	if len(out.Placements) != len(want) {
 		t.Fatalf("want one placement per distinct name, got %+v", out.Placements)
@@ -276,7 +278,7 @@ func TestInvalidEgresses(t *testing.T) {
 	}
 	// nopool was on n1: it leaves with its placement reason. "twice" has
 	// no Move, being ambiguous.
-	wantMoves := []Move{{Egress: "nopool", From: "n1", Reason: ReasonPoolNotFound}}
+	wantMoves := []Move{{Egress: "nopool", From: "n1", Reason: v1.ReasonPoolNotFound}}
 	if !reflect.DeepEqual(out.Moves, wantMoves) {
 		t.Errorf("moves = %+v, want %+v", out.Moves, wantMoves)
 	}
@@ -297,13 +299,13 @@ func TestNoEligibleNodeAndCapacityExhausted(t *testing.T) {
 		},
 	}
 	out := run(t, in)
-	if p := placementOf(t, out, "a"); p.Reason != ReasonNoEligibleNode || !strings.Contains(p.Message, `pool "none"`) {
+	if p := placementOf(t, out, "a"); p.Reason != v1.ReasonNoEligibleNode || !strings.Contains(p.Message, `pool "none"`) {
 		t.Errorf("a: %+v", p)
 	}
 	if p := placementOf(t, out, "b"); p.Node != "n1" {
 		t.Errorf("b: %+v", p)
 	}
-	if p := placementOf(t, out, "c"); p.Reason != ReasonCapacityExhausted || p.Message != `the only eligible Node of pool "full" is at capacity` {
+	if p := placementOf(t, out, "c"); p.Reason != v1.ReasonCapacityExhausted || p.Message != `the only eligible Node of pool "full" is at capacity` {
 		t.Errorf("c: %+v", p)
 	}
 }
@@ -321,7 +323,7 @@ func TestCapacityExhaustedMessageCountsNodes(t *testing.T) {
 		},
 	}
 	out := run(t, in)
-	if p := placementOf(t, out, "c"); p.Reason != ReasonCapacityExhausted || p.Message != `all 2 eligible Nodes of pool "pair" are at capacity` {
+	if p := placementOf(t, out, "c"); p.Reason != v1.ReasonCapacityExhausted || p.Message != `all 2 eligible Nodes of pool "pair" are at capacity` {
 		t.Errorf("c: %+v", p)
 	}
 }
@@ -394,13 +396,13 @@ func TestMoveReasons(t *testing.T) {
 	}
 	out := run(t, in)
 	want := map[string]string{
-		"removed":    MoveNodeRemoved,
+		"removed":    v1.MoveNodeRemoved,
 		"cordoned":   "NodeIneligible/Cordoned",
-		"silent":     MoveNodeIneligible,
-		"zero":       MoveCapacityReduced,
-		"small-new":  MoveCapacityReduced,
-		"notinpool":  MoveNodeNotInPool,
-		"shared-new": MoveSharedIP,
+		"silent":     v1.MoveNodeIneligible,
+		"zero":       v1.MoveCapacityReduced,
+		"small-new":  v1.MoveCapacityReduced,
+		"notinpool":  v1.MoveNodeNotInPool,
+		"shared-new": v1.MoveSharedIP,
 	}
 	got := map[string]string{}
 	for _, m := range out.Moves {
@@ -461,7 +463,7 @@ func TestCapacityChangeAtRuntime(t *testing.T) {
 	out := run(t, down)
 	var left []string
 	for _, m := range out.Moves {
-		if m.From != "n1" || m.Reason != MoveCapacityReduced {
+		if m.From != "n1" || m.Reason != v1.MoveCapacityReduced {
 			t.Errorf("unexpected move %+v", m)
 		}
 		left = append(left, m.Egress)

@@ -11,7 +11,7 @@ import (
 type Family int
 
 // The IP families. Any other Family value makes a pool invalid
-// ([ReasonPoolInvalid]).
+// ([v1alpha1.ReasonPoolInvalid]).
 const (
 	IPv4 Family = 4
 	IPv6 Family = 6
@@ -65,7 +65,7 @@ type Node struct {
 // Egress is one Egress object as the scheduler sees it.
 type Egress struct {
 	// Name is the Egress's name (Egresses are cluster-scoped, so names are
-	// unique). A name given twice is reported as ReasonDuplicateEgress and
+	// unique). A name given twice is reported as v1alpha1.ReasonDuplicateEgress and
 	// none of its entries is scheduled.
 	Name string
 	// Created is the creation timestamp; older Egresses have priority when
@@ -126,29 +126,6 @@ type Placement struct {
 	Message string
 }
 
-// Why an Egress has no Node (Placement.Reason).
-const (
-	// ReasonDuplicateEgress: the Egress's name appears more than once in
-	// Input.Egresses.
-	ReasonDuplicateEgress = "DuplicateEgress"
-	// ReasonPoolNotFound: Input.Pools has no pool of the Egress's Pool name.
-	ReasonPoolNotFound = "PoolNotFound"
-	// ReasonPoolInvalid: the Egress's pool is listed twice or has an
-	// unknown Family.
-	ReasonPoolInvalid = "PoolInvalid"
-	// ReasonIPNotAllocated: the Egress has no IP yet.
-	ReasonIPNotAllocated = "IPNotAllocated"
-	// ReasonIPInvalid: the Egress's IP is not of its pool's family, or has
-	// an IPv6 zone.
-	ReasonIPInvalid = "IPInvalid"
-	// ReasonNoEligibleNode: no Node of the pool is eligible with a
-	// capacity above 0.
-	ReasonNoEligibleNode = "NoEligibleNode"
-	// ReasonCapacityExhausted: the pool has eligible Nodes but all of them
-	// are full (with older Egresses, or ones that keep their Node).
-	ReasonCapacityExhausted = "CapacityExhausted"
-)
-
 // Move records that an Egress leaves the Node it is on now.
 type Move struct {
 	// Egress is the Egress's name.
@@ -159,29 +136,10 @@ type Move struct {
 	// Egress's Placement says why).
 	To string
 	// Reason is why the Egress left From: one of the Move* constants, or
-	// MoveNodeIneligible + "/" + Node.Reason, or, when the Egress cannot
+	// v1alpha1.MoveNodeIneligible + "/" + Node.Reason, or, when the Egress cannot
 	// be scheduled at all, its Placement.Reason.
 	Reason string
 }
-
-// Why an Egress leaves its current Node (Move.Reason).
-const (
-	// MoveNodeRemoved: From is not in Input.Nodes.
-	MoveNodeRemoved = "NodeRemoved"
-	// MoveNodeIneligible: From is not eligible; the Reason is
-	// "NodeIneligible/" followed by the Node's Reason, or just
-	// "NodeIneligible" when the Node gives none.
-	MoveNodeIneligible = "NodeIneligible"
-	// MoveNodeNotInPool: From no longer matches the pool's nodeSelector.
-	MoveNodeNotInPool = "NodeNotInPool"
-	// MoveCapacityReduced: From's capacity, filled in priority order, has
-	// no room left for this Egress (the capacity was lowered, possibly to
-	// 0, or older Egresses claim the room).
-	MoveCapacityReduced = "CapacityReduced"
-	// MoveSharedIP: the Egress follows the other Egresses that share its IP
-	// to their Node.
-	MoveSharedIP = "SharedIP"
-)
 
 // Result is the outcome of one pass.
 type Result struct {

@@ -232,7 +232,7 @@ func TestPoolDeletionWaitsForItsEgresses(t *testing.T) {
 	poll.Until(t, 20*time.Second, "InUse condition naming del-a", poll.Cond(func() bool {
 		_ = env.Client.Get(ctx, client.ObjectKey{Name: "del"}, &p)
 		c := meta.FindStatusCondition(p.Status.Conditions, v1.ConditionReady)
-		return p.DeletionTimestamp != nil && c != nil && c.Reason == controller.ReasonInUse && strings.Contains(c.Message, "del-a")
+		return p.DeletionTimestamp != nil && c != nil && c.Reason == v1.ReasonInUse && strings.Contains(c.Message, "del-a")
 	}))
 	// A new Egress of the pool would only hold the deletion up.
 	create(t, egress("del-b", "del", ""), `ExternalIPPool "del" is being deleted`)

@@ -54,7 +54,7 @@ func allFences(t *testing.T) map[string]float64 {
 	t.Helper()
 	out := map[string]float64{}
 	for _, n := range c.Nodes {
-		out[n.Name] = fenceCount(t, n, fence.ReasonPeersLost) + fenceCount(t, n, fence.ReasonControllerPollsOthers)
+		out[n.Name] = fenceCount(t, n, v1.ReasonPeersLost) + fenceCount(t, n, v1.ReasonControllerPollsOthers)
 	}
 	return out
 }
@@ -96,7 +96,7 @@ func TestFenceCutOffNode(t *testing.T) {
 		e := waitReady(t, name)[name]
 		ip := netip.MustParseAddr(e.Status.EgressIP)
 		old := c.Node(e.Status.EgressNode)
-		before, beforeLost := fenceCount(t, old, fence.ReasonControllerPollsOthers), fenceCount(t, old, fence.ReasonPeersLost)
+		before, beforeLost := fenceCount(t, old, v1.ReasonControllerPollsOthers), fenceCount(t, old, v1.ReasonPeersLost)
 		w, err := c.WatchARP(ip, 20*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
@@ -157,13 +157,13 @@ func TestFenceCutOffNode(t *testing.T) {
 		// One fence; its reason is ControllerPollsOthers (the peers are
 		// polled), or PeersLost if the peers' answers were late (a loaded
 		// machine): both release the IPs, the log says which.
-		after, afterLost := fenceCount(t, old, fence.ReasonControllerPollsOthers), fenceCount(t, old, fence.ReasonPeersLost)
+		after, afterLost := fenceCount(t, old, v1.ReasonControllerPollsOthers), fenceCount(t, old, v1.ReasonPeersLost)
 		if after+afterLost != before+beforeLost+1 {
 			t.Errorf("run %d: %s counted %v fences, want 1", i, old.Name, after+afterLost-before-beforeLost)
 		}
-		reason := fence.ReasonControllerPollsOthers
+		reason := v1.ReasonControllerPollsOthers
 		if afterLost > beforeLost {
-			reason = fence.ReasonPeersLost
+			reason = v1.ReasonPeersLost
 		}
 		got := waitReady(t, name)[name]
 		if got.Status.EgressNode == old.Name {
@@ -268,8 +268,8 @@ func TestFenceAPIServerOutage(t *testing.T) {
 		if v != fences[node] {
 			n := c.Node(node)
 			t.Errorf("%s fenced during the API-server outage (%v fences, %v before; counts now: %s %v, %s %v)", node, v, fences[node],
-				fence.ReasonPeersLost, fenceCount(t, n, fence.ReasonPeersLost),
-				fence.ReasonControllerPollsOthers, fenceCount(t, n, fence.ReasonControllerPollsOthers))
+				v1.ReasonPeersLost, fenceCount(t, n, v1.ReasonPeersLost),
+				v1.ReasonControllerPollsOthers, fenceCount(t, n, v1.ReasonControllerPollsOthers))
 		}
 	}
 	t.Logf("API-server outage of 60 s: nothing unbound (%d checks failed), nothing moved, %d ARP answers all from %s, longest gap %v; controller restarted after losing its Lease: %v",
@@ -361,7 +361,7 @@ func TestFenceIsolatedNode(t *testing.T) {
 			t.Fatalf("pinned Egress on %s, want %s", harness.Describe(p0), a.Name)
 		}
 		ipMove, ipPin := netip.MustParseAddr(e.Status.EgressIP), netip.MustParseAddr(p0.Status.EgressIP)
-		before := fenceCount(t, a, fence.ReasonPeersLost)
+		before := fenceCount(t, a, v1.ReasonPeersLost)
 
 		start := time.Now()
 		p, err := c.Isolate(a)
@@ -414,7 +414,7 @@ func TestFenceIsolatedNode(t *testing.T) {
 				break
 			}
 		}
-		if after := fenceCount(t, a, fence.ReasonPeersLost); after != before+1 {
+		if after := fenceCount(t, a, v1.ReasonPeersLost); after != before+1 {
 			t.Errorf("run %d: %s counted %v fences (PeersLost), want %v", i, a.Name, after, before+1)
 		}
 		t.Logf("run %d: isolated %s unbound both IPs %v after the isolation; back: %s bound again, %s stays on %s", i, a.Name, took, ipPin, ipMove, movedTo.Status.EgressNode)

@@ -130,19 +130,19 @@ func TestSpoofedReportServer(t *testing.T) {
 	port := ":" + strconv.Itoa(report.DefaultPort)
 
 	// Plain HTTP.
-	before := refused(t, agentcert.RefusedNotTLS)
+	before := refused(t, v1.RefusedNotTLS)
 	ln, err := c.ListenInNode(n, port)
 	if err != nil {
 		t.Fatal(err)
 	}
 	plain := &http.Server{Handler: spoofedReport(n, ip), ReadHeaderTimeout: time.Second}
 	go func() { _ = plain.Serve(ln) }()
-	waitRefused(t, n, "spoof-server", agentcert.RefusedNotTLS, before)
+	waitRefused(t, n, "spoof-server", v1.RefusedNotTLS, before)
 	waitNodeEvent(t, n)
 	_ = plain.Close()
 
 	// TLS, self-signed.
-	before = refused(t, agentcert.RefusedUntrusted)
+	before = refused(t, v1.RefusedUntrusted)
 	ln, err = c.ListenInNode(n, port)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestSpoofedReportServer(t *testing.T) {
 	selfSigned := httptest.NewUnstartedServer(spoofedReport(n, ip))
 	selfSigned.Listener = ln
 	selfSigned.StartTLS()
-	waitRefused(t, n, "spoof-server", agentcert.RefusedUntrusted, before)
+	waitRefused(t, n, "spoof-server", v1.RefusedUntrusted, before)
 	// Through the spoofing the Egress was never Ready on n.
 	if e, _ := c.Egress(ctx, "spoof-server"); e.Status.EgressNode == n.Name && meta.IsStatusConditionTrue(e.Status.Conditions, v1.ConditionReady) {
 		t.Fatalf("Ready on %s behind a self-signed report: %s", n.Name, harness.Describe(e))
@@ -202,7 +202,7 @@ func TestSpoofedReportOnPath(t *testing.T) {
 	}()
 	t.Cleanup(func() { _ = proxy.Close() })
 
-	before := refused(t, agentcert.RefusedUntrusted)
+	before := refused(t, v1.RefusedUntrusted)
 	undo, err := c.RedirectPort(n, report.DefaultPort, proxyPort)
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func TestSpoofedReportOnPath(t *testing.T) {
 	if err := c.StartAgent(n); err != nil {
 		t.Fatal(err)
 	}
-	waitRefused(t, n, "spoof-path", agentcert.RefusedUntrusted, before)
+	waitRefused(t, n, "spoof-path", v1.RefusedUntrusted, before)
 	waitNodeEvent(t, n)
 	if err := undo(); err != nil {
 		t.Fatal(err)

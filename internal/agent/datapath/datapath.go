@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 )
 
 // frActNop is FR_ACT_NOP (include/uapi/linux/fib_rules.h).
@@ -314,7 +315,7 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 				e.egress = st.Egresses[i]
 			}
 			refused[n] = e
-			logger.Error(e.err, "the kernel refuses this Egress's part of the datapath; the other Egresses are programmed without it", "egress", n)
+			logger.Error(e.err, "the kernel refuses this Egress's part of the datapath; the other Egresses are programmed without it", "egress", klog.KRef("", n))
 		}
 		kept = d.fallback(st, refused)
 		plan, buildErr = d.build(kept)
@@ -339,7 +340,7 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 	}
 	for k, dr := range keep {
 		if _, ok := d.drains[k]; !ok {
-			logger.V(1).Info("member left its Egress: its open flows keep their path until they end", "egress", dr.Egress, "member", dr.IP)
+			logger.V(1).Info("member left its Egress: its open flows keep their path until they end", "egress", klog.KRef("", dr.Egress), "member", dr.IP)
 		}
 	}
 	if len(ended) > 0 {

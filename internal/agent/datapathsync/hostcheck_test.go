@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -119,7 +121,7 @@ func TestDatapathHostCheck(t *testing.T) {
 
 	poll.Until(t, 30*time.Second, "a bypass finding", func() error {
 		f, n := lastFinding()
-		if n == 0 || f.Supported || f.Reason != report.ReasonHostStackBypass || !strings.Contains(f.Message, "lxc1") {
+		if n == 0 || f.Supported || f.Reason != v1.ReasonHostStackBypass || !strings.Contains(f.Message, "lxc1") {
 			return fmt.Errorf("findings so far: %d, last %+v", n, f)
 		}
 		return nil
@@ -140,7 +142,7 @@ func TestDatapathHostCheck(t *testing.T) {
 	}
 	poll.Until(t, 30*time.Second, "the finding clears", func() error {
 		f, n := lastFinding()
-		if !f.Supported || f.Reason != report.ReasonHostStack {
+		if !f.Supported || f.Reason != v1.ReasonHostStack {
 			return fmt.Errorf("findings so far: %d, last %+v", n, f)
 		}
 		return nil

@@ -72,13 +72,13 @@ func statusOf(f hoststack.Finding) *report.DatapathStatus {
 		if len(f.Unexamined) > 0 {
 			msg += "; not examined: " + strings.Join(f.Unexamined, ", ")
 		}
-		return &report.DatapathStatus{Supported: true, Reason: report.ReasonHostStack, Message: msg}
+		return &report.DatapathStatus{Supported: true, Reason: v1alpha1.ReasonHostStack, Message: msg}
 	}
 	msg := f.Message()
 	if len(msg) > report.MaxDatapathMessage {
 		msg = msg[:report.MaxDatapathMessage-3] + "..."
 	}
-	return &report.DatapathStatus{Supported: false, Reason: report.ReasonHostStackBypass, Message: msg}
+	return &report.DatapathStatus{Supported: false, Reason: v1alpha1.ReasonHostStackBypass, Message: msg}
 }
 
 // localPodIPs returns the IPs of the Pods running on node, host-network

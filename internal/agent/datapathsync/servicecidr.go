@@ -50,7 +50,7 @@ func (r *Reconciler) watchServiceCIDRs(ctx context.Context, dc discovery.Discove
 		switch {
 		case err != nil:
 			d = b.Step()
-			r.log.V(1).Info("cannot ask whether ServiceCIDRs are served; retrying", "error", err.Error(), "retryIn", d)
+			r.log.V(1).Info("cannot ask whether ServiceCIDRs are served; retrying", "err", err, "retryIn", d)
 		case !told:
 			told = true
 			r.log.Info("the API server does not serve networking.k8s.io/v1 ServiceCIDR (Kubernetes before 1.33): Service CIDRs are kept off egress paths only when given with --service-cidrs; asking again every 10 min")

@@ -3,31 +3,8 @@ package fence
 import (
 	"fmt"
 	"time"
-)
 
-// Reasons of a Decision (CamelCase, as a Kubernetes condition reason); the
-// agent serves them in its report (report.FenceStatus) and logs them.
-const (
-	// ReasonPolled: the controller polled this Node less than Timeout ago.
-	ReasonPolled = "Polled"
-	// ReasonAPIServerReachable: polls are late but the API server
-	// answers, so the agent's watch shows any move of its IPs at once.
-	ReasonAPIServerReachable = "APIServerReachable"
-	// ReasonNoPeers: polls and API server lost, but the agent knows no
-	// peer (a one-Node cluster, or no Node list cached yet): nothing
-	// tells a partition from a control-plane outage, so nothing is fenced.
-	ReasonNoPeers = "NoPeers"
-	// ReasonControllerGone: the peers that answer were not polled after
-	// this Node either: the controller is down or cut off from everyone,
-	// so nothing can move the IPs and nothing is fenced.
-	ReasonControllerGone = "ControllerGone"
-	// ReasonPeersLost (fenced): fewer than a majority of the peer set
-	// answer: this Node is isolated or on the minority side.
-	ReasonPeersLost = "PeersLost"
-	// ReasonControllerPollsOthers (fenced): a majority of the peers that
-	// answer were polled after this Node's last poll: the controller is
-	// alive, cannot reach this Node and will declare it dead.
-	ReasonControllerPollsOthers = "ControllerPollsOthers"
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // APIState is what the API-server probes found since they started.
@@ -86,19 +63,19 @@ type Decision struct {
 func Decide(cfg Config, in Input) Decision {
 	age := in.Now.Sub(in.LastPoll)
 	if age < cfg.Timeout {
-		return Decision{Reason: ReasonPolled, Message: fmt.Sprintf("last controller poll %v ago", age.Round(time.Millisecond))}
+		return Decision{Reason: v1.ReasonPolled, Message: fmt.Sprintf("last controller poll %v ago", age.Round(time.Millisecond))}
 	}
 	a := in.API
 	apiLost := a.LastFailed.After(in.LastPoll) && a.LastFailed.After(a.LastOK) && in.Now.Sub(a.LastOK) >= cfg.Timeout
 	if !apiLost {
 		if a.LastFailed.IsZero() && a.LastOK.IsZero() {
-			return Decision{Reason: ReasonAPIServerReachable, Message: fmt.Sprintf("no controller poll for %v; the API server was not probed yet", age.Round(time.Millisecond))}
+			return Decision{Reason: v1.ReasonAPIServerReachable, Message: fmt.Sprintf("no controller poll for %v; the API server was not probed yet", age.Round(time.Millisecond))}
 		}
-		return Decision{Reason: ReasonAPIServerReachable, Message: fmt.Sprintf("no controller poll for %v, but the API server answers", age.Round(time.Millisecond))}
+		return Decision{Reason: v1.ReasonAPIServerReachable, Message: fmt.Sprintf("no controller poll for %v, but the API server answers", age.Round(time.Millisecond))}
 	}
 	n := len(in.Peers)
 	if n == 0 {
-		return Decision{Reason: ReasonNoPeers, Message: fmt.Sprintf("no controller poll and no API server for %v, and no peer known", age.Round(time.Millisecond))}
+		return Decision{Reason: v1.ReasonNoPeers, Message: fmt.Sprintf("no controller poll and no API server for %v, and no peer known", age.Round(time.Millisecond))}
 	}
 	reached, polled := 0, 0
 	stale := 3 * cfg.ProbeInterval
@@ -113,13 +90,13 @@ func Decide(cfg Config, in Input) Decision {
 		}
 	}
 	if reached < n/2+1 {
-		return Decision{Fence: true, Reason: ReasonPeersLost, Message: fmt.Sprintf("no controller poll and no API server for %v, and %d of %d peers answer: isolated or on the minority side",
+		return Decision{Fence: true, Reason: v1.ReasonPeersLost, Message: fmt.Sprintf("no controller poll and no API server for %v, and %d of %d peers answer: isolated or on the minority side",
 			age.Round(time.Millisecond), reached, n)}
 	}
 	if polled >= reached/2+1 {
-		return Decision{Fence: true, Reason: ReasonControllerPollsOthers, Message: fmt.Sprintf("no controller poll and no API server for %v, and %d of the %d peers that answer were polled since: the controller cannot reach this Node",
+		return Decision{Fence: true, Reason: v1.ReasonControllerPollsOthers, Message: fmt.Sprintf("no controller poll and no API server for %v, and %d of the %d peers that answer were polled since: the controller cannot reach this Node",
 			age.Round(time.Millisecond), polled, reached)}
 	}
-	return Decision{Reason: ReasonControllerGone, Message: fmt.Sprintf("no controller poll and no API server for %v, and only %d of the %d peers that answer were polled since: the controller is down, nothing can move the IPs",
+	return Decision{Reason: v1.ReasonControllerGone, Message: fmt.Sprintf("no controller poll and no API server for %v, and only %d of the %d peers that answer were polled since: the controller is down, nothing can move the IPs",
 		age.Round(time.Millisecond), polled, reached)}
 }

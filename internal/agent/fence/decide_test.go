@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 func TestDecide(t *testing.T) {
@@ -23,25 +25,25 @@ func TestDecide(t *testing.T) {
 		fence  bool
 		reason string
 	}{
-		{"polled recently", Input{Now: ms(1900), LastPoll: t0, API: apiLost, Peers: []Peer{silent("a"), silent("b")}}, false, ReasonPolled},
-		{"api never probed", Input{Now: now, LastPoll: t0, Peers: []Peer{silent("a")}}, false, ReasonAPIServerReachable},
-		{"api answers", Input{Now: now, LastPoll: t0, API: APIState{LastOK: ms(2000), LastFailed: ms(1750)}, Peers: []Peer{silent("a")}}, false, ReasonAPIServerReachable},
-		{"api failed before the last poll only", Input{Now: now, LastPoll: t0, API: APIState{LastFailed: ms(-100)}, Peers: []Peer{silent("a")}}, false, ReasonAPIServerReachable},
-		{"api answered since the polls stopped, lost for less than the timeout", Input{Now: now, LastPoll: t0, API: APIState{LastOK: ms(1500), LastFailed: ms(2000)}, Peers: []Peer{silent("a")}}, false, ReasonAPIServerReachable},
-		{"no peers (one-Node cluster)", Input{Now: now, LastPoll: t0, API: apiLost}, false, ReasonNoPeers},
-		{"isolated: no peer answers", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{silent("a"), silent("b"), silent("c")}}, true, ReasonPeersLost},
-		{"minority side: 1 of 3 answers", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", -5), silent("b"), silent("c")}}, true, ReasonPeersLost},
+		{"polled recently", Input{Now: ms(1900), LastPoll: t0, API: apiLost, Peers: []Peer{silent("a"), silent("b")}}, false, v1.ReasonPolled},
+		{"api never probed", Input{Now: now, LastPoll: t0, Peers: []Peer{silent("a")}}, false, v1.ReasonAPIServerReachable},
+		{"api answers", Input{Now: now, LastPoll: t0, API: APIState{LastOK: ms(2000), LastFailed: ms(1750)}, Peers: []Peer{silent("a")}}, false, v1.ReasonAPIServerReachable},
+		{"api failed before the last poll only", Input{Now: now, LastPoll: t0, API: APIState{LastFailed: ms(-100)}, Peers: []Peer{silent("a")}}, false, v1.ReasonAPIServerReachable},
+		{"api answered since the polls stopped, lost for less than the timeout", Input{Now: now, LastPoll: t0, API: APIState{LastOK: ms(1500), LastFailed: ms(2000)}, Peers: []Peer{silent("a")}}, false, v1.ReasonAPIServerReachable},
+		{"no peers (one-Node cluster)", Input{Now: now, LastPoll: t0, API: apiLost}, false, v1.ReasonNoPeers},
+		{"isolated: no peer answers", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{silent("a"), silent("b"), silent("c")}}, true, v1.ReasonPeersLost},
+		{"minority side: 1 of 3 answers", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", -5), silent("b"), silent("c")}}, true, v1.ReasonPeersLost},
 		{"stale answers count as lost", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{
-			{Node: "a", Reached: true, At: ms(1000), LastPoll: ms(900)}, {Node: "b", Reached: true, At: ms(1000), LastPoll: ms(900)}}}, true, ReasonPeersLost},
-		{"cut off, peers polled since (two peers)", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 2010)}}, true, ReasonControllerPollsOthers},
-		{"cut off, 2 of 3 reached, both polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 2010), silent("c")}}, true, ReasonControllerPollsOthers},
-		{"controller gone: peers last polled with this Node", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 3), polled("b", -2), polled("c", 40)}}, false, ReasonControllerGone},
-		{"controller gone: a peer polled just within the margin", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 1499)}}, false, ReasonControllerGone},
-		{"controller stopped mid-round: the peers were polled in the round after this Node's last poll only", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1000), polled("b", 1010)}}, false, ReasonControllerGone},
-		{"split: 1 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 0), polled("c", 0)}}, false, ReasonControllerGone},
-		{"split: 2 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 1900), polled("c", 0)}}, true, ReasonControllerPollsOthers},
-		{"one peer, answers and polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1800)}}, true, ReasonControllerPollsOthers},
-		{"one peer, silent", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{silent("a")}}, true, ReasonPeersLost},
+			{Node: "a", Reached: true, At: ms(1000), LastPoll: ms(900)}, {Node: "b", Reached: true, At: ms(1000), LastPoll: ms(900)}}}, true, v1.ReasonPeersLost},
+		{"cut off, peers polled since (two peers)", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 2010)}}, true, v1.ReasonControllerPollsOthers},
+		{"cut off, 2 of 3 reached, both polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 2010), silent("c")}}, true, v1.ReasonControllerPollsOthers},
+		{"controller gone: peers last polled with this Node", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 3), polled("b", -2), polled("c", 40)}}, false, v1.ReasonControllerGone},
+		{"controller gone: a peer polled just within the margin", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1500), polled("b", 1499)}}, false, v1.ReasonControllerGone},
+		{"controller stopped mid-round: the peers were polled in the round after this Node's last poll only", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1000), polled("b", 1010)}}, false, v1.ReasonControllerGone},
+		{"split: 1 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 0), polled("c", 0)}}, false, v1.ReasonControllerGone},
+		{"split: 2 of 3 reached peers polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 2000), polled("b", 1900), polled("c", 0)}}, true, v1.ReasonControllerPollsOthers},
+		{"one peer, answers and polled since", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{polled("a", 1800)}}, true, v1.ReasonControllerPollsOthers},
+		{"one peer, silent", Input{Now: now, LastPoll: t0, API: apiLost, Peers: []Peer{silent("a")}}, true, v1.ReasonPeersLost},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

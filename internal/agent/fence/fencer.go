@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+
+	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
@@ -64,7 +67,7 @@ func New(o Options) *Fencer {
 	if o.Client == nil {
 		o.Client = NewPeerClient(o.ProbeTimeout())
 	}
-	return &Fencer{o: o, results: map[string]Peer{}, last: Decision{Reason: ReasonPolled}}
+	return &Fencer{o: o, results: map[string]Peer{}, last: Decision{Reason: v1.ReasonPolled}}
 }
 
 // Fenced reports whether the last decision fences.
@@ -164,7 +167,7 @@ func (f *Fencer) probe(ctx context.Context, peers []Candidate) {
 			at := f.o.Now()
 			if err != nil {
 				peerProbes.WithLabelValues(resultError).Inc()
-				logger.V(1).Info("peer probe failed", "peer", p.Node, "error", err.Error())
+				logger.V(1).Info("peer probe failed", "peer", klog.KRef("", p.Node), "err", err)
 				res[i] = Peer{Node: p.Node, At: at}
 				return
 			}
@@ -182,7 +185,7 @@ func (f *Fencer) probe(ctx context.Context, peers []Candidate) {
 	} else {
 		apiProbes.WithLabelValues(resultError).Inc()
 		f.api.LastFailed = now
-		logger.V(1).Info("API server probe failed", "error", apiErr.Error())
+		logger.V(1).Info("API server probe failed", "err", apiErr)
 	}
 	prev := f.results
 	f.results = make(map[string]Peer, len(res))

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 func TestSelectPeers(t *testing.T) {
@@ -142,7 +144,7 @@ func TestFencer(t *testing.T) {
 	ctx := t.Context()
 	// Steady state: polled, nothing probed.
 	before := counter(peerProbes.WithLabelValues(resultOK)) + counter(peerProbes.WithLabelValues(resultError))
-	if d := f.Step(ctx); d.Fence || d.Reason != ReasonPolled {
+	if d := f.Step(ctx); d.Fence || d.Reason != v1.ReasonPolled {
 		t.Fatalf("polled: %+v", d)
 	}
 	if after := counter(peerProbes.WithLabelValues(resultOK)) + counter(peerProbes.WithLabelValues(resultError)); after != before {
@@ -155,7 +157,7 @@ func TestFencer(t *testing.T) {
 	for _, p := range peers {
 		p.lastPoll.Store(time.Now().Add(-200 * time.Millisecond).UnixNano())
 	}
-	if d := f.Step(ctx); !d.Fence || d.Reason != ReasonControllerPollsOthers {
+	if d := f.Step(ctx); !d.Fence || d.Reason != v1.ReasonControllerPollsOthers {
 		t.Fatalf("cut off: %+v", d)
 	}
 	if !f.Fenced() {
@@ -163,13 +165,13 @@ func TestFencer(t *testing.T) {
 	}
 	// The API server answers again: the fence is lifted.
 	apiDown.Store(false)
-	if d := f.Step(ctx); d.Fence || d.Reason != ReasonAPIServerReachable {
+	if d := f.Step(ctx); d.Fence || d.Reason != v1.ReasonAPIServerReachable {
 		t.Fatalf("API back: %+v", d)
 	}
 	// Polled again (forgets the probes), then the controller is gone: the
 	// peers' last polls are as old as ours.
 	selfPoll.Store(time.Now().UnixNano())
-	if d := f.Step(ctx); d.Fence || d.Reason != ReasonPolled {
+	if d := f.Step(ctx); d.Fence || d.Reason != v1.ReasonPolled {
 		t.Fatalf("polled: %+v", d)
 	}
 	apiDown.Store(true)
@@ -178,7 +180,7 @@ func TestFencer(t *testing.T) {
 	for _, p := range peers {
 		p.lastPoll.Store(last.Add(20 * time.Millisecond).UnixNano())
 	}
-	if d := f.Step(ctx); d.Fence || d.Reason != ReasonControllerGone {
+	if d := f.Step(ctx); d.Fence || d.Reason != v1.ReasonControllerGone {
 		t.Fatalf("controller gone: %+v", d)
 	}
 	// Isolated: the peers stop answering. One failed probe round loses
@@ -196,12 +198,12 @@ func TestFencer(t *testing.T) {
 	for d = f.Step(ctx); !d.Fence && time.Since(closed) < 4*stale; d = f.Step(ctx) {
 		time.Sleep(DefaultConfig().ProbeInterval / 5) // the probe loop's own pace, shortened
 	}
-	if !d.Fence || d.Reason != ReasonPeersLost {
+	if !d.Fence || d.Reason != v1.ReasonPeersLost {
 		t.Fatalf("isolated for %v: %+v", time.Since(closed), d)
 	}
 	// A poll arrives: lifted.
 	selfPoll.Store(time.Now().UnixNano())
-	if d := f.Step(ctx); d.Fence || d.Reason != ReasonPolled {
+	if d := f.Step(ctx); d.Fence || d.Reason != v1.ReasonPolled {
 		t.Fatalf("polled again: %+v", d)
 	}
 	mu.Lock()
@@ -210,7 +212,7 @@ func TestFencer(t *testing.T) {
 	for _, d := range changes {
 		got = append(got, fmt.Sprintf("%v/%s", d.Fence, d.Reason))
 	}
-	want := []string{"true/" + ReasonControllerPollsOthers, "false/" + ReasonAPIServerReachable, "true/" + ReasonPeersLost, "false/" + ReasonPolled}
+	want := []string{"true/" + v1.ReasonControllerPollsOthers, "false/" + v1.ReasonAPIServerReachable, "true/" + v1.ReasonPeersLost, "false/" + v1.ReasonPolled}
 	if !slices.Equal(got, want) {
 		t.Fatalf("OnChange calls %v, want %v", got, want)
 	}

@@ -3,6 +3,8 @@ package fence
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
 // Values of the result label.
@@ -39,7 +41,7 @@ func init() {
 		peerProbes.WithLabelValues(r)
 		apiProbes.WithLabelValues(r)
 	}
-	for _, r := range []string{ReasonPeersLost, ReasonControllerPollsOthers} {
+	for _, r := range []string{v1.ReasonPeersLost, v1.ReasonControllerPollsOthers} {
 		fenceEvents.WithLabelValues("fence", r)
 	}
 }
