@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -150,16 +151,24 @@ func (s *shareWatch) run(ctx context.Context, t *testing.T, c client.WithWatch, 
 	}
 }
 
-// replica is one controller manager with leader election.
+// replica is one controller process with leader election, modelled as a
+// Deployment's container: when its manager ends on its own (it lost the
+// lease), it is started again, as the kubelet restarts the container.
 type replica struct {
 	stop context.CancelFunc
 	done chan struct{}
-	mgr  ctrl.Manager
+
+	mu       sync.Mutex
+	mgr      ctrl.Manager
+	restarts int
 }
 
 func (r *replica) elected() bool {
+	r.mu.Lock()
+	m := r.mgr
+	r.mu.Unlock()
 	select {
-	case <-r.mgr.Elected():
+	case <-m.Elected():
 		return true
 	default:
 		return false
@@ -167,36 +176,63 @@ func (r *replica) elected() bool {
 }
 
 // startReplica starts a controller manager on cl's control plane that
-// takes part in leader election under lease.
+// takes part in leader election under lease. A manager that stops
+// because it lost the lease (controller-runtime ends Start with "leader
+// election lost" when a renewal misses the renew deadline, which a
+// loaded test machine can cause) is replaced by a new one, as the
+// kubelet restarts egressip-controller after it exits; any other end
+// fails the test.
 func startReplica(cl *cluster, lease string) *replica {
 	t := cl.t
 	t.Helper()
-	cfg := rest.CopyConfig(cl.env.Config)
-	cfg.QPS, cfg.Burst = 50, 100 // egressip-controller's defaults
-	// controller-runtime's defaults for the lease (a loaded machine
-	// misses tighter renew deadlines and both replicas step down); the
-	// handover is quick anyway, as the stopped leader releases the lease.
-	leaseDur, renew, retry := 15*time.Second, 10*time.Second, 500*time.Millisecond
-	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
-		Scheme: cl.env.Scheme, Cache: CacheOptions(),
-		Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
-		Controller:     config.Controller{SkipNameValidation: new(true)},
-		LeaderElection: true, LeaderElectionID: lease, LeaderElectionNamespace: "default",
-		LeaderElectionReleaseOnCancel: true,
-		LeaseDuration:                 &leaseDur, RenewDeadline: &renew, RetryPeriod: &retry,
-	})
-	if err != nil {
-		t.Fatal(err)
+	newMgr := func() (ctrl.Manager, error) {
+		cfg := rest.CopyConfig(cl.env.Config)
+		cfg.QPS, cfg.Burst = 50, 100 // egressip-controller's defaults
+		// controller-runtime's defaults for the lease; the handover is
+		// quick anyway, as the stopped leader releases the lease.
+		leaseDur, renew, retry := 15*time.Second, 10*time.Second, 500*time.Millisecond
+		mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+			Scheme: cl.env.Scheme, Cache: CacheOptions(),
+			Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+			Controller:     config.Controller{SkipNameValidation: new(true)},
+			LeaderElection: true, LeaderElectionID: lease, LeaderElectionNamespace: "default",
+			LeaderElectionReleaseOnCancel: true,
+			LeaseDuration:                 &leaseDur, RenewDeadline: &renew, RetryPeriod: &retry,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("new manager: %w", err)
+		}
+		if err := Setup(mgr, cl.opts); err != nil {
+			return nil, fmt.Errorf("set up manager: %w", err)
+		}
+		return mgr, nil
 	}
-	if err := Setup(mgr, cl.opts); err != nil {
+	mgr, err := newMgr()
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(cl.ctx)
 	r := &replica{stop: cancel, done: make(chan struct{}), mgr: mgr}
 	go func() {
 		defer close(r.done)
-		if err := mgr.Start(ctx); err != nil {
-			t.Errorf("manager: %v", err)
+		for {
+			err := mgr.Start(ctx)
+			if ctx.Err() != nil {
+				return // stopped by the test
+			}
+			if err == nil || !strings.Contains(err.Error(), "leader election lost") {
+				t.Errorf("manager ended: %v", err)
+				return
+			}
+			t.Logf("a replica lost its lease (%v); starting it again, as the kubelet would", err)
+			if mgr, err = newMgr(); err != nil {
+				t.Errorf("restart replica: %v", err)
+				return
+			}
+			r.mu.Lock()
+			r.mgr = mgr
+			r.restarts++
+			r.mu.Unlock()
 		}
 	}()
 	t.Cleanup(func() { r.stop(); <-r.done })
@@ -265,6 +301,7 @@ func TestBurstNoSharedAllocation(t *testing.T) {
 
 	lease := fmt.Sprintf("egressip-burst-%d", time.Now().UnixNano())
 	a, b := startReplica(cl, lease), startReplica(cl, lease)
+	replicas := []*replica{a, b}
 
 	cidr := "198.51.100.0/24"
 	if egresses > 250 {
@@ -298,7 +335,7 @@ func TestBurstNoSharedAllocation(t *testing.T) {
 					<-r.done
 				}
 			}
-			startReplica(cl, lease)
+			replicas = append(replicas, startReplica(cl, lease))
 		}
 	})
 	created := time.Since(start)
@@ -350,8 +387,14 @@ func TestBurstNoSharedAllocation(t *testing.T) {
 
 	sw.mu.Lock()
 	defer sw.mu.Unlock()
-	t.Logf("%d Egresses on %d Nodes, 2 replicas (leader stopped after %v), webhook on: created in %v, all Ready after %v; %d watch events",
-		egresses, nodes, handover.Round(time.Millisecond), created.Round(time.Millisecond), allReady.Round(time.Millisecond), sw.events)
+	restarts := 0
+	for _, r := range replicas {
+		r.mu.Lock()
+		restarts += r.restarts
+		r.mu.Unlock()
+	}
+	t.Logf("%d Egresses on %d Nodes, 2 replicas (leader stopped after %v; %d restarts after a lost lease), webhook on: created in %v, all Ready after %v; %d watch events",
+		egresses, nodes, handover.Round(time.Millisecond), restarts, created.Round(time.Millisecond), allReady.Round(time.Millisecond), sw.events)
 	if sw.nShared > 0 {
 		t.Errorf("%d events left two Egresses on one auto-allocated address (longest %v); first: %v", sw.nShared, sw.longest.Round(time.Millisecond), sw.shared)
 	}
