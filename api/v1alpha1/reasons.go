@@ -1,5 +1,7 @@
 package v1alpha1
 
+import corev1 "k8s.io/api/core/v1"
+
 // This file holds every reason a user can see: the Reason of each condition
 // egressip writes (Egress, ExternalIPPool, Node and
 // CertificateSigningRequest conditions), the reason of each Event it
@@ -458,3 +460,42 @@ const (
 	// ec2:DescribeAddresses permission).
 	ReasonElasticIPsUnreadable = "ElasticIPsUnreadable"
 )
+
+// Node condition types. The controller keeps these conditions on each
+// Node from the agent's report; their reasons are above.
+
+// NodeConditionDatapath is the Node condition the controller keeps from
+// each agent's host stack check: True when the Node's Pod traffic crosses
+// the host's IP stack (the datapath works), False with reason
+// ReasonHostStackBypass and the evidence when the CNI bypasses it.
+const NodeConditionDatapath corev1.NodeConditionType = "EgressDatapathSupported"
+
+// NodeConditionOwnership is the Node condition the controller keeps from
+// each agent's ownership status (the agent report's Ownership): True while the
+// agent knows which addresses it added (reason AddressProtocol or
+// OwnershipRecord, the mechanism), False while its ownership record is
+// unreadable, unwritable or missing, with what to do in the message.
+const NodeConditionOwnership corev1.NodeConditionType = "EgressIPOwnershipKnown"
+
+// NodeConditionKernel is the Node condition the controller keeps from each
+// agent's kernel feature probe (the agent report's Kernel): True when every
+// feature probed was found, False with reason
+// ReasonKernelFeatureMissing and a message naming the kernel
+// release, the missing features and the parts of the agent degraded or not
+// started (docs/agent.md has the table).
+const NodeConditionKernel corev1.NodeConditionType = "EgressKernelFeatures"
+
+// NodeConditionAgentReachable is the Node condition the controller keeps
+// from its polls of each agent that has answered once since it started:
+// True (reason ReasonAgentAnswers) while the agent answers, False
+// (ReasonAgentUnreachable) once it is declared dead and its IPs are
+// moved, with a Warning Event; a Normal Event when it answers again.
+const NodeConditionAgentReachable corev1.NodeConditionType = "EgressAgentReachable"
+
+// NodeConditionFenced is the Node condition the controller keeps from each
+// agent's fence status (the agent report's Fence), once that agent has fenced
+// at least once: True with reason ReasonSelfFenced while it holds
+// no egress IP because it fenced itself, False with reason
+// ReasonFenceLifted after; the message says when and why the last
+// fence began, and when it was lifted. A Warning Event marks each fence.
+const NodeConditionFenced corev1.NodeConditionType = "EgressSelfFenced"

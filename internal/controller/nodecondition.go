@@ -26,42 +26,6 @@ import (
 	"github.com/egressip/egressip/internal/report"
 )
 
-// NodeConditionDatapath is the Node condition the controller keeps from
-// each agent's host stack check: True when the Node's Pod traffic crosses
-// the host's IP stack (the datapath works), False with reason
-// v1.ReasonHostStackBypass and the evidence when the CNI bypasses it.
-const NodeConditionDatapath corev1.NodeConditionType = "EgressDatapathSupported"
-
-// NodeConditionOwnership is the Node condition the controller keeps from
-// each agent's ownership status (report.Report.Ownership): True while the
-// agent knows which addresses it added (reason AddressProtocol or
-// OwnershipRecord, the mechanism), False while its ownership record is
-// unreadable, unwritable or missing, with what to do in the message.
-const NodeConditionOwnership corev1.NodeConditionType = "EgressIPOwnershipKnown"
-
-// NodeConditionKernel is the Node condition the controller keeps from each
-// agent's kernel feature probe (report.Report.Kernel): True when every
-// feature probed was found, False with reason
-// v1.ReasonKernelFeatureMissing and a message naming the kernel
-// release, the missing features and the parts of the agent degraded or not
-// started (docs/agent.md has the table).
-const NodeConditionKernel corev1.NodeConditionType = "EgressKernelFeatures"
-
-// NodeConditionAgentReachable is the Node condition the controller keeps
-// from its polls of each agent that has answered once since it started:
-// True (reason v1.ReasonAgentAnswers) while the agent answers, False
-// (v1.ReasonAgentUnreachable) once it is declared dead and its IPs are
-// moved, with a Warning Event; a Normal Event when it answers again.
-const NodeConditionAgentReachable corev1.NodeConditionType = "EgressAgentReachable"
-
-// NodeConditionFenced is the Node condition the controller keeps from each
-// agent's fence status (report.Report.Fence), once that agent has fenced
-// at least once: True with reason v1.ReasonSelfFenced while it holds
-// no egress IP because it fenced itself, False with reason
-// v1.ReasonFenceLifted after; the message says when and why the last
-// fence began, and when it was lifted. A Warning Event marks each fence.
-const NodeConditionFenced corev1.NodeConditionType = "EgressSelfFenced"
-
 // NodeDatapathReconciler mirrors the findings of each agent's report
 // (polled by Liveness) into Node conditions: the datapath finding into
 // EgressDatapathSupported and the ownership status into
@@ -77,7 +41,7 @@ type NodeDatapathReconciler struct {
 
 // desiredCondition is the condition for a finding (times left zero).
 func desiredCondition(st *report.DatapathStatus) corev1.NodeCondition {
-	c := corev1.NodeCondition{Type: NodeConditionDatapath, Status: corev1.ConditionTrue, Reason: st.Reason, Message: st.Message}
+	c := corev1.NodeCondition{Type: v1.NodeConditionDatapath, Status: corev1.ConditionTrue, Reason: st.Reason, Message: st.Message}
 	if !st.Supported {
 		c.Status = corev1.ConditionFalse
 	}
@@ -93,7 +57,7 @@ func desiredCondition(st *report.DatapathStatus) corev1.NodeCondition {
 // ownershipCondition is the condition for an ownership status (times left
 // zero).
 func ownershipCondition(st *report.OwnershipStatus) corev1.NodeCondition {
-	c := corev1.NodeCondition{Type: NodeConditionOwnership, Status: corev1.ConditionTrue, Reason: st.Reason,
+	c := corev1.NodeCondition{Type: v1.NodeConditionOwnership, Status: corev1.ConditionTrue, Reason: st.Reason,
 		Message: "mode " + st.Mode + ": " + st.Message}
 	if !st.Healthy {
 		c.Status = corev1.ConditionFalse
@@ -107,7 +71,7 @@ func ownershipCondition(st *report.OwnershipStatus) corev1.NodeCondition {
 // desiredKernelCondition is the condition for a kernel finding (times left
 // zero): False exactly when a feature is missing.
 func desiredKernelCondition(st *report.KernelStatus) corev1.NodeCondition {
-	c := corev1.NodeCondition{Type: NodeConditionKernel, Status: corev1.ConditionTrue, Reason: st.Reason, Message: st.Message}
+	c := corev1.NodeCondition{Type: v1.NodeConditionKernel, Status: corev1.ConditionTrue, Reason: st.Reason, Message: st.Message}
 	if len(st.Missing) > 0 {
 		c.Status = corev1.ConditionFalse
 	}
@@ -124,11 +88,11 @@ func desiredKernelCondition(st *report.KernelStatus) corev1.NodeCondition {
 // left zero).
 func reachableCondition(st AgentState, deadAfter time.Duration) corev1.NodeCondition {
 	if st.Dead {
-		return corev1.NodeCondition{Type: NodeConditionAgentReachable, Status: corev1.ConditionFalse, Reason: v1.ReasonAgentUnreachable,
+		return corev1.NodeCondition{Type: v1.NodeConditionAgentReachable, Status: corev1.ConditionFalse, Reason: v1.ReasonAgentUnreachable,
 			Message: fmt.Sprintf("the egressip agent of this Node has not answered the controller's polls since %s (more than %v): its egress IPs were moved to other Nodes",
 				st.LastSeen.UTC().Format(time.RFC3339), deadAfter)}
 	}
-	return corev1.NodeCondition{Type: NodeConditionAgentReachable, Status: corev1.ConditionTrue, Reason: v1.ReasonAgentAnswers,
+	return corev1.NodeCondition{Type: v1.NodeConditionAgentReachable, Status: corev1.ConditionTrue, Reason: v1.ReasonAgentAnswers,
 		Message: "the egressip agent of this Node answers the controller's polls"}
 }
 
@@ -138,13 +102,13 @@ func fenceCondition(st *report.FenceStatus) corev1.NodeCondition {
 	episode := fmt.Sprintf("the egressip agent unbound this Node's egress IPs at %s, fencing itself (%s): %s",
 		st.FencedAt.UTC().Format(time.RFC3339Nano), st.FenceReason, st.FenceMessage)
 	if st.Fenced {
-		return corev1.NodeCondition{Type: NodeConditionFenced, Status: corev1.ConditionTrue, Reason: v1.ReasonSelfFenced, Message: episode}
+		return corev1.NodeCondition{Type: v1.NodeConditionFenced, Status: corev1.ConditionTrue, Reason: v1.ReasonSelfFenced, Message: episode}
 	}
 	msg := episode + fenceLifted + st.Since.UTC().Format(time.RFC3339Nano)
 	if st.Rejoining {
 		msg += " (rejoining: it binds only what its cache and the API server both assign to it)"
 	}
-	return corev1.NodeCondition{Type: NodeConditionFenced, Status: corev1.ConditionFalse, Reason: v1.ReasonFenceLifted, Message: msg}
+	return corev1.NodeCondition{Type: v1.NodeConditionFenced, Status: corev1.ConditionFalse, Reason: v1.ReasonFenceLifted, Message: msg}
 }
 
 // fenceLifted separates a fence condition's episode from its end.
@@ -173,23 +137,23 @@ func transitionEvent(prev *corev1.NodeCondition, want corev1.NodeCondition) (con
 	switch {
 	case !changed:
 		return conditionEvent{}, false
-	case want.Type == NodeConditionDatapath && want.Status == corev1.ConditionFalse:
+	case want.Type == v1.NodeConditionDatapath && want.Status == corev1.ConditionFalse:
 		return conditionEvent{corev1.EventTypeWarning, v1.ReasonHostStackBypass, "CheckDatapath",
 			"Pod traffic on this Node bypasses the host's IP stack, so Egresses cannot carry it: " + want.Message}, true
-	case want.Type == NodeConditionDatapath && prev != nil:
+	case want.Type == v1.NodeConditionDatapath && prev != nil:
 		return conditionEvent{corev1.EventTypeNormal, v1.EventDatapathSupported, "CheckDatapath",
 			"Pod traffic on this Node crosses the host's IP stack again: " + want.Message}, true
-	case want.Type == NodeConditionOwnership && want.Status == corev1.ConditionFalse:
+	case want.Type == v1.NodeConditionOwnership && want.Status == corev1.ConditionFalse:
 		return conditionEvent{corev1.EventTypeWarning, v1.EventOwnershipRecordProblem, "CheckOwnership",
 			"the egressip agent cannot tell which addresses on this Node are its own and changes none until this is fixed or cleared: " + want.Message}, true
-	case want.Type == NodeConditionKernel && want.Status == corev1.ConditionFalse:
+	case want.Type == v1.NodeConditionKernel && want.Status == corev1.ConditionFalse:
 		return conditionEvent{corev1.EventTypeWarning, v1.ReasonKernelFeatureMissing, "ProbeKernel",
 			"The kernel of this Node lacks features egressip uses: " + want.Message}, true
-	case want.Type == NodeConditionAgentReachable && want.Status == corev1.ConditionFalse:
+	case want.Type == v1.NodeConditionAgentReachable && want.Status == corev1.ConditionFalse:
 		return conditionEvent{corev1.EventTypeWarning, v1.ReasonAgentUnreachable, "PollAgent", want.Message}, true
-	case want.Type == NodeConditionAgentReachable && prev != nil:
+	case want.Type == v1.NodeConditionAgentReachable && prev != nil:
 		return conditionEvent{corev1.EventTypeNormal, v1.ReasonAgentAnswers, "PollAgent", "the egressip agent of this Node answers the controller's polls again"}, true
-	case want.Type == NodeConditionOwnership && prev != nil:
+	case want.Type == v1.NodeConditionOwnership && prev != nil:
 		return conditionEvent{corev1.EventTypeNormal, v1.EventOwnershipKnown, "CheckOwnership",
 			"the egressip agent knows its addresses on this Node again: " + want.Message}, true
 	}
@@ -256,7 +220,7 @@ func (r *NodeDatapathReconciler) write(ctx context.Context, req reconcile.Reques
 			n.Status.Conditions = append(n.Status.Conditions, want)
 		}
 		transition := transitionEvent
-		if want.Type == NodeConditionFenced {
+		if want.Type == v1.NodeConditionFenced {
 			transition = fenceEvent
 		}
 		if ev, ok := transition(prev, want); ok {
@@ -310,15 +274,15 @@ func mirrored(n *corev1.Node) [5]corev1.NodeCondition {
 	for _, c := range n.Status.Conditions {
 		c := corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
 		switch c.Type {
-		case NodeConditionDatapath:
+		case v1.NodeConditionDatapath:
 			out[0] = c
-		case NodeConditionOwnership:
+		case v1.NodeConditionOwnership:
 			out[1] = c
-		case NodeConditionKernel:
+		case v1.NodeConditionKernel:
 			out[2] = c
-		case NodeConditionFenced:
+		case v1.NodeConditionFenced:
 			out[3] = c
-		case NodeConditionAgentReachable:
+		case v1.NodeConditionAgentReachable:
 			out[4] = c
 		}
 	}

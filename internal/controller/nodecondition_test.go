@@ -30,7 +30,7 @@ func TestNodeDatapathCondition(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, c := range n.Status.Conditions {
-			if c.Type == NodeConditionDatapath {
+			if c.Type == v1.NodeConditionDatapath {
 				return c, true, &n
 			}
 		}
@@ -82,7 +82,7 @@ func TestNodeDatapathCondition(t *testing.T) {
 	orig := n.DeepCopy()
 	var kept []corev1.NodeCondition
 	for _, c := range n.Status.Conditions {
-		if c.Type != NodeConditionDatapath {
+		if c.Type != v1.NodeConditionDatapath {
 			kept = append(kept, c)
 		}
 	}
@@ -129,7 +129,7 @@ func TestNodeOwnershipCondition(t *testing.T) {
 	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: v1.ReasonOwnershipRecord,
 		Message: "ownership record /run/egressip/ownership.json (forced: IFA_PROTO not used)"})
 	cl.eventually("condition True naming the record", func() (bool, string) {
-		c, ok := cond(NodeConditionOwnership)
+		c, ok := cond(v1.NodeConditionOwnership)
 		return ok && c.Status == corev1.ConditionTrue && c.Reason == v1.ReasonOwnershipRecord &&
 			strings.Contains(c.Message, "mode record") && strings.Contains(c.Message, "ownership.json"), fmt.Sprintf("%+v", c)
 	})
@@ -138,7 +138,7 @@ func TestNodeOwnershipCondition(t *testing.T) {
 		"and removes no address because of it: check which /32 and /128 addresses on the Node are egress IPs, then fix or delete the file"
 	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: false, Reason: v1.ReasonRecordUnreadable, Message: msg})
 	cl.eventually("condition False with what to do", func() (bool, string) {
-		c, ok := cond(NodeConditionOwnership)
+		c, ok := cond(v1.NodeConditionOwnership)
 		return ok && c.Status == corev1.ConditionFalse && c.Reason == v1.ReasonRecordUnreadable &&
 			strings.Contains(c.Message, "fix or delete the file"), fmt.Sprintf("%+v", c)
 	})
@@ -146,13 +146,13 @@ func TestNodeOwnershipCondition(t *testing.T) {
 		ok, note := event(v1.EventOwnershipRecordProblem)
 		return ok && strings.Contains(note, "ownership.json is corrupt"), note
 	})
-	if c, ok := cond(NodeConditionDatapath); !ok || c.Status != corev1.ConditionTrue {
+	if c, ok := cond(v1.NodeConditionDatapath); !ok || c.Status != corev1.ConditionTrue {
 		t.Errorf("datapath condition beside it = %+v, %v; want True", c, ok)
 	}
 
 	a.setOwnership(&report.OwnershipStatus{Mode: "record", Healthy: true, Reason: v1.ReasonOwnershipRecord, Message: "ownership record /run/egressip/ownership.json"})
 	cl.eventually("condition True again", func() (bool, string) {
-		c, ok := cond(NodeConditionOwnership)
+		c, ok := cond(v1.NodeConditionOwnership)
 		return ok && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v", c)
 	})
 	cl.eventually("Normal Event", func() (bool, string) { return event(v1.EventOwnershipKnown) })
@@ -219,7 +219,7 @@ func TestKernelProbeNodeCondition(t *testing.T) {
 	cl.agents[node].setKernel(&report.KernelStatus{Release: "4.18.0-553.el8_10.x86_64", Missing: []string{"nft-inet-nat"},
 		Reason: v1.ReasonKernelFeatureMissing, Message: msg})
 	cl.eventually("kernel condition False naming the feature and release", func() (bool, string) {
-		c, ok := cond(NodeConditionKernel)
+		c, ok := cond(v1.NodeConditionKernel)
 		return ok && c.Status == corev1.ConditionFalse && c.Reason == v1.ReasonKernelFeatureMissing && c.Message == msg, fmt.Sprintf("%+v", c)
 	})
 	cl.eventually("Warning Event", func() (bool, string) {
@@ -228,14 +228,14 @@ func TestKernelProbeNodeCondition(t *testing.T) {
 		}
 		return false, "no event"
 	})
-	if c, ok := cond(NodeConditionDatapath); !ok || c.Status != corev1.ConditionTrue {
+	if c, ok := cond(v1.NodeConditionDatapath); !ok || c.Status != corev1.ConditionTrue {
 		t.Errorf("datapath condition beside the kernel one: %+v (present %v)", c, ok)
 	}
 
 	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: v1.ReasonKernelFeaturesPresent,
 		Message: "kernel 6.18.44 has every feature probed (11)"})
 	cl.eventually("kernel condition True after the upgrade", func() (bool, string) {
-		c, ok := cond(NodeConditionKernel)
+		c, ok := cond(v1.NodeConditionKernel)
 		return ok && c.Status == corev1.ConditionTrue && c.Reason == v1.ReasonKernelFeaturesPresent && strings.Contains(c.Message, "6.18.44"), fmt.Sprintf("%+v", c)
 	})
 }
@@ -306,13 +306,13 @@ func nodeCondition(t *testing.T, cl *cluster, node string, typ corev1.NodeCondit
 func TestFenceShownOnNode(t *testing.T) {
 	cl := newCluster(t, "fsn", 1, 4)
 	node := "fsn-n1"
-	cond := func() (corev1.NodeCondition, bool) { return nodeCondition(t, cl, node, NodeConditionFenced) }
+	cond := func() (corev1.NodeCondition, bool) { return nodeCondition(t, cl, node, v1.NodeConditionFenced) }
 	events := func() []eventsv1.Event { return nodeWarnings(t, cl, node, v1.ReasonSelfFenced) }
 	// Never fenced: no condition.
 	cl.agents[node].setFence(&report.FenceStatus{Reason: "Polled", Since: time.Now()})
 	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: v1.ReasonKernelFeaturesPresent, Message: "all"})
 	cl.eventually("kernel condition written (the Node was reconciled)", func() (bool, string) {
-		_, ok := nodeCondition(t, cl, node, NodeConditionKernel)
+		_, ok := nodeCondition(t, cl, node, v1.NodeConditionKernel)
 		return ok, ""
 	})
 	if c, ok := cond(); ok {
@@ -372,13 +372,13 @@ func TestAgentReachableCondition(t *testing.T) {
 	}
 	cl.agents[node].setKernel(&report.KernelStatus{Release: "6.18.44", Reason: v1.ReasonKernelFeaturesPresent, Message: "all"})
 	cl.eventually("reachable True", func() (bool, string) {
-		c, ok := cond(node, NodeConditionAgentReachable)
+		c, ok := cond(node, v1.NodeConditionAgentReachable)
 		return ok && c.Status == corev1.ConditionTrue && c.Reason == v1.ReasonAgentAnswers, fmt.Sprintf("%+v", c)
 	})
-	kernel, _ := cond(node, NodeConditionKernel)
+	kernel, _ := cond(node, v1.NodeConditionKernel)
 	cl.crash(node)
 	cl.eventually("reachable False with a Warning Event", func() (bool, string) {
-		c, ok := cond(node, NodeConditionAgentReachable)
+		c, ok := cond(node, v1.NodeConditionAgentReachable)
 		if !ok || c.Status != corev1.ConditionFalse || c.Reason != v1.ReasonAgentUnreachable || !strings.Contains(c.Message, "has not answered") {
 			return false, fmt.Sprintf("%+v", c)
 		}
@@ -387,10 +387,10 @@ func TestAgentReachableCondition(t *testing.T) {
 		}
 		return true, ""
 	})
-	if k, _ := cond(node, NodeConditionKernel); k.Status != kernel.Status || k.Reason != kernel.Reason || k.Message != kernel.Message {
+	if k, _ := cond(node, v1.NodeConditionKernel); k.Status != kernel.Status || k.Reason != kernel.Reason || k.Message != kernel.Message {
 		t.Errorf("kernel condition changed when the agent died: %+v, was %+v", k, kernel)
 	}
-	if c, ok := cond(never, NodeConditionAgentReachable); ok {
+	if c, ok := cond(never, v1.NodeConditionAgentReachable); ok {
 		t.Errorf("Node %s, whose agent never answered, has %+v", never, c)
 	}
 }
