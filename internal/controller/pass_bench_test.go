@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -185,19 +186,41 @@ func BenchmarkPass(b *testing.B) {
 				b.Run(c.name+"/pass", func(b *testing.B) {
 					b.ReportAllocs()
 					var n int
+					cpu := processCPU(b)
 					for b.Loop() {
 						n = passPatches(r, c.in)
 					}
+					reportCPU(b, cpu)
 					b.ReportMetric(float64(n), "patches")
 				})
 				si := benchSchedInput(c.in)
 				b.Run(c.name+"/schedule", func(b *testing.B) {
 					b.ReportAllocs()
+					cpu := processCPU(b)
 					for b.Loop() {
 						scheduler.Schedule(si)
 					}
+					reportCPU(b, cpu)
 				})
 			}
 		})
 	}
+}
+
+// processCPU is the CPU time (user and system, every thread, the garbage
+// collector's included) this process has used so far (getrusage(2),
+// RUSAGE_SELF).
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the CPU time per iteration since start ("cpu-ns/op"):
+// on a machine shared with other work, wall time per iteration (ns/op)
+// grows with the load, CPU time much less.
+func reportCPU(b *testing.B, start time.Duration) {
+	b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op")
 }
