@@ -108,7 +108,7 @@ func PassCount(ctx context.Context, addr string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(body), "\n") {
+	for line := range strings.SplitSeq(string(body), "\n") {
 		if v, ok := strings.CutPrefix(line, "egressip_controller_schedule_pass_duration_seconds_count "); ok {
 			return strconv.Atoi(strings.TrimSpace(v))
 		}
