@@ -28,7 +28,10 @@ func TestLeaderElectionCheck(t *testing.T) {
 			[]string{"--leader-elect-lease-duration 3.5s", "whole number of seconds"}},
 		{"lease below a second", with(func(c *LeaderElectionConfig) { c.LeaseDuration = 0 }),
 			[]string{"--leader-elect-lease-duration 0s"}},
-		{"renew not above 1.2 retries", with(func(c *LeaderElectionConfig) { c.RetryPeriod = 1700 * time.Millisecond; c.LeaseDuration = 5 * time.Second }),
+		{"renew not above 1.2 retries", with(func(c *LeaderElectionConfig) {
+			c.RetryPeriod = 1700 * time.Millisecond
+			c.LeaseDuration = 5 * time.Second
+		}),
 			[]string{"--leader-elect-renew-deadline 2s", "1.2 x --leader-elect-retry-period 1.7s"}},
 		{"negative retry", with(func(c *LeaderElectionConfig) { c.RetryPeriod = -time.Second }),
 			[]string{"--leader-elect-retry-period -1s must be positive"}},
