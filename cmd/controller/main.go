@@ -138,6 +138,17 @@ func main() {
 			"client certificates (renewed at two thirds).")
 	flag.StringVar(&leaderElectionNS, "leader-election-namespace", "",
 		"Namespace of the leader-election Lease; required when running outside a cluster.")
+	le := controller.DefaultLeaderElection()
+	flag.DurationVar(&le.LeaseDuration, "leader-elect-lease-duration", le.LeaseDuration,
+		"How long a standby waits after it last saw the leader renew the Lease before it takes over "+
+			"(whole seconds; more than --leader-elect-renew-deadline + --leader-elect-retry-period). See docs/failover.md.")
+	flag.DurationVar(&le.RenewDeadline, "leader-elect-renew-deadline", le.RenewDeadline,
+		"How long the leader keeps retrying to renew the Lease before it stops leading and exits.")
+	flag.DurationVar(&le.RetryPeriod, "leader-elect-retry-period", le.RetryPeriod,
+		"Interval between two renewals by the leader, and between two tries of a standby (plus up to 1.2x jitter).")
+	flag.BoolVar(&le.ReleaseOnCancel, "leader-elect-release-on-cancel", le.ReleaseOnCancel,
+		"Give the Lease up when stopped (SIGTERM), so that a standby takes over at once rather than "+
+			"after the lease duration; safe because the process exits as soon as its manager has stopped.")
 	flag.BoolVar(&enableHTTP2, "enable-http2", false,
 		"If set, HTTP/2 will be enabled for the metrics and webhook servers")
 	opts := zap.Options{}
@@ -155,7 +166,7 @@ func main() {
 	flag.Parse()
 
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
-	if err := controller.CheckFlags(ctrlOpts); err != nil {
+	if err := errors.Join(controller.CheckFlags(ctrlOpts), le.Check()); err != nil {
 		setupLog.Error(err, "Invalid flags")
 		os.Exit(2)
 	}
@@ -241,7 +252,7 @@ func main() {
 
 	restConfig := ctrl.GetConfigOrDie()
 	restConfig.QPS, restConfig.Burst = float32(apiQPS), apiBurst
-	mgr, err := ctrl.NewManager(restConfig, ctrl.Options{
+	mgrOpts := ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   controller.CacheOptions(),
 		Metrics:                 metricsServerOptions,
@@ -250,11 +261,13 @@ func main() {
 		LeaderElection:          enableLeaderElection,
 		LeaderElectionID:        "egressip-controller.egressip.io",
 		LeaderElectionNamespace: leaderElectionNS,
-		// The process exits as soon as the manager stops, so stepping down
-		// at once is safe and lets the next leader start without waiting
-		// for the Lease to expire.
-		LeaderElectionReleaseOnCancel: true,
-	})
+	}
+	// Releasing the Lease on cancel is safe because main returns (or exits)
+	// as soon as mgr.Start returns: controller-runtime releases it only
+	// after the leader-elected runnables stopped (or the graceful-shutdown
+	// timeout passed), and nothing of this process acts after that.
+	le.Apply(&mgrOpts)
+	mgr, err := ctrl.NewManager(restConfig, mgrOpts)
 	if err != nil {
 		setupLog.Error(err, "Failed to start manager")
 		os.Exit(1)

@@ -161,16 +161,32 @@ func newPass(in *passInput) *pass {
 			InvalidCapacity: map[string]error{},
 			Unplaced:        map[string]int{},
 		},
-		egs:   slices.Clone(in.Egresses),
+		egs:   olderFirstCopy(in.Egresses),
 		pools: make(map[string]*poolState, len(in.Pools)),
 	}
-	slices.SortFunc(p.egs, func(a, b v1.Egress) int { return olderFirst(&a.ObjectMeta, &b.ObjectMeta) })
 	p.alloc = make([]egressAlloc, len(p.egs))
 	p.cloud = newCloudPass(in.Cloud)
 	if p.cloud != nil {
 		p.out.Cloud = p.cloud.out
 	}
 	return p
+}
+
+// olderFirstCopy is a copy of egs sorted oldest first (olderFirst, a total
+// order). It sorts indexes and copies each Egress once: sorting the
+// Egresses themselves moved whole objects at every swap, a tenth of a pass
+// over 5,000 Egresses (BenchmarkPass).
+func olderFirstCopy(egs []v1.Egress) []v1.Egress {
+	order := make([]int, len(egs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return olderFirst(&egs[a].ObjectMeta, &egs[b].ObjectMeta) })
+	out := make([]v1.Egress, len(egs))
+	for i, j := range order {
+		out[i] = egs[j]
+	}
+	return out
 }
 
 // agentOK reports whether node's agent is not dead.

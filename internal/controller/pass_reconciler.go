@@ -202,7 +202,7 @@ func (r *PassReconciler) egressWrites(egs []v1.Egress, out *passOutput) *egressW
 	for i := range egs {
 		e := &egs[i]
 		ch, ok := out.Egresses[e.Name]
-		if !ok || equality.Semantic.DeepEqual(e.Status, ch.Status) {
+		if !ok || egressStatusEqual(&e.Status, &ch.Status) {
 			continue
 		}
 		w.patched[i] = true

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBadLeaderElectionFlagsFail: leader-election timings client-go would
+// refuse, or that let a standby take over before a leader that cannot
+// renew has stopped, are refused at start (exit code 2) with a message
+// naming the flags.
+func TestBadLeaderElectionFlagsFail(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "egressip-controller")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--leader-elect-lease-duration=2s"}, []string{"--leader-elect-lease-duration 2s", "--leader-elect-renew-deadline 2s", "--leader-elect-retry-period 250ms"}},
+		{[]string{"--leader-elect-lease-duration=2500ms"}, []string{"--leader-elect-lease-duration 2.5s", "whole number of seconds"}},
+		{[]string{"--leader-elect-retry-period=2s", "--leader-elect-lease-duration=10s"}, []string{"--leader-elect-renew-deadline 2s", "--leader-elect-retry-period 2s"}},
+		{[]string{"--leader-elect-renew-deadline=0"}, []string{"--leader-elect-renew-deadline 0s"}},
+	} {
+		cmd := exec.Command(bin, append([]string{"--agent-ca-namespace=default"}, tc.args...)...)
+		var stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stderr, &stderr
+		cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		var err error
+		select {
+		case err = <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Fatalf("%q: still running after 30 s", tc.args)
+		}
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Fatalf("%q: %v, want exit code 2\n%s", tc.args, err, stderr.String())
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(stderr.String(), w) {
+				t.Errorf("%q: output does not name %q:\n%s", tc.args, w, stderr.String())
+			}
+		}
+	}
+}
