@@ -65,7 +65,8 @@ type failer interface {
 
 // drawPool draws 1..5 disjoint ranges (CIDRs up to /26-sized and start/end
 // ranges) inside a 1024-address block, in random order, an optional gateway
-// and an optional subnet equal to the block. IPv6 blocks sometimes straddle
+// and an optional subnet equal to the block (where the block is aligned to
+// one). IPv6 blocks sometimes straddle
 // the 64-bit boundary of the address to exercise carries.
 func drawPool(t *rapid.T) *genPool { return choosePool(rapidChooser{t}, t) }
 
@@ -118,7 +119,14 @@ func choosePool(c chooser, t failer) *genPool {
 			gw = g.block[c.intRange(0, cursor+1, "gatewayOffset")%1024]
 			g.sub.Gateway = gw.String()
 		}
-		if choose(c, "prefixLength") {
+		// The prefix is the block's (10 host bits) only where the block is
+		// aligned to it; an unaligned block (the IPv6 base that straddles
+		// the 64-bit boundary) has no such subnet, and a /118 from its
+		// base would leave later ranges outside the subnet, which NewPool
+		// rightly refuses. The choice is still made, so that each byte of
+		// a fuzz input keeps its meaning.
+		aligned := netip.PrefixFrom(g.base, g.base.BitLen()-10).Masked().Addr() == g.base
+		if choose(c, "prefixLength") && aligned {
 			g.sub.PrefixLength = g.base.BitLen() - 10
 		}
 	}
