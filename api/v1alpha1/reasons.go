@@ -158,3 +158,20 @@ const (
 	// ec2:DescribeAddresses permission).
 	ReasonElasticIPsUnreadable = "ElasticIPsUnreadable"
 )
+
+// The Egress condition Shadowed and its reasons (issue 21; see
+// docs/troubleshooting.md): whether the Egress carries any traffic although
+// its appliedTo matches Pods. Absent on Egresses never shadowed.
+const (
+	// ConditionShadowed is True while every Pod the Egress's appliedTo
+	// matches sends all its destinations through other Egresses (older
+	// ones, or ones whose destinationCIDRs match with a longer prefix):
+	// the Egress carries no traffic, and its failurePolicy affects
+	// nobody. False once it carries some again.
+	ConditionShadowed = "Shadowed"
+	// ReasonDestinationsTaken is the Shadowed=True reason; the message
+	// names the Egresses that took the destinations.
+	ReasonDestinationsTaken = "DestinationsTaken"
+	// ReasonCarriesTraffic is the Shadowed=False reason.
+	ReasonCarriesTraffic = "CarriesTraffic"
+)

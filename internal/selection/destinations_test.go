@@ -95,6 +95,17 @@ func TestDestinationsSelectOldestWins(t *testing.T) {
 		t.Errorf("members %v: want p in both", names(res))
 	}
 
+	// C names only A's network and is newer: A took what C would carry,
+	// B (which carries the rest of P's destinations) did not.
+	res = Select(Input{Egresses: []v1.Egress{
+		eg("b", 1, "192.0.2.1", nil, nil),
+		withCIDRs(eg("a", 2, "192.0.2.2", nil, nil), []string{"198.51.100.0/24"}, nil),
+		withCIDRs(eg("c", 3, "192.0.2.3", nil, nil), []string{"198.51.100.0/24"}, nil),
+	}, Pods: []corev1.Pod{p}})
+	if len(res.Members["c"]) != 0 || !slices.Equal(res.ShadowedBy["c"], []string{"a"}) {
+		t.Errorf("c: members %v, shadowed by %v; want none, [a]", names(res), res.ShadowedBy["c"])
+	}
+
 	res = Select(Input{Egresses: []v1.Egress{withCIDRs(eg("v6dst", 1, "192.0.2.1", nil, nil), []string{"2001:db8::/32"}, nil)}, Pods: []corev1.Pod{p}})
 	if len(res.Members) != 0 || len(res.ShadowedBy) != 0 {
 		t.Errorf("an IPv4 Egress with IPv6 destinations only: members %v, shadowed %v; want none", names(res), res.ShadowedBy)

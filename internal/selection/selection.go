@@ -181,6 +181,7 @@ func selector(s *metav1.LabelSelector) (labels.Selector, error) {
 func Select(in Input) Result {
 	res := Result{Members: map[string][]Member{}, Invalid: map[string]error{}, ShadowedBy: map[string][]string{}, Destinations: map[netip.Addr][]destinations.Span{}}
 	winners := make([][2][]string, len(in.Pods)) // per Pod, the Egresses of each family
+	divs := make([][2][]destinations.Span, len(in.Pods)) // and how they divide it (nil: one takes all)
 	fam := in.Family
 	if fam == nil {
 		fam = func(e *v1.Egress) Family { return EgressFamily(e, nil) }
@@ -274,7 +275,7 @@ func Select(in Input) Result {
 				winners[i][k] = []string{cs[0].eg.Name}
 			default:
 				spans = cache.resolve(k == 1, cs)
-				winners[i][k] = destinations.Egresses(spans)
+				winners[i][k], divs[i][k] = destinations.Egresses(spans), spans
 				if _, all := destinations.Everything(k == 1, spans); all {
 					spans = nil
 				}
@@ -295,8 +296,9 @@ func Select(in Input) Result {
 			res.Destinations[ip] = d.spans
 		}
 	}
-	// Egresses left without members: which older Egresses won the Pods
-	// they match (a second scan for those only; they are few).
+	// Egresses left without members: which Egresses took the
+	// destinations they would carry of the Pods they match (a second scan
+	// for those only; they are few).
 	for ci := range egs {
 		c := &egs[ci]
 		if len(res.Members[c.eg.Name]) > 0 {
@@ -313,9 +315,15 @@ func Select(in Input) Result {
 				if m.PodIP.Is6() {
 					k = 1
 				}
-				for _, w := range winners[i][k] {
-					if w != c.eg.Name {
-						by[w] = true
+				if divs[i][k] == nil {
+					if w := winners[i][k]; len(w) == 1 && w[0] != c.eg.Name && covers(c.claim, k == 1, destinations.Span{}) {
+						by[w[0]] = true
+					}
+					continue
+				}
+				for _, sp := range divs[i][k] {
+					if sp.Egress != c.eg.Name && covers(c.claim, k == 1, sp) {
+						by[sp.Egress] = true
 					}
 				}
 			}
@@ -411,4 +419,38 @@ func (rc resolveCache) resolve(v6 bool, cs []*compiled) []destinations.Span {
 	spans := destinations.Resolve(v6, claims)
 	rc[key.String()] = spans
 	return spans
+}
+
+// covers reports whether claim c would carry some destination of span sp
+// (the zero Span: any destination of the family) were it alone: one of
+// its destinationCIDRs of the family (or, without any, every destination)
+// overlaps sp, and no excludedCIDR holds all of sp.
+func covers(c destinations.Claim, v6 bool, sp destinations.Span) bool {
+	whole := !sp.First.IsValid()
+	overlaps := func(p netip.Prefix) bool {
+		if p.Addr().Is6() != v6 {
+			return false
+		}
+		if whole {
+			return true
+		}
+		last := destinations.Span{First: p.Masked().Addr(), Last: lastAddr(p)}
+		return sp.First.Compare(last.Last) <= 0 && last.First.Compare(sp.Last) <= 0
+	}
+	if c.Some && !slices.ContainsFunc(c.Destinations, overlaps) {
+		return false
+	}
+	return whole || !slices.ContainsFunc(c.Excluded, func(p netip.Prefix) bool {
+		return p.Addr().Is6() == v6 && p.Contains(sp.First) && p.Contains(sp.Last)
+	})
+}
+
+// lastAddr is the last address of prefix p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
