@@ -26,7 +26,7 @@ func shadowedCondition(es *egressStatus) {
 	prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionShadowed)
 	if carriesNothing(e) && len(e.Status.ShadowedBy) > 0 {
 		meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionShadowed, Status: metav1.ConditionTrue, Reason: v1.ReasonDestinationsTaken,
-			Message: fmt.Sprintf("every Pod its appliedTo matches sends all its destinations through other Egresses (%s): a destination uses the Egress whose destinationCIDRs match it with the longest prefix (none: every destination, the shortest), then the oldest; this Egress carries no traffic", joinNames(e.Status.ShadowedBy)),
+			Message:            fmt.Sprintf("every Pod its appliedTo matches sends all its destinations through other Egresses (%s): a destination uses the Egress whose destinationCIDRs match it with the longest prefix (none: every destination, the shortest), then the oldest; this Egress carries no traffic", joinNames(e.Status.ShadowedBy)),
 			ObservedGeneration: e.Generation})
 		return
 	}

@@ -180,7 +180,7 @@ func selector(s *metav1.LabelSelector) (labels.Selector, error) {
 // the order of the inputs.
 func Select(in Input) Result {
 	res := Result{Members: map[string][]Member{}, Invalid: map[string]error{}, ShadowedBy: map[string][]string{}, Destinations: map[netip.Addr][]destinations.Span{}}
-	winners := make([][2][]string, len(in.Pods)) // per Pod, the Egresses of each family
+	winners := make([][2][]string, len(in.Pods))         // per Pod, the Egresses of each family
 	divs := make([][2][]destinations.Span, len(in.Pods)) // and how they divide it (nil: one takes all)
 	fam := in.Family
 	if fam == nil {
