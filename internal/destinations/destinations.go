@@ -172,7 +172,7 @@ func Everything(v6 bool, spans []Span) (string, bool) {
 
 // Egresses returns the names of the Egresses that carry some span, sorted.
 func Egresses(spans []Span) []string {
-	var out []string
+	out := make([]string, 0, len(spans))
 	for _, s := range spans {
 		out = append(out, s.Egress)
 	}

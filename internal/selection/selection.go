@@ -237,35 +237,7 @@ func Select(in Input) Result {
 		if !Candidate(p) {
 			continue
 		}
-		// Each family of the Pod's IPs goes to the Egresses of that
-		// family (or of a family not known yet) that select it: all of
-		// them when one names destinations, else the oldest alone (a
-		// dual-stack workload uses one IPv4 and one IPv6 Egress).
-		var (
-			claims [2][]*compiled // IPv4, IPv6, oldest first
-			whole  [2]bool        // a claim without destinationCIDRs or exclusions is in
-			byIP   [2]Member
-		)
-		for _, c := range forNS(p.Namespace) {
-			if whole[0] && whole[1] && !c.claim.Some {
-				continue // younger and covering every destination: it wins none
-			}
-			if c.pod != nil && !c.pod.Matches(labels.Set(p.Labels)) {
-				continue
-			}
-			for _, m := range members(p, c.family) {
-				k := 0
-				if m.PodIP.Is6() {
-					k = 1
-				}
-				if whole[k] && !c.claim.Some {
-					continue
-				}
-				claims[k] = append(claims[k], c)
-				byIP[k] = m
-				whole[k] = whole[k] || c.claim.Whole()
-			}
-		}
+		claims, byIP := claimsOf(p, forNS(p.Namespace))
 		for k := range claims {
 			var spans []destinations.Span
 			switch cs := claims[k]; {
@@ -296,41 +268,13 @@ func Select(in Input) Result {
 			res.Destinations[ip] = d.spans
 		}
 	}
-	// Egresses left without members: which Egresses took the
-	// destinations they would carry of the Pods they match (a second scan
-	// for those only; they are few).
 	for ci := range egs {
 		c := &egs[ci]
 		if len(res.Members[c.eg.Name]) > 0 {
 			continue
 		}
-		by := map[string]bool{}
-		for i := range in.Pods {
-			p := &in.Pods[i]
-			if (winners[i][0] == nil && winners[i][1] == nil) || !slices.Contains(forNS(p.Namespace), c) || (c.pod != nil && !c.pod.Matches(labels.Set(p.Labels))) {
-				continue
-			}
-			for _, m := range members(p, c.family) {
-				k := 0
-				if m.PodIP.Is6() {
-					k = 1
-				}
-				if divs[i][k] == nil {
-					if w := winners[i][k]; len(w) == 1 && w[0] != c.eg.Name && covers(c.claim, k == 1, destinations.Span{}) {
-						by[w[0]] = true
-					}
-					continue
-				}
-				for _, sp := range divs[i][k] {
-					if sp.Egress != c.eg.Name && covers(c.claim, k == 1, sp) {
-						by[sp.Egress] = true
-					}
-				}
-			}
-		}
-		if len(by) > 0 {
-			l := slices.Sorted(maps.Keys(by))
-			res.ShadowedBy[c.eg.Name] = l[:min(len(l), MaxShadowedBy)]
+		if by := shadowersOf(c, in.Pods, winners, divs, forNS); len(by) > 0 {
+			res.ShadowedBy[c.eg.Name] = by[:min(len(by), MaxShadowedBy)]
 		}
 	}
 	for name, ms := range res.Members {
@@ -453,4 +397,70 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	}
 	a, _ := netip.AddrFromSlice(b)
 	return a
+}
+
+// claimsOf returns, per family of p's IPs (IPv4, IPv6), the Egresses of
+// egs (those whose namespaceSelector matches p's namespace, oldest first)
+// that select p and may carry one of its destinations, with p's member of
+// that family. Each family of a Pod's IPs goes to the Egresses of that
+// family (or of a family not known yet) that select it: all of them when
+// one names destinations, else the oldest alone (a dual-stack workload
+// uses one IPv4 and one IPv6 Egress); past an Egress that takes every
+// destination, only Egresses with destinationCIDRs can win any.
+func claimsOf(p *corev1.Pod, egs []*compiled) (claims [2][]*compiled, byIP [2]Member) {
+	var whole [2]bool // a claim without destinationCIDRs or exclusions is in
+	for _, c := range egs {
+		if whole[0] && whole[1] && !c.claim.Some {
+			continue // younger and covering every destination: it wins none
+		}
+		if c.pod != nil && !c.pod.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		for _, m := range members(p, c.family) {
+			k := 0
+			if m.PodIP.Is6() {
+				k = 1
+			}
+			if whole[k] && !c.claim.Some {
+				continue
+			}
+			claims[k] = append(claims[k], c)
+			byIP[k] = m
+			whole[k] = whole[k] || c.claim.Whole()
+		}
+	}
+	return claims, byIP
+}
+
+// shadowersOf returns, for an Egress c left without members, the
+// Egresses that took the destinations c would carry of the Pods it
+// matches, sorted: a second scan, for such Egresses only (they are few).
+// winners and divs are, per Pod and family, the Egresses that carry its
+// destinations and how they divide them (nil: one takes all).
+func shadowersOf(c *compiled, pods []corev1.Pod, winners [][2][]string, divs [][2][]destinations.Span, forNS func(string) []*compiled) []string {
+	by := map[string]bool{}
+	for i := range pods {
+		p := &pods[i]
+		if (winners[i][0] == nil && winners[i][1] == nil) || !slices.Contains(forNS(p.Namespace), c) || (c.pod != nil && !c.pod.Matches(labels.Set(p.Labels))) {
+			continue
+		}
+		for _, m := range members(p, c.family) {
+			k := 0
+			if m.PodIP.Is6() {
+				k = 1
+			}
+			if divs[i][k] == nil {
+				if w := winners[i][k]; len(w) == 1 && w[0] != c.eg.Name && covers(c.claim, k == 1, destinations.Span{}) {
+					by[w[0]] = true
+				}
+				continue
+			}
+			for _, sp := range divs[i][k] {
+				if sp.Egress != c.eg.Name && covers(c.claim, k == 1, sp) {
+					by[sp.Egress] = true
+				}
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(by))
 }

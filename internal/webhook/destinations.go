@@ -34,11 +34,9 @@ func (v *EgressValidator) destinationWarnings(ctx context.Context, old, e *v1.Eg
 	}
 	dst, exc := destinations.Parse(e.Spec.DestinationCIDRs), destinations.Parse(e.Spec.ExcludedCIDRs)
 	if fam := selection.EgressFamily(e, pools); fam != selection.Any {
-		var other, own []string
+		var other []string
 		for _, d := range slices.Concat(dst, exc) {
-			if fam.Matches(d.Addr()) {
-				own = append(own, d.String())
-			} else {
+			if !fam.Matches(d.Addr()) {
 				other = append(other, d.String())
 			}
 		}

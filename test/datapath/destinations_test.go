@@ -41,18 +41,16 @@ var destFamilies = []destFam{
 // and routes them there from the router.
 func addExternal(t *testing.T, c *dp.Cluster, fm destFam) {
 	t.Helper()
-	via, bits := dp.ExtV4.String(), "/32"
-	args := func(a ...string) []string { return a }
-	fl := args()
+	fl, via, bits, nodad := "-4", dp.ExtV4.String(), "/32", []string(nil)
 	if fm.v6 {
-		via, bits, fl = dp.ExtV6.String(), "/128", args("-6")
+		fl, via, bits, nodad = "-6", dp.ExtV6.String(), "/128", []string{"nodad"}
 	}
 	for _, a := range []netip.Addr{fm.toB, fm.toNode} {
-		add := append(append(fl[:len(fl):len(fl)], "addr", "add", a.String()+bits, "dev", "eth0"), map[bool][]string{true: {"nodad"}, false: nil}[fm.v6]...)
+		add := append([]string{fl, "addr", "add", a.String() + bits, "dev", "eth0"}, nodad...)
 		if out, err := c.Ext.IP(add...); err != nil {
 			t.Fatalf("ext: ip %v: %v %s", add, err, out)
 		}
-		route := append(fl[:len(fl):len(fl)], "route", "add", a.String()+bits, "via", via)
+		route := []string{fl, "route", "add", a.String() + bits, "via", via}
 		if out, err := c.Rtr.IP(route...); err != nil {
 			t.Fatalf("rtr: ip %v: %v %s", route, err, out)
 		}
@@ -93,9 +91,11 @@ func destSplits(p *dp.Pod, v6 bool, claims func() []destinations.Claim) func(n *
 	}
 }
 
-func who(t *testing.T, ctxd time.Duration, p *dp.Pod, dst netip.Addr) (tcp, udp netip.Addr) {
+// who returns the sources the external server saw for a TCP connection
+// and a UDP datagram from p to dst (20 s at most each).
+func who(t *testing.T, p *dp.Pod, dst netip.Addr) (tcp, udp netip.Addr) {
 	t.Helper()
-	ctx := ctxT(t, ctxd)
+	ctx := ctxT(t, 20*time.Second)
 	tcp, err := dp.TCPWho(ctx, &p.NS, dst)
 	if err != nil {
 		t.Errorf("TCP %s -> %s: %v", p.Name, dst, err)
@@ -139,7 +139,7 @@ func TestDestinations(t *testing.T) {
 					{fm.toB, fm.eip2},
 					{fm.toNode, n1.NodeIP(fm.v6)},
 				} {
-					tcp, udp := who(t, 20*time.Second, p, tc.dst)
+					tcp, udp := who(t, p, tc.dst)
 					if tcp != tc.want || udp != tc.want {
 						t.Errorf("P -> %s: server saw TCP %v, UDP %v; want %s", tc.dst, tcp, udp, tc.want)
 					}
@@ -207,12 +207,12 @@ func TestDestinationsChange(t *testing.T) {
 			start := time.Now()
 			f.apply(specs)
 			applied := time.Since(start)
-			tcp, udp := who(t, 20*time.Second, p, fm.ext)
+			tcp, udp := who(t, p, fm.ext)
 			took := time.Since(start)
 			if tcp != fm.eip2 || udp != fm.eip2 {
 				t.Errorf("first new flows to %s after the change came from TCP %v, UDP %v; want b (%s)", fm.ext, tcp, udp, fm.eip2)
 			}
-			if tcp, udp := who(t, 20*time.Second, p, fm.toB); tcp != fm.eip || udp != fm.eip {
+			if tcp, udp := who(t, p, fm.toB); tcp != fm.eip || udp != fm.eip {
 				t.Errorf("new flows to %s (now A's) came from TCP %v, UDP %v; want a (%s)", fm.toB, tcp, udp, fm.eip)
 			}
 			t.Logf("Apply of the change on every Node: %v; Apply start to the first new TCP and UDP answers: %v", applied, took)
@@ -246,7 +246,7 @@ func TestDestinationsFailurePolicy(t *testing.T) {
 			for _, tc := range []struct {
 				dst, want netip.Addr
 			}{{fm.toB, fm.eip2}, {fm.toNode, n1.NodeIP(fm.v6)}} {
-				if tcp, udp := who(t, 20*time.Second, p, tc.dst); tcp != tc.want || udp != tc.want {
+				if tcp, udp := who(t, p, tc.dst); tcp != tc.want || udp != tc.want {
 					t.Errorf("P -> %s: server saw TCP %v, UDP %v; want %s", tc.dst, tcp, udp, tc.want)
 				}
 			}
