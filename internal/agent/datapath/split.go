@@ -138,13 +138,14 @@ func (b *builder) addSplitSets(splits []splitPlan) (local, remote map[netip.Addr
 		if sp.Remote {
 			vmap, seen = mapRemoteSplit+sp.f.suffix, remote
 		}
+		jump := &expr.Verdict{Kind: expr.VerdictJump, Chain: chainDst + sp.name} // one for every member of the Split
 		for _, ip := range sp.IPs {
 			ip = ip.Unmap()
 			if !sp.f.owns(ip) || seen[ip] {
 				continue
 			}
 			seen[ip] = true
-			b.sets[vmap].Elements = append(b.sets[vmap].Elements, nftables.SetElement{Key: sp.f.addr(ip), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: chainDst + sp.name}})
+			b.sets[vmap].Elements = append(b.sets[vmap].Elements, nftables.SetElement{Key: sp.f.addr(ip), VerdictData: jump})
 			for _, m := range sp.marks {
 				b.sets[setSplitMembers+sp.f.suffix].Elements = append(b.sets[setSplitMembers+sp.f.suffix].Elements, nftables.SetElement{Key: slices.Concat(sp.f.addr(ip), native(m))})
 			}
