@@ -94,6 +94,7 @@ func table(t *testing.T, resource string, wide bool) *metav1.Table {
 func TestPrinterColumns(t *testing.T) {
 	ctx := context.Background()
 	eg := egress("columns", "office-egress", "")
+	eg.Spec.DestinationCIDRs = []v1.DestinationCIDR{"198.51.100.0/24", "2001:db8:1::/48"}
 	if err := env.Client.Create(ctx, eg); err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,8 @@ func TestPrinterColumns(t *testing.T) {
 		}
 	}
 	check("egresses", "columns", []string{"Name", "Egress-IP", "Node", "Ready", "Age"},
-		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress", "Failure-Policy": "Fail", "Pods": float64(7), "Public-IP": "203.0.113.7"}, []string{"Pool", "Failure-Policy", "Pods", "Public-IP"})
+		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress", "Failure-Policy": "Fail", "Pods": float64(7), "Public-IP": "203.0.113.7",
+			"Destinations": `["198.51.100.0/24","2001:db8:1::/48"]`}, []string{"Pool", "Failure-Policy", "Pods", "Destinations", "Public-IP"})
 	check("externalippools", "columns", []string{"Name", "Total", "Used", "Ready", "Age"},
 		map[string]any{"Total": "14", "Used": float64(2), "Ready": "True"}, nil)
 	check("externalippools", "columns-v6", []string{"Name", "Total", "Used", "Ready", "Age"},

@@ -124,7 +124,40 @@ type EgressSpec struct {
 	// +optional
 	// +kubebuilder:default=Fail
 	FailurePolicy FailurePolicy `json:"failurePolicy,omitempty"`
+
+	// DestinationCIDRs are the networks outside the cluster whose traffic
+	// this Egress carries, in either IP family; only those of the Egress's
+	// own family count. Empty or absent: every destination outside the
+	// cluster (as if it listed 0.0.0.0/0 and ::/0). When several Egresses
+	// select a Pod, each destination uses the Egress whose CIDR matches it
+	// with the longest prefix, the oldest Egress on a tie (see
+	// docs/datapath.md, "Destinations"). At most 64 entries, each a
+	// canonical CIDR without host bits, such as 198.51.100.0/24 or
+	// 2001:db8:1::/48.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	DestinationCIDRs []DestinationCIDR `json:"destinationCIDRs,omitempty"`
+
+	// ExcludedCIDRs are destinations this Egress never carries, in either
+	// IP family, even when DestinationCIDRs (or the default, every
+	// destination) covers them. Only this Egress gives them up: the next
+	// Egress that matches the destination takes it, else the Pod's Node
+	// IP. At most 64 entries, canonical CIDRs without host bits.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=64
+	ExcludedCIDRs []DestinationCIDR `json:"excludedCIDRs,omitempty"`
 }
+
+// DestinationCIDR is a network given as a CIDR in canonical form, with no
+// host bits set: 198.51.100.0/24 or 2001:db8:1::/48 (RFC 4632, RFC 5952).
+// +kubebuilder:validation:MinLength=4
+// +kubebuilder:validation:MaxLength=43
+// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="destination CIDRs must be CIDRs such as 198.51.100.0/24 or 2001:db8:1::/48"
+// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || string(cidr(self)) == self",message="destination CIDRs must be written in canonical form (RFC 5952 for IPv6: lower case, no leading zeros, :: for the longest run of two or more zero groups, as in 2001:db8:1::/48)"
+// +kubebuilder:validation:XValidation:rule="!isCIDR(self) || cidr(self) == cidr(self).masked()",message="destination CIDRs must not have host bits set (for example 198.51.100.0/24, not 198.51.100.7/24)"
+type DestinationCIDR string
 
 // FailurePolicy is what an Egress's Pods get while it has no egress Node:
 // Fail or Ignore.
@@ -222,6 +255,7 @@ type EgressStatus struct {
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.externalIPPool`,priority=1,description="ExternalIPPool"
 // +kubebuilder:printcolumn:name="Failure-Policy",type=string,JSONPath=`.spec.failurePolicy`,priority=1,description="What the Pods get while no Node holds the IP"
 // +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.selectedPods`,priority=1,description="Pods whose traffic uses this Egress"
+// +kubebuilder:printcolumn:name="Destinations",type=string,JSONPath=`.spec.destinationCIDRs`,priority=1,description="Networks this Egress carries (empty: every destination outside the cluster)"
 // +kubebuilder:printcolumn:name="Public-IP",type=string,JSONPath=`.status.publicIP`,priority=1,description="Elastic IP associated with the egress IP (cloud pools with elasticIPs)"
 type Egress struct {
 	metav1.TypeMeta `json:",inline"`

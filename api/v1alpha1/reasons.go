@@ -499,3 +499,20 @@ const NodeConditionAgentReachable corev1.NodeConditionType = "EgressAgentReachab
 // ReasonFenceLifted after; the message says when and why the last
 // fence began, and when it was lifted. A Warning Event marks each fence.
 const NodeConditionFenced corev1.NodeConditionType = "EgressSelfFenced"
+
+// The Egress condition Shadowed and its reasons (issue 21; see
+// docs/troubleshooting.md): whether the Egress carries any traffic although
+// its appliedTo matches Pods. Absent on Egresses never shadowed.
+const (
+	// ConditionShadowed is True while every Pod the Egress's appliedTo
+	// matches sends all its destinations through other Egresses (older
+	// ones, or ones whose destinationCIDRs match with a longer prefix):
+	// the Egress carries no traffic, and its failurePolicy affects
+	// nobody. False once it carries some again.
+	ConditionShadowed = "Shadowed"
+	// ReasonDestinationsTaken is the Shadowed=True reason; the message
+	// names the Egresses that took the destinations.
+	ReasonDestinationsTaken = "DestinationsTaken"
+	// ReasonCarriesTraffic is the Shadowed=False reason.
+	ReasonCarriesTraffic = "CarriesTraffic"
+)

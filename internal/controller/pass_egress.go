@@ -67,6 +67,7 @@ func (p *pass) egressStatus(i int) *egressStatus {
 		p.out.Conflicts++
 	}
 	selectorCondition(es)
+	shadowedCondition(es)
 	return es
 }
 
@@ -147,7 +148,7 @@ func (p *pass) assignedCondition(es *egressStatus, pl scheduler.Placement, targe
 		meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: reason, Message: msg, ObservedGeneration: e.Generation})
 		p.out.Unplaced[counted]++
 		if cur != "" {
-			es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, v1.EventUnassigned, fmt.Sprintf("%s removed from Node %s: %s; %s", es.st.EgressIP, cur, msg, failureEffect(e.Spec.FailurePolicy))
+			es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, v1.EventUnassigned, fmt.Sprintf("%s removed from Node %s: %s; %s", es.st.EgressIP, cur, msg, failureEffectOf(e))
 			es.ch.MoveReason = cmp.Or(p.sched.moveReason[e.Name], reason)
 		}
 	}
@@ -163,7 +164,7 @@ func (p *pass) nodeConflict(es *egressStatus) {
 	if cur != "" || prev == nil || prev.Reason != v1.ReasonNodeAddressConflict || prev.Message != msg {
 		note := msg
 		if cur != "" {
-			note = fmt.Sprintf("%s removed from Node %s: %s; %s", es.st.EgressIP, cur, msg, failureEffect(e.Spec.FailurePolicy))
+			note = fmt.Sprintf("%s removed from Node %s: %s; %s", es.st.EgressIP, cur, msg, failureEffectOf(e))
 			es.ch.MoveReason = v1.ReasonNodeAddressConflict
 		}
 		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, v1.ReasonNodeAddressConflict, note

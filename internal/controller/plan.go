@@ -265,11 +265,11 @@ func isWaiting(cs []metav1.Condition) bool {
 func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentState) metav1.Condition {
 	c := metav1.Condition{Type: v1.ConditionReady, Status: metav1.ConditionFalse, ObservedGeneration: e.Generation}
 	if st.EgressNode == "" {
-		c.Reason, c.Message = v1.ReasonNoEgressNode, "no Node holds the egress IP (see condition Assigned); "+failureEffect(e.Spec.FailurePolicy)
+		c.Reason, c.Message = v1.ReasonNoEgressNode, "no Node holds the egress IP (see condition Assigned); "+failureEffectOf(e)
 		if a := meta.FindStatusCondition(st.Conditions, v1.ConditionIPAllocated); st.EgressIP == "" && a != nil && a.Status != metav1.ConditionTrue {
 			// Say why at once rather than send the reader through
 			// Assigned to IPAllocated.
-			c.Message = fmt.Sprintf("no egress IP is allocated (IPAllocated %s: %s); %s", a.Reason, a.Message, failureEffect(e.Spec.FailurePolicy))
+			c.Message = fmt.Sprintf("no egress IP is allocated (IPAllocated %s: %s); %s", a.Reason, a.Message, failureEffectOf(e))
 		}
 		return c
 	}

@@ -60,7 +60,7 @@ func noPodsNote(e *v1.Egress) string {
 		return ""
 	}
 	if len(e.Status.ShadowedBy) > 0 {
-		return fmt.Sprintf("; it selects no Pod: every Pod its appliedTo matches uses an older Egress (%s; the oldest Egress wins)", joinNames(e.Status.ShadowedBy))
+		return fmt.Sprintf("; it selects no Pod: every Pod its appliedTo matches uses other Egresses for all its destinations (%s; see condition Shadowed)", joinNames(e.Status.ShadowedBy))
 	}
 	return "; it selects no Pod: no running Pod matches its appliedTo"
 }

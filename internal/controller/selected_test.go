@@ -39,7 +39,7 @@ func TestSelectedPodsShadowedByOlderEgress(t *testing.T) {
 		e := cl.get("shadow-b")
 		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionReady)
 		ok := count(e) == "0" && slices.Equal(e.Status.ShadowedBy, []string{"shadow-a"}) && c != nil &&
-			strings.Contains(c.Message, "it selects no Pod: every Pod its appliedTo matches uses an older Egress (shadow-a")
+			strings.Contains(c.Message, "it selects no Pod: every Pod its appliedTo matches uses other Egresses for all its destinations (shadow-a")
 		return ok, count(e) + " " + describe(e)
 	})
 	t.Logf("Ready of shadow-b: %s", meta.FindStatusCondition(cl.get("shadow-b").Status.Conditions, v1.ConditionReady).Message)

@@ -15,6 +15,13 @@
 // So a dual-stack workload uses one IPv4 and one IPv6 Egress (a pool is
 // single-family; see "Dual-stack" in the design notes). An Egress whose
 // family is not known yet (no IP, pool unknown) competes in both families.
+//
+// Destinations (spec.destinationCIDRs, spec.excludedCIDRs, issue 21): the
+// oldest-wins rule above is the case where no Egress names destinations.
+// In general the Egresses of a family that select a Pod share its
+// destinations as package destinations decides (longest prefix, then the
+// oldest), and the Pod's IP is a member of every Egress that carries at
+// least one of its destinations.
 package selection
 
 import (
@@ -30,6 +37,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/destinations"
 )
 
 // Family is an IP family: 4, 6, or Any (0) when the Egress's family is not
@@ -108,6 +116,12 @@ type Result struct {
 	// its selectors match Pods to the older Egresses that won those Pods,
 	// sorted (at most MaxShadowedBy names).
 	ShadowedBy map[string][]string
+	// Destinations maps a member Pod IP whose destinations are divided
+	// among several Egresses, or partly left to its Node's IP, to that
+	// division (destinations.Resolve over the Egresses of its family that
+	// select it). A member IP not in the map uses its one Egress for every
+	// destination outside the cluster.
+	Destinations map[netip.Addr][]destinations.Span
 }
 
 // MaxShadowedBy bounds the names in one Result.ShadowedBy entry.
@@ -139,6 +153,16 @@ type compiled struct {
 	ns     labels.Selector // nil: every namespace
 	pod    labels.Selector // nil: every Pod
 	family Family
+	claim  destinations.Claim
+}
+
+// ClaimOf returns e's destinations as package destinations takes them.
+func ClaimOf(e *v1.Egress) destinations.Claim {
+	return destinations.Claim{
+		Egress: e.Name, Created: e.CreationTimestamp.Time,
+		Destinations: destinations.Parse(e.Spec.DestinationCIDRs), Some: len(e.Spec.DestinationCIDRs) > 0,
+		Excluded: destinations.Parse(e.Spec.ExcludedCIDRs),
+	}
 }
 
 func selector(s *metav1.LabelSelector) (labels.Selector, error) {
@@ -155,8 +179,9 @@ func selector(s *metav1.LabelSelector) (labels.Selector, error) {
 // With family Any every Pod IP is a member. The result does not depend on
 // the order of the inputs.
 func Select(in Input) Result {
-	res := Result{Members: map[string][]Member{}, Invalid: map[string]error{}, ShadowedBy: map[string][]string{}}
-	winners := make([][2]string, len(in.Pods)) // per Pod, the Egress of each family
+	res := Result{Members: map[string][]Member{}, Invalid: map[string]error{}, ShadowedBy: map[string][]string{}, Destinations: map[netip.Addr][]destinations.Span{}}
+	winners := make([][2][]string, len(in.Pods))         // per Pod, the Egresses of each family
+	divs := make([][2][]destinations.Span, len(in.Pods)) // and how they divide it (nil: one takes all)
 	fam := in.Family
 	if fam == nil {
 		fam = func(e *v1.Egress) Family { return EgressFamily(e, nil) }
@@ -164,7 +189,7 @@ func Select(in Input) Result {
 	egs := make([]compiled, 0, len(in.Egresses))
 	for i := range in.Egresses {
 		e := &in.Egresses[i]
-		c := compiled{eg: e, family: fam(e)}
+		c := compiled{eg: e, family: fam(e), claim: ClaimOf(e)}
 		var err error
 		if c.ns, err = selector(e.Spec.AppliedTo.NamespaceSelector); err != nil {
 			res.Invalid[e.Name] = fmt.Errorf("spec.appliedTo.namespaceSelector: %w", err)
@@ -201,61 +226,55 @@ func Select(in Input) Result {
 		return l
 	}
 
+	cache := resolveCache{}
+	type podSpans struct {
+		pod   string
+		spans []destinations.Span
+	}
+	division := map[netip.Addr]podSpans{}
 	for i := range in.Pods {
 		p := &in.Pods[i]
 		if !Candidate(p) {
 			continue
 		}
-		// Each family of the Pod's IPs goes to the oldest selecting
-		// Egress of that family (or of a family not known yet): a
-		// dual-stack workload uses one IPv4 and one IPv6 Egress.
-		var won [2]bool // IPv4, IPv6
-		for _, c := range forNS(p.Namespace) {
-			if won[0] && won[1] {
-				break
-			}
-			if c.pod != nil && !c.pod.Matches(labels.Set(p.Labels)) {
+		claims, byIP := claimsOf(p, forNS(p.Namespace))
+		for k := range claims {
+			var spans []destinations.Span
+			switch cs := claims[k]; {
+			case len(cs) == 0:
 				continue
+			case len(cs) == 1 && cs[0].claim.Whole():
+				winners[i][k] = []string{cs[0].eg.Name}
+			default:
+				spans = cache.resolve(k == 1, cs)
+				winners[i][k], divs[i][k] = destinations.Egresses(spans), spans
+				if _, all := destinations.Everything(k == 1, spans); all {
+					spans = nil
+				}
 			}
-			for _, m := range members(p, c.family) {
-				k := 0
-				if m.PodIP.Is6() {
-					k = 1
-				}
-				if !won[k] {
-					won[k] = true
-					winners[i][k] = c.eg.Name
-					res.Members[c.eg.Name] = append(res.Members[c.eg.Name], m)
-				}
+			for _, n := range winners[i][k] {
+				res.Members[n] = append(res.Members[n], byIP[k])
+			}
+			// Two Pods claiming one IP (a stale status): the division
+			// of the one the member lists keep (the lowest name).
+			ip := byIP[k].PodIP
+			if prev, ok := division[ip]; len(winners[i][k]) > 0 && (!ok || byIP[k].Pod < prev.pod) {
+				division[ip] = podSpans{byIP[k].Pod, spans}
 			}
 		}
 	}
-	// Egresses left without members: which older Egresses won the Pods
-	// they match (a second scan for those only; they are few).
+	for ip, d := range division {
+		if d.spans != nil {
+			res.Destinations[ip] = d.spans
+		}
+	}
 	for ci := range egs {
 		c := &egs[ci]
 		if len(res.Members[c.eg.Name]) > 0 {
 			continue
 		}
-		by := map[string]bool{}
-		for i := range in.Pods {
-			p := &in.Pods[i]
-			if winners[i] == [2]string{} || !slices.Contains(forNS(p.Namespace), c) || (c.pod != nil && !c.pod.Matches(labels.Set(p.Labels))) {
-				continue
-			}
-			for _, m := range members(p, c.family) {
-				k := 0
-				if m.PodIP.Is6() {
-					k = 1
-				}
-				if w := winners[i][k]; w != "" && w != c.eg.Name {
-					by[w] = true
-				}
-			}
-		}
-		if len(by) > 0 {
-			l := slices.Sorted(maps.Keys(by))
-			res.ShadowedBy[c.eg.Name] = l[:min(len(l), MaxShadowedBy)]
+		if by := shadowersOf(c, in.Pods, winners, divs, forNS); len(by) > 0 {
+			res.ShadowedBy[c.eg.Name] = by[:min(len(by), MaxShadowedBy)]
 		}
 	}
 	for name, ms := range res.Members {
@@ -322,4 +341,126 @@ func members(p *corev1.Pod, f Family) []Member {
 		}
 	}
 	return out
+}
+
+// resolveCache remembers destinations.Resolve per family and set of
+// Egresses: Pods selected by the same Egresses share one division.
+type resolveCache map[string][]destinations.Span
+
+func (rc resolveCache) resolve(v6 bool, cs []*compiled) []destinations.Span {
+	var key strings.Builder
+	if v6 {
+		key.WriteString("6")
+	}
+	claims := make([]destinations.Claim, len(cs))
+	for i, c := range cs {
+		key.WriteString("/" + c.eg.Name)
+		claims[i] = c.claim
+	}
+	if spans, ok := rc[key.String()]; ok {
+		return spans
+	}
+	spans := destinations.Resolve(v6, claims)
+	rc[key.String()] = spans
+	return spans
+}
+
+// covers reports whether claim c would carry some destination of span sp
+// (the zero Span: any destination of the family) were it alone: one of
+// its destinationCIDRs of the family (or, without any, every destination)
+// overlaps sp, and no excludedCIDR holds all of sp.
+func covers(c destinations.Claim, v6 bool, sp destinations.Span) bool {
+	whole := !sp.First.IsValid()
+	overlaps := func(p netip.Prefix) bool {
+		if p.Addr().Is6() != v6 {
+			return false
+		}
+		if whole {
+			return true
+		}
+		last := destinations.Span{First: p.Masked().Addr(), Last: lastAddr(p)}
+		return sp.First.Compare(last.Last) <= 0 && last.First.Compare(sp.Last) <= 0
+	}
+	if c.Some && !slices.ContainsFunc(c.Destinations, overlaps) {
+		return false
+	}
+	return whole || !slices.ContainsFunc(c.Excluded, func(p netip.Prefix) bool {
+		return p.Addr().Is6() == v6 && p.Contains(sp.First) && p.Contains(sp.Last)
+	})
+}
+
+// lastAddr is the last address of prefix p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// claimsOf returns, per family of p's IPs (IPv4, IPv6), the Egresses of
+// egs (those whose namespaceSelector matches p's namespace, oldest first)
+// that select p and may carry one of its destinations, with p's member of
+// that family. Each family of a Pod's IPs goes to the Egresses of that
+// family (or of a family not known yet) that select it: all of them when
+// one names destinations, else the oldest alone (a dual-stack workload
+// uses one IPv4 and one IPv6 Egress); past an Egress that takes every
+// destination, only Egresses with destinationCIDRs can win any.
+func claimsOf(p *corev1.Pod, egs []*compiled) (claims [2][]*compiled, byIP [2]Member) {
+	var whole [2]bool // a claim without destinationCIDRs or exclusions is in
+	for _, c := range egs {
+		if whole[0] && whole[1] && !c.claim.Some {
+			continue // younger and covering every destination: it wins none
+		}
+		if c.pod != nil && !c.pod.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		for _, m := range members(p, c.family) {
+			k := 0
+			if m.PodIP.Is6() {
+				k = 1
+			}
+			if whole[k] && !c.claim.Some {
+				continue
+			}
+			claims[k] = append(claims[k], c)
+			byIP[k] = m
+			whole[k] = whole[k] || c.claim.Whole()
+		}
+	}
+	return claims, byIP
+}
+
+// shadowersOf returns, for an Egress c left without members, the
+// Egresses that took the destinations c would carry of the Pods it
+// matches, sorted: a second scan, for such Egresses only (they are few).
+// winners and divs are, per Pod and family, the Egresses that carry its
+// destinations and how they divide them (nil: one takes all).
+func shadowersOf(c *compiled, pods []corev1.Pod, winners [][2][]string, divs [][2][]destinations.Span, forNS func(string) []*compiled) []string {
+	by := map[string]bool{}
+	for i := range pods {
+		p := &pods[i]
+		if (winners[i][0] == nil && winners[i][1] == nil) || !slices.Contains(forNS(p.Namespace), c) || (c.pod != nil && !c.pod.Matches(labels.Set(p.Labels))) {
+			continue
+		}
+		for _, m := range members(p, c.family) {
+			k := 0
+			if m.PodIP.Is6() {
+				k = 1
+			}
+			if divs[i][k] == nil {
+				if w := winners[i][k]; len(w) == 1 && w[0] != c.eg.Name && covers(c.claim, k == 1, destinations.Span{}) {
+					by[w[0]] = true
+				}
+				continue
+			}
+			for _, sp := range divs[i][k] {
+				if sp.Egress != c.eg.Name && covers(c.claim, k == 1, sp) {
+					by[sp.Egress] = true
+				}
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(by))
 }

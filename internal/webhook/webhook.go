@@ -214,7 +214,7 @@ func (v *EgressValidator) ValidateCreate(ctx context.Context, e *v1.Egress) (adm
 	if err != nil {
 		return ws, err
 	}
-	return append(ws, v.egressWarnings(ctx, nil, e)...), nil
+	return append(append(ws, v.egressWarnings(ctx, nil, e)...), v.destinationWarnings(ctx, nil, e)...), nil
 }
 
 // ValidateUpdate rejects an egressIP outside the named pool, or a newly
@@ -230,7 +230,7 @@ func (v *EgressValidator) ValidateUpdate(ctx context.Context, old, e *v1.Egress)
 	if err != nil {
 		return ws, err
 	}
-	return append(ws, v.egressWarnings(ctx, old, e)...), nil
+	return append(append(ws, v.egressWarnings(ctx, old, e)...), v.destinationWarnings(ctx, old, e)...), nil
 }
 
 // ValidateDelete allows deletion.

@@ -40,6 +40,9 @@ type fixture struct {
 	cfg datapath.Config
 	// noPeers leaves State.Peers empty (no Pod CIDRs of other Nodes).
 	noPeers bool
+	// splits, when set, gives a Node's State.Splits (per-destination
+	// classification; destinations_test.go).
+	splits func(n *dp.Node, specs []spec) []datapath.Split
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -130,6 +133,9 @@ func (f *fixture) stateFor(n *dp.Node, specs []spec) datapath.State {
 			e.Role = datapath.RoleSource
 		}
 		st.Egresses = append(st.Egresses, e)
+	}
+	if f.splits != nil {
+		st.Splits = f.splits(n, specs)
 	}
 	return st
 }

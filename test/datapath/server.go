@@ -14,6 +14,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
 )
 
 // Server is a TCP and UDP server inside a namespace (listening on
@@ -157,10 +160,24 @@ func (zeros) Read(p []byte) (int, error) {
 func (s *Server) serveUDP() {
 	defer s.wg.Done()
 	buf := make([]byte, 65536)
+	// Answer from the address each datagram was sent to (IPV6_PKTINFO,
+	// IP_PKTINFO for IPv4 on this dual-stack socket): a
+	// namespace with several addresses would otherwise answer from the
+	// one source selection prefers, which the client's connected socket
+	// ignores.
+	pc, pc4 := ipv6.NewPacketConn(s.udp), ipv4.NewPacketConn(s.udp)
+	_ = pc.SetControlMessage(ipv6.FlagDst, true)
 	for {
-		n, from, err := s.udp.ReadFrom(buf)
+		n, cm, from, err := pc.ReadFrom(buf)
 		if err != nil {
 			return
+		}
+		// x/net/ipv6 writes no IPv4 source; IP_PKTINFO carries it.
+		write := func(b []byte) { _, _ = pc.WriteTo(b, nil, from) }
+		if cm != nil && cm.Dst.To4() != nil {
+			write = func(b []byte) { _, _ = pc4.WriteTo(b, &ipv4.ControlMessage{Src: cm.Dst.To4()}, from) }
+		} else if cm != nil && cm.Dst != nil {
+			write = func(b []byte) { _, _ = pc.WriteTo(b, &ipv6.ControlMessage{Src: cm.Dst}, from) }
 		}
 		now := time.Now()
 		ip := s.saw(from)
@@ -172,7 +189,7 @@ func (s *Server) serveUDP() {
 			}
 			s.mu.Unlock()
 		}
-		_, _ = s.udp.WriteTo([]byte(ip.String()), from)
+		write([]byte(ip.String()))
 	}
 }
 

@@ -36,6 +36,9 @@ type Plan struct {
 	// remote maps of the table) to the connection-mark bits it gets: the
 	// Egress's ID mark, with FromTunnel for remote members.
 	Members map[netip.Addr]uint32
+	// Splits maps every member IP classified by destination (a Split of
+	// the State) to the connection-mark bits its flows can get, sorted.
+	Splits map[netip.Addr][]uint32
 	// NFT is the content of the nftables table.
 	NFT Ruleset
 	// Routes are the encapsulating routes, sorted by table then prefix.
@@ -241,6 +244,7 @@ func buildPlan(cfg Config, st State, prev IDs, drains []drain) (Plan, error) {
 	}
 	p.NFT = buildRuleset(cfg, st, plans)
 	p.Members = membersOf(p.NFT.Sets)
+	p.Splits = splitMarksOf(p.NFT.Sets)
 	p.Routes, p.Rules = buildRouting(cfg, st, plans)
 	if len(left) > 0 {
 		return p, fmt.Errorf("build datapath: %w: %d left without a datapath: %v", ErrTooManyEgresses, len(left), left)

@@ -20,6 +20,8 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/egressip/egressip/internal/destinations"
 )
 
 // frActNop is FR_ACT_NOP (include/uapi/linux/fib_rules.h).
@@ -46,6 +48,9 @@ type Datapath struct {
 	eips  map[string]netip.Addr
 	// members is the programmed member classification (Plan.Members).
 	members map[netip.Addr]uint32
+	// splits is the programmed classification of split members
+	// (Plan.Splits).
+	splits map[netip.Addr][]uint32
 	// assigning holds the Egresses last applied with Assigning set (in
 	// memory only: after a restart none is taken for assigning).
 	assigning map[string]bool
@@ -188,7 +193,7 @@ func (d *Datapath) table() *nftables.Table {
 // readBack loads IDs, roles and held egress IPs from the table's ids and
 // snat sets. A missing table means a fresh Node.
 func (d *Datapath) readBack() error {
-	d.ids, d.roles, d.eips, d.members = IDs{}, map[string]Role{}, map[string]netip.Addr{}, map[netip.Addr]uint32{}
+	d.ids, d.roles, d.eips, d.members, d.splits = IDs{}, map[string]Role{}, map[string]netip.Addr{}, map[netip.Addr]uint32{}, map[netip.Addr][]uint32{}
 	c, err := d.nft()
 	if err != nil {
 		return err
@@ -225,7 +230,7 @@ func (d *Datapath) readBack() error {
 	}
 	var members []SetContent
 	for _, f := range families {
-		for _, name := range []string{mapLocal + f.suffix, mapRemote + f.suffix} {
+		for _, name := range []string{mapLocal + f.suffix, mapRemote + f.suffix, setSplitMembers + f.suffix} {
 			s, err := c.GetSetByName(t, name)
 			if err != nil {
 				continue
@@ -237,7 +242,7 @@ func (d *Datapath) readBack() error {
 			members = append(members, SetContent{Set: nftables.Set{Name: name}, Elements: els})
 		}
 	}
-	d.members = membersOf(members)
+	d.members, d.splits = membersOf(members), splitMarksOf(members)
 	for _, f := range families {
 		s, err := c.GetSetByName(t, mapSNAT+f.suffix)
 		if err != nil {
@@ -351,7 +356,7 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 	for _, p := range st.Pods {
 		d.uids[p.IP.Unmap()] = p.UID
 	}
-	d.ids, d.roles, d.eips, d.members, d.applied = plan.IDs, plan.Roles, plan.EIPs, plan.Members, &plan
+	d.ids, d.roles, d.eips, d.members, d.splits, d.applied = plan.IDs, plan.Roles, plan.EIPs, plan.Members, plan.Splits, &plan
 	d.assigning = assigningOf(st)
 	d.refused = refused
 	return errors.Join(buildErr, refusedError(refused))
@@ -486,6 +491,15 @@ func (d *Datapath) writeTable(plan Plan) error {
 // fillTable adds the content of nft to the batch of c, in table t. It
 // fails (with a *tableError) when a set or its elements cannot be encoded.
 func fillTable(c *nftables.Conn, t *nftables.Table, nft Ruleset) error {
+	// Chains first, rules last: the verdict maps' elements name chains
+	// (jump dst...), the rules name sets; the kernel resolves both when
+	// they are added (ENOENT otherwise).
+	chains := make([]*nftables.Chain, len(nft.Chains))
+	for i, cc := range nft.Chains {
+		ch := cc.Chain
+		ch.Table = t
+		chains[i] = c.AddChain(&ch)
+	}
 	for _, sc := range nft.Sets {
 		s := sc.Set
 		s.Table = t
@@ -501,12 +515,9 @@ func fillTable(c *nftables.Conn, t *nftables.Table, nft Ruleset) error {
 	for _, n := range nft.Counters {
 		c.AddObj(&nftables.NamedObj{Table: t, Name: n, Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
 	}
-	for _, cc := range nft.Chains {
-		ch := cc.Chain
-		ch.Table = t
-		c.AddChain(&ch)
+	for i, cc := range nft.Chains {
 		for _, r := range cc.Rules {
-			c.AddRule(&nftables.Rule{Table: t, Chain: &ch, Exprs: r})
+			c.AddRule(&nftables.Rule{Table: t, Chain: chains[i], Exprs: r})
 		}
 	}
 	return nil
@@ -782,6 +793,9 @@ type ctFilter struct {
 	// before they joined, would otherwise go on leaving with the Node IP.
 	joinedFailed map[netip.Addr]bool
 	cluster      []netip.Prefix
+	// failedSpans limits joinedFailed for split members: only their
+	// flows to these destinations (those of their rejected Egresses).
+	failedSpans map[netip.Addr][]destinations.Span
 }
 
 func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
@@ -800,7 +814,8 @@ func (f *ctFilter) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if a, ok := netip.AddrFromSlice(flow.Forward.SrcIP); ok && id == 0 && f.joinedFailed[a.Unmap()] {
 		// The destination as classified: after DNAT, the reply's source.
 		if dst, ok := netip.AddrFromSlice(flow.Reverse.SrcIP); ok && !slices.ContainsFunc(f.cluster, func(p netip.Prefix) bool { return p.Contains(dst.Unmap()) }) {
-			return true
+			spans, split := f.failedSpans[a.Unmap()]
+			return !split || destinations.Lookup(spans, dst.Unmap()) != ""
 		}
 	}
 	return false
@@ -839,11 +854,18 @@ func (d *Datapath) cleanConntrack(plan Plan, st State, drains map[drainKey]drain
 			failed[d.cfg.Mark(plan.IDs[name])] = d.roles[name] != RoleFailed || d.ids[name] != plan.IDs[name] || d.assigning[name]
 		}
 	}
-	for ip, mark := range plan.Members {
-		began, isFailed := failed[mark&d.cfg.IDMask]
-		if old, ok := d.members[ip]; isFailed && (began || !ok || old != mark) {
-			f.joinedFailed[ip] = true
+	oldMarks, newMarks := memberMarks(d.members, d.splits), memberMarks(plan.Members, plan.Splits)
+	for ip, marks := range newMarks {
+		for _, mark := range marks {
+			if began, isFailed := failed[mark&d.cfg.IDMask]; isFailed && (began || !slices.Contains(oldMarks[ip], mark)) {
+				f.joinedFailed[ip] = true
+			}
 		}
+	}
+	// A split member's earlier flows are cut only toward the destinations
+	// of its rejected Egresses.
+	if len(f.joinedFailed) > 0 && len(plan.Splits) > 0 {
+		f.failedSpans = failedSpans(d.cfg, st, plan, failed, f.joinedFailed)
 	}
 	if len(f.joinedFailed) > 0 {
 		for _, fam := range families {
@@ -860,8 +882,11 @@ func (d *Datapath) cleanConntrack(plan Plan, st State, drains map[drainKey]drain
 			f.ips[ip] = true
 		}
 	}
-	for ip, mark := range d.members {
-		if nm, ok := plan.Members[ip]; !ok || nm != mark {
+	for ip, marks := range oldMarks {
+		for _, mark := range marks {
+			if slices.Contains(newMarks[ip], mark) {
+				continue
+			}
 			if id := mark & d.cfg.IDMask; id != 0 && !f.marks[id] && !draining[liveKey{ip, id}] {
 				f.left[liveKey{ip, id}] = true
 			}
@@ -938,7 +963,7 @@ func (d *Datapath) Teardown(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("delete %s: %w", d.cfg.TunnelDevice, err))
 		}
 	}
-	d.applied, d.ids, d.roles, d.eips, d.members, d.refused = nil, IDs{}, map[string]Role{}, map[string]netip.Addr{}, map[netip.Addr]uint32{}, nil
+	d.applied, d.ids, d.roles, d.eips, d.members, d.splits, d.refused = nil, IDs{}, map[string]Role{}, map[string]netip.Addr{}, map[netip.Addr]uint32{}, map[netip.Addr][]uint32{}, nil
 	d.drains, d.uids = nil, nil
 	return errors.Join(errs...)
 }

@@ -76,6 +76,7 @@ type drainInput struct {
 	// prev* describe the last Apply (prevRoutes is nil after a restart:
 	// no drain can start then, the outer destinations are unknown).
 	prevMembers map[netip.Addr]uint32
+	prevSplits  map[netip.Addr][]uint32
 	prevIDs     IDs
 	prevRoles   map[string]Role
 	prevEIPs    map[string]netip.Addr
@@ -119,17 +120,19 @@ func planDrains(in drainInput) (keep map[drainKey]drain, ended []drain) {
 	for n, id := range in.prevIDs {
 		byMark[in.cfg.Mark(id)] = n
 	}
-	for ip, mark := range in.prevMembers {
-		name := byMark[mark&in.cfg.IDMask]
-		k := drainKey{name, ip}
-		if _, ok := keep[k]; name == "" || ok || v.member(name, ip) {
-			continue
-		}
-		if in.live != nil && in.live[liveKey{ip, mark & in.cfg.IDMask}] == 0 {
-			continue // no open flow: nothing to drain
-		}
-		if dr, ok := in.startDrain(v, name, ip, mark); ok {
-			keep[k] = dr
+	for ip, marks := range memberMarks(in.prevMembers, in.prevSplits) {
+		for _, mark := range marks {
+			name := byMark[mark&in.cfg.IDMask]
+			k := drainKey{name, ip}
+			if _, ok := keep[k]; name == "" || ok || v.member(name, ip) {
+				continue
+			}
+			if in.live != nil && in.live[liveKey{ip, mark & in.cfg.IDMask}] == 0 {
+				continue // no open flow: nothing to drain
+			}
+			if dr, ok := in.startDrain(v, name, ip, mark); ok {
+				keep[k] = dr
+			}
 		}
 	}
 	return keep, ended
@@ -284,7 +287,7 @@ func (d *Datapath) planDrains(st State) (map[drainKey]drain, []drain, error) {
 	}
 	in := drainInput{
 		cfg: d.cfg, st: st, now: d.now(), timeout: d.cfg.DrainTimeout,
-		prevMembers: d.members, prevIDs: d.ids, prevRoles: d.roles, prevEIPs: d.eips, prevUIDs: d.uids, drains: d.drains,
+		prevMembers: d.members, prevSplits: d.splits, prevIDs: d.ids, prevRoles: d.roles, prevEIPs: d.eips, prevUIDs: d.uids, drains: d.drains,
 	}
 	if d.applied != nil {
 		in.prevRoutes = d.applied.Routes

@@ -144,6 +144,8 @@ type builder struct {
 	// peerLens are the Pod CIDR prefix lengths of the peerpods sets, by
 	// family suffix, sorted.
 	peerLens map[string][]int
+	// splits are the State's Splits as programmed (split.go).
+	splits []splitPlan
 }
 
 // gpeOff is the offset of the inner IP header in a tunnel packet's UDP
@@ -231,7 +233,7 @@ func one(e ...expr.Any) []expr.Any { return e }
 
 // buildRuleset derives the table's content. plans are sorted by name.
 func buildRuleset(cfg Config, st State, plans []egressPlan) Ruleset {
-	b := &builder{cfg: cfg, sets: map[string]*SetContent{}, peerLens: map[string][]int{}}
+	b := &builder{cfg: cfg, sets: map[string]*SetContent{}, peerLens: map[string][]int{}, splits: planSplits(cfg, st, plans)}
 	b.addSets(st, plans)
 	// Stable batch-local set IDs.
 	sets := make([]SetContent, 0, len(b.sets))
@@ -293,6 +295,8 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 	add(nftables.Set{Name: setFailed, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian})
 	add(nftables.Set{Name: setIDs, KeyType: markType, KeyByteOrder: binaryutil.NativeEndian})
 
+	splitLocal, splitRemote := b.addSplitSets(b.splits)
+
 	// Elements.
 	elem := func(set string, key, val []byte) {
 		s := b.sets[set]
@@ -311,7 +315,7 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 		}
 		for _, ip := range e.Local {
 			ip = ip.Unmap()
-			if f.owns(ip) && !seenLocal[ip] {
+			if f.owns(ip) && !seenLocal[ip] && !splitLocal[ip] {
 				seenLocal[ip] = true
 				elem(mapLocal+f.suffix, f.addr(ip), native(mark))
 			}
@@ -331,7 +335,7 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 		}
 		for _, m := range e.Remote {
 			ip := m.IP.Unmap()
-			if f.owns(ip) && !seenRemote[ip] && !seenLocal[ip] {
+			if f.owns(ip) && !seenRemote[ip] && !seenLocal[ip] && !splitRemote[ip] && !splitLocal[ip] {
 				seenRemote[ip] = true
 				elem(mapRemote+f.suffix, f.addr(ip), native(mark|cfg.FromTunnel))
 			}
@@ -384,6 +388,9 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 	for _, f := range families {
 		classify = append(classify, rule(iif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW),
 			one(payload(f.saddrOff, f.addrLen), b.mapTo(mapRemote+f.suffix), &expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})))
+		// Remote members whose destinations Egresses held here share:
+		// their Split's chain marks by destination.
+		classify = append(classify, rule(iif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW), b.splitLookup(mapRemoteSplit, f)))
 	}
 	// A member not in remote yet, whose outer packet input found to come
 	// from a peer's Pod CIDR to an egress IP held here (the hint: that
@@ -403,6 +410,8 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		classify = append(classify, rule(notIif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW), ctDir(dirOriginal),
 			one(payload(f.daddrOff, f.addrLen), b.lookup(setCluster+f.suffix, true),
 				payload(f.saddrOff, f.addrLen), b.mapTo(mapLocal+f.suffix), &expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})))
+		classify = append(classify, rule(notIif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW), ctDir(dirOriginal),
+			one(payload(f.daddrOff, f.addrLen), b.lookup(setCluster+f.suffix, true)), b.splitLookup(mapLocalSplit, f)))
 	}
 	classify = append(classify,
 		rule(ctMarkMasked(both), one(eq(native(0)), verdict(expr.VerdictReturn, ""))),
@@ -535,7 +544,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 
 	filter, nat := nftables.ChainTypeFilter, nftables.ChainTypeNAT
 	prio := func(p int32) *nftables.ChainPriority { return new(nftables.ChainPriority(p)) }
-	chains := []ChainContent{
+	chains := append(b.splitChains(b.splits), []ChainContent{
 		{Chain: nftables.Chain{Name: chainSetMark}, Rules: setMark},
 		{Chain: nftables.Chain{Name: chainReject}, Rules: reject},
 		{Chain: nftables.Chain{Name: chainEIPGuard}, Rules: guard},
@@ -547,7 +556,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		{Chain: nftables.Chain{Name: chainEIPSource}, Rules: eipSource},
 		{Chain: nftables.Chain{Name: chainSourceOut, Type: filter, Hooknum: nftables.ChainHookOutput, Priority: prio(0 - 10)}, Rules: sourceOut},
 		{Chain: nftables.Chain{Name: chainSourcePost, Type: filter, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 + 10)}, Rules: sourcePost},
-	}
+	}...)
 	return chains, counters
 }
 

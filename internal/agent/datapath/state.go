@@ -4,7 +4,11 @@
 // and policy routing keyed by marks. See /docs/datapath.md.
 package datapath
 
-import "net/netip"
+import (
+	"net/netip"
+
+	"github.com/egressip/egressip/internal/destinations"
+)
 
 // Role is what this Node does for one Egress.
 type Role int
@@ -94,6 +98,29 @@ type State struct {
 	// egress IP held here; it routes replies to a peer's Pod CIDR back
 	// through the tunnel to that peer.
 	Peers []Peer
+	// Splits are the member IPs whose destinations several Egresses
+	// share, or that an Egress carries only in part (spec.destinationCIDRs,
+	// spec.excludedCIDRs): their new flows are classified by destination
+	// through an interval map per Split. Every IP of a Split is also in
+	// Local (or Remote) of each Egress its Spans name; an IP in no Split
+	// uses its one Egress for every destination outside the cluster.
+	Splits []Split
+}
+
+// Split is a group of member IPs of one family whose destinations are
+// divided alike (destinations.Resolve).
+type Split struct {
+	// IPs are the members, of one family.
+	IPs []netip.Addr
+	// Remote: members on other Nodes, whose tunnelled flows this Node,
+	// their Egresses' egress Node, classifies (Spans name only Egresses
+	// held here); else members running here.
+	Remote bool
+	// Spans say which Egress carries each destination; a destination in
+	// no Span, or in the Span of an Egress without a datapath here
+	// (failurePolicy Ignore and no Node), takes no Egress: a local
+	// member's flow leaves with the Node IP.
+	Spans []destinations.Span
 }
 
 // Peer is another Node by one of its internal IPs.

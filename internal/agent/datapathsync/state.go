@@ -178,6 +178,11 @@ func computeState(in stateInput) datapath.State {
 		st.Egresses = append(st.Egresses, eg)
 	}
 	slices.SortFunc(st.Egresses, func(a, b datapath.Egress) int { return strings.Compare(a.Name, b.Name) })
+	byName := make(map[string]*v1alpha1.Egress, len(in.Egresses))
+	for i := range in.Egresses {
+		byName[in.Egresses[i].Name] = &in.Egresses[i]
+	}
+	st.Splits = splitsOf(sel, st.Egresses, byName)
 	return st
 }
 
@@ -227,5 +232,5 @@ func stateEqual(a, b datapath.State) bool {
 		slices.EqualFunc(a.Egresses, b.Egresses, func(x, y datapath.Egress) bool {
 			return x.Name == y.Name && x.IP == y.IP && x.Role == y.Role && x.FailurePolicy == y.FailurePolicy && x.Assigning == y.Assigning &&
 				slices.Equal(x.Local, y.Local) && slices.Equal(x.Remote, y.Remote)
-		})
+		}) && splitsEqual(a.Splits, b.Splits)
 }
