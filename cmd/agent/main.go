@@ -123,6 +123,7 @@ func run(args []string, stderr io.Writer) int {
 		rejectQueue                   int
 		drainTimeout                  time.Duration
 		hostStackCheck                bool
+		poolRouting                   bool
 		cniSocket, cniConfDir         string
 		cniKeep                       bool
 		cniTimeout                    time.Duration
@@ -144,6 +145,10 @@ func run(args []string, stderr io.Writer) int {
 			"(direct-action tc or tcx programs on Pods' host devices, netkit, Cilium or Calico eBPF devices) and report it"+
 			" in the Node condition EgressDatapathSupported. "+
 			"Turn it off where such programs let traffic reach the stack (Cilium with bpf.hostLegacyRouting=true).")
+	fs.BoolVar(&poolRouting, "datapath-pool-routing", true,
+		"With --datapath, send the traffic of an egress IP bound on a link other than the default-route link "+
+			"through that link, to its pool's subnetInfo.gateway (policy routing tables 49900-49963, rules at "+
+			"priorities 1110 and 1111, see docs/datapath.md); false leaves it to the main table.")
 	fs.IntVar(&rejectQueue, "datapath-reject-queue", datapath.DefaultConfig().RejectQueue,
 		"Netfilter queue number (1-65535) through which the first packet of a connection that failurePolicy Fail "+
 			"rejects takes a round trip to the agent, "+
@@ -314,6 +319,15 @@ func run(args []string, stderr io.Writer) int {
 		}
 		defer func() { _ = eng.Close() }()
 		o.Datapath = eng
+		if poolRouting {
+			pr, err := eng.NewPoolRouting()
+			if err != nil {
+				log.Error(err, "cannot start pool routing")
+				return 1
+			}
+			defer pr.Close()
+			o.PoolRoutes = pr
+		}
 		if dc.RejectQueue >= 0 {
 			kc.SetRejectQueueForm(eng.RejectQueueForm())
 		}

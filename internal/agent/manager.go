@@ -415,6 +415,9 @@ type RunOptions struct {
 	Datapath Datapath
 	// CIDRs are the destinations kept off egress paths (Datapath only).
 	CIDRs CIDRs
+	// PoolRoutes, when set with Datapath, routes the egress IPs held on a
+	// non-default link through that link (Engine.NewPoolRouting).
+	PoolRoutes *PoolRouting
 	// HostCheck, when set with Datapath, checks on every datapath
 	// reconcile whether the CNI bypasses the host stack; the finding is
 	// served in the report (report.Report.Datapath).
@@ -531,7 +534,8 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	if o.Datapath != nil {
-		dr := &DatapathReconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod, OnRefused: a.SetRefusedEgresses}
+		dr := &DatapathReconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod, OnRefused: a.SetRefusedEgresses,
+			PoolRoutes: o.PoolRoutes}
 		if o.HostCheck != nil {
 			dr.HostCheck, dr.OnFinding = o.HostCheck, a.SetDatapathStatus
 		}
