@@ -343,6 +343,9 @@ func (r *DatapathReconciler) Reconcile(ctx context.Context, _ reconcile.Request)
 		return reconcile.Result{RequeueAfter: resync - time.Since(r.lastApplyTime())}, nil
 	}
 	start := time.Now()
+	if r.PoolRoutes != nil {
+		r.PoolRoutes.SetInputs(egs.Items, pools.Items)
+	}
 	err := r.DP.Apply(ctx, st)
 	refused, partial := errors.AsType[*datapath.RefusedError](err)
 	if err != nil && (!partial || errors.Is(err, datapath.ErrTooManyEgresses)) {

@@ -3,7 +3,10 @@ package agent
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -23,6 +26,10 @@ type PoolRouting struct {
 	engine poolEngine
 	closer func()
 	last   string
+
+	mu    sync.Mutex
+	egs   []v1alpha1.Egress
+	pools []v1alpha1.ExternalIPPool
 }
 
 // poolRecheck is how soon the datapath reconciler comes back while an
@@ -56,7 +63,31 @@ func (e *Engine) NewPoolRouting() (*PoolRouting, error) {
 		h.Close()
 		return nil, fmt.Errorf("pool routing: %w", err)
 	}
-	return &PoolRouting{router: r, engine: e.Datapath, closer: h.Close}, nil
+	p := &PoolRouting{router: r, engine: e.Datapath, closer: h.Close}
+	e.SetBeforeTable(p.beforeTable)
+	return p, nil
+}
+
+// SetInputs gives the Egresses and pools of the pass about to Apply, for
+// the routes and rules added before the datapath's table (beforeTable).
+func (p *PoolRouting) SetInputs(egs []v1alpha1.Egress, pools []v1alpha1.ExternalIPPool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.egs, p.pools = egs, pools
+}
+
+// beforeTable adds, inside the datapath's Apply, the pool routes and
+// rules the new plan needs before its table marks flows for them, so the
+// first packets of an Egress that just arrived on this Node do not leave
+// through the main table. Stale ones go in Sync, after the Apply.
+func (p *PoolRouting) beforeTable(plan datapath.Plan) error {
+	p.mu.Lock()
+	egs, pools := p.egs, p.pools
+	p.mu.Unlock()
+	if _, err := p.router.Add(poolEgresses(plan.EIPs, plan.IDs, p.engine.Config(), egs, pools)); err != nil {
+		return fmt.Errorf("pool routing: %w", err)
+	}
+	return nil
 }
 
 // Close releases the netlink handle; the tables and rules stay for the
@@ -70,7 +101,7 @@ func (p *PoolRouting) Close() {
 // poolEgresses lists, from an applied State, the egress IPs held here
 // with the marks of the Egresses SNATing to them and their pool's
 // subnetInfo.
-func poolEgresses(st datapath.State, ids datapath.IDs, cfg datapath.Config, egs []v1alpha1.Egress, pools []v1alpha1.ExternalIPPool) []poolroute.Egress {
+func poolEgresses(eips map[string]netip.Addr, ids datapath.IDs, cfg datapath.Config, egs []v1alpha1.Egress, pools []v1alpha1.ExternalIPPool) []poolroute.Egress {
 	poolOf := map[string]string{}
 	for i := range egs {
 		poolOf[egs[i].Name] = egs[i].Spec.ExternalIPPool
@@ -79,23 +110,25 @@ func poolEgresses(st datapath.State, ids datapath.IDs, cfg datapath.Config, egs 
 	for i := range pools {
 		subnet[pools[i].Name] = pools[i].Spec.SubnetInfo
 	}
+	names := slices.Sorted(maps.Keys(eips))
 	idx := map[netip.Addr]int{}
 	var out []poolroute.Egress
-	for _, e := range st.Egresses {
-		id, ok := ids[e.Name]
-		if e.Role != datapath.RoleEgress || !e.IP.IsValid() || !ok {
+	for _, name := range names {
+		ip := eips[name]
+		id, ok := ids[name]
+		if !ip.IsValid() || !ok {
 			continue
 		}
-		i, seen := idx[e.IP]
+		i, seen := idx[ip]
 		if !seen {
-			pe := poolroute.Egress{IP: e.IP}
-			if si := subnet[poolOf[e.Name]]; si != nil {
-				if gw, err := netip.ParseAddr(si.Gateway); err == nil && gw.Unmap().Is4() == e.IP.Is4() {
+			pe := poolroute.Egress{IP: ip}
+			if si := subnet[poolOf[name]]; si != nil {
+				if gw, err := netip.ParseAddr(si.Gateway); err == nil && gw.Unmap().Is4() == ip.Is4() {
 					pe.Gateway, pe.PrefixLen = gw.Unmap(), int(si.PrefixLength)
 				}
 			}
 			i = len(out)
-			idx[e.IP] = i
+			idx[ip] = i
 			out = append(out, pe)
 		}
 		out[i].Marks = append(out[i].Marks, cfg.Mark(id))
@@ -103,12 +136,24 @@ func poolEgresses(st datapath.State, ids datapath.IDs, cfg datapath.Config, egs 
 	return out
 }
 
+// heldEIPs is the egress IP of every Egress st gives RoleEgress here.
+func heldEIPs(st datapath.State) map[string]netip.Addr {
+	m := map[string]netip.Addr{}
+	for _, e := range st.Egresses {
+		if e.Role == datapath.RoleEgress && e.IP.IsValid() {
+			m[e.Name] = e.IP.Unmap()
+		}
+	}
+	return m
+}
+
 // Sync programs the pool routing of st and reports whether an egress IP
 // held here is not bound yet (the caller comes back soon: the binding
 // reconciler runs apart). Problems are logged, on change only.
 func (p *PoolRouting) Sync(ctx context.Context, st datapath.State, egs []v1alpha1.Egress, pools []v1alpha1.ExternalIPPool) bool {
 	log := ctrllog.FromContext(ctx).WithName("poolroute")
-	want := poolEgresses(st, p.engine.IDs(), p.engine.Config(), egs, pools)
+	p.SetInputs(egs, pools)
+	want := poolEgresses(heldEIPs(st), p.engine.IDs(), p.engine.Config(), egs, pools)
 	res, err := p.router.Sync(want)
 	poolroute.Observe(res, err)
 	msg := res.String()

@@ -33,7 +33,7 @@ func TestPoolEgresses(t *testing.T) {
 		{ObjectMeta: metav1.ObjectMeta{Name: "p4"}, Spec: v1alpha1.ExternalIPPoolSpec{SubnetInfo: &v1alpha1.SubnetInfo{Gateway: "198.51.100.1", PrefixLength: 24}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "p6"}, Spec: v1alpha1.ExternalIPPoolSpec{SubnetInfo: &v1alpha1.SubnetInfo{Gateway: "198.51.100.1", PrefixLength: 24}}},
 	}
-	got := poolEgresses(st, ids, cfg, []v1alpha1.Egress{eg("a", "p4"), eg("b", "p4"), eg("c", "p6"), eg("d", "p4")}, pools)
+	got := poolEgresses(heldEIPs(st), ids, cfg, []v1alpha1.Egress{eg("a", "p4"), eg("b", "p4"), eg("c", "p6"), eg("d", "p4")}, pools)
 	want := []poolroute.Egress{
 		{IP: ip4, Marks: []uint32{cfg.Mark(1), cfg.Mark(2)}, Gateway: netip.MustParseAddr("198.51.100.1"), PrefixLen: 24},
 		{IP: ip6, Marks: []uint32{cfg.Mark(3)}},

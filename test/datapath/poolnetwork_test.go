@@ -2,6 +2,7 @@ package dpharness_test
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os/exec"
@@ -16,7 +17,9 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/egressip/egressip/internal/agent/announce"
 	"github.com/egressip/egressip/internal/agent/bind"
+	"github.com/egressip/egressip/internal/agent/datapath"
 	"github.com/egressip/egressip/internal/agent/poolroute"
 	dp "github.com/egressip/egressip/test/datapath"
 )
@@ -55,7 +58,18 @@ type poolNet struct {
 	r2MAC    net.HardwareAddr // R2's eth0 (toward n1)
 	binder   *bind.Binder
 	nl       *netlink.Handle // in n1
+	// Every Node with a link to R2 (n1 and n3): its binder, netlink
+	// handle and eth1 MAC.
+	binders map[*dp.Node]*bind.Binder
+	nls     map[*dp.Node]*netlink.Handle
+	macs    map[*dp.Node]net.HardwareAddr
+	// lastN3 is the count of the last counted call for n3's eth1.
+	lastN3 uint64
 }
+
+// r2DMZMAC is the MAC of R2's bridge on the pool network (set, so that
+// the bridge does not take a port's).
+var r2DMZMAC = net.HardwareAddr{0x02, 0x19, 0, 0, 0, 1}
 
 func newNS(t *testing.T, name string) *dp.NS {
 	t.Helper()
@@ -109,7 +123,7 @@ func newPoolNet(t *testing.T) *poolNet {
 	f := newFixture(t)
 	c := f.c
 	n1 := c.Nodes[0]
-	p := &poolNet{f: f}
+	p := &poolNet{f: f, binders: map[*dp.Node]*bind.Binder{}, nls: map[*dp.Node]*netlink.Handle{}, macs: map[*dp.Node]net.HardwareAddr{}}
 	p.r2 = newNS(t, c.Prefix+"r2")
 	p.srv2 = newNS(t, c.Prefix+"srv2")
 	// The default router's server leaves 198.51.100.0/24.
@@ -132,22 +146,29 @@ func newPoolNet(t *testing.T) *poolNet {
 		[]string{"link", "set", "b-r2", "master", "br0"},
 		[]string{"link", "set", "b-r2", "up"},
 	)
-	ipMust(t, &n1.NS,
-		[]string{"link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", p.r2.Name},
-		[]string{"addr", "add", "198.51.100.2/24", "dev", "eth1"},
-		[]string{"addr", "add", "2001:db8:100::2/64", "dev", "eth1", "nodad"},
-		[]string{"link", "set", "eth1", "up"},
+	ipMust(t, p.r2,
+		[]string{"link", "add", "dmz", "address", r2DMZMAC.String(), "type", "bridge"},
+		[]string{"addr", "add", "198.51.100.1/24", "dev", "dmz"},
+		[]string{"addr", "add", "2001:db8:100::1/64", "dev", "dmz", "nodad"},
+		[]string{"link", "set", "dmz", "up"},
 	)
-	// A site puts the second link in loose reverse-path mode: replies
-	// and tunnel packets from the uplink's networks arrive on it
-	// (docs/datapath.md, "Pool networks").
-	if err := n1.Sysctl("net/ipv4/conf/eth1/rp_filter", "2"); err != nil {
-		t.Fatal(err)
+	for _, n := range []*dp.Node{n1, c.Nodes[2]} {
+		port := fmt.Sprintf("d-n%d", n.Index)
+		ipMust(t, &n.NS,
+			[]string{"link", "add", "eth1", "type", "veth", "peer", "name", port, "netns", p.r2.Name},
+			[]string{"addr", "add", fmt.Sprintf("198.51.100.%d/24", n.Index+1), "dev", "eth1"},
+			[]string{"addr", "add", fmt.Sprintf("2001:db8:100::%d/64", n.Index+1), "dev", "eth1", "nodad"},
+			[]string{"link", "set", "eth1", "up"},
+		)
+		ipMust(t, p.r2, []string{"link", "set", port, "master", "dmz"}, []string{"link", "set", port, "up"})
+		// A site puts the second link in loose reverse-path mode: replies
+		// and tunnel packets from the uplink's networks arrive on it
+		// (docs/datapath.md, "Pool networks").
+		if err := n.Sysctl("net/ipv4/conf/eth1/rp_filter", "2"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ipMust(t, p.r2,
-		[]string{"addr", "add", "198.51.100.1/24", "dev", "eth0"},
-		[]string{"addr", "add", "2001:db8:100::1/64", "dev", "eth0", "nodad"},
-		[]string{"link", "set", "eth0", "up"},
 		[]string{"addr", "add", "192.0.2.2/24", "dev", "eth1"},
 		[]string{"addr", "add", "2001:db8::2/64", "dev", "eth1", "nodad"},
 		[]string{"link", "set", "eth1", "up"},
@@ -170,7 +191,7 @@ func newPoolNet(t *testing.T) *poolNet {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.srv2Srv.Close)
-	p.n1MAC, p.n1UpMAC, p.r2MAC = linkMAC(t, &n1.NS, "eth1"), linkMAC(t, &n1.NS, "eth0"), linkMAC(t, p.r2, "eth0")
+	p.n1MAC, p.n1UpMAC, p.r2MAC = linkMAC(t, &n1.NS, "eth1"), linkMAC(t, &n1.NS, "eth0"), linkMAC(t, p.r2, "dmz")
 
 	// The agent's binder chooses the interface by the pool's subnet.
 	hints := map[netip.Addr]bind.Hint{
@@ -178,14 +199,20 @@ func newPoolNet(t *testing.T) *poolNet {
 		poolEIPv4b: {Subnet: netip.PrefixFrom(r2GwV4, 24)},
 		poolEIPv6:  {Subnet: netip.PrefixFrom(r2GwV6, 64)},
 	}
-	if p.binder, err = bind.New(n1.Handle, bind.Config{HintFor: func(ip netip.Addr) bind.Hint { return hints[ip] }}); err != nil {
-		t.Fatal(err)
+	for _, n := range []*dp.Node{n1, c.Nodes[2]} {
+		b, err := bind.New(n.Handle, bind.Config{HintFor: func(ip netip.Addr) bind.Hint { return hints[ip] }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Close)
+		h, err := n.Netlink()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.Close)
+		p.binders[n], p.nls[n], p.macs[n] = b, h, linkMAC(t, &n.NS, "eth1")
 	}
-	t.Cleanup(p.binder.Close)
-	if p.nl, err = n1.Netlink(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.nl.Close)
+	p.binder, p.nl = p.binders[n1], p.nls[n1]
 	return p
 }
 
@@ -194,9 +221,6 @@ func newPoolNet(t *testing.T) *poolNet {
 // with the agent's binder, and syncs n1's pool routing.
 func (p *poolNet) program(t *testing.T, r *poolroute.Router, specs []spec) poolroute.Result {
 	t.Helper()
-	for _, n := range p.f.c.Nodes {
-		p.f.applyNode(n, specs)
-	}
 	var eips []netip.Addr
 	for _, s := range specs {
 		if s.node == p.f.c.Nodes[0] && s.ip.IsValid() {
@@ -205,6 +229,10 @@ func (p *poolNet) program(t *testing.T, r *poolroute.Router, specs []spec) poolr
 	}
 	if _, _, err := p.binder.Sync(eips); err != nil {
 		t.Fatalf("bind: %v", err)
+	}
+	p.hook(p.f.c.Nodes[0], r)
+	for _, n := range p.f.c.Nodes {
+		p.f.applyNode(n, specs)
 	}
 	res, err := r.Sync(p.egresses(specs))
 	if err != nil {
@@ -219,7 +247,38 @@ func (p *poolNet) program(t *testing.T, r *poolroute.Router, specs []spec) poolr
 // egresses is what the agent hands the Router for n1: every egress IP it
 // holds, the marks of the Egresses SNATing to it, the pool's subnetInfo.
 func (p *poolNet) egresses(specs []spec) []poolroute.Egress {
-	n1 := p.f.c.Nodes[0]
+	return p.egressesOn(p.f.c.Nodes[0], specs)
+}
+
+// hook adds n's pool routes and rules inside every datapath Apply on n,
+// before its table is written, as the agent does (PoolRouting.beforeTable).
+func (p *poolNet) hook(n *dp.Node, r *poolroute.Router) {
+	cfg := p.f.dps[n].Config()
+	p.f.dps[n].SetBeforeTable(func(plan datapath.Plan) error {
+		var out []poolroute.Egress
+		byIP := map[netip.Addr]int{}
+		names := slices.Sorted(maps.Keys(plan.EIPs))
+		for _, name := range names {
+			ip := plan.EIPs[name]
+			i, ok := byIP[ip]
+			if !ok {
+				gw, bits := r2GwV4, 24
+				if ip.Is6() {
+					gw, bits = r2GwV6, 64
+				}
+				i = len(out)
+				byIP[ip] = i
+				out = append(out, poolroute.Egress{IP: ip, Gateway: gw, PrefixLen: bits})
+			}
+			out[i].Marks = append(out[i].Marks, cfg.Mark(plan.IDs[name]))
+		}
+		_, err := r.Add(out)
+		return err
+	})
+}
+
+// egressesOn is egresses for any Node.
+func (p *poolNet) egressesOn(n1 *dp.Node, specs []spec) []poolroute.Egress {
 	d := p.f.dps[n1]
 	ids := d.IDs()
 	byIP := map[netip.Addr]*poolroute.Egress{}
@@ -273,7 +332,8 @@ func (p *poolNet) capture(t *testing.T) {
 			name string
 			m    []expr.Any
 		}{
-			{"second-" + eip.String(), slices.Concat(iif("eth0"), ether(6, p.n1MAC), ether(0, p.r2MAC))},
+			{"second-" + eip.String(), slices.Concat(iif("dmz"), ether(6, p.n1MAC), ether(0, p.r2MAC))},
+			{"second3-" + eip.String(), slices.Concat(iif("dmz"), ether(6, p.macs[p.f.c.Nodes[2]]), ether(0, p.r2MAC))},
 			{"uplink-" + eip.String(), iif("eth1")},
 		} {
 			conn.AddObj(&nftables.NamedObj{Table: tab, Name: strings.ReplaceAll(c.name, ":", "_"), Type: nftables.ObjTypeCounter, Obj: &expr.Counter{}})
@@ -314,6 +374,8 @@ func (p *poolNet) counted(t *testing.T, eip netip.Addr) (second, uplink uint64) 
 			second = n
 		case strings.ReplaceAll("uplink-"+eip.String(), ":", "_"):
 			uplink = n
+		case strings.ReplaceAll("second3-"+eip.String(), ":", "_"):
+			p.lastN3 = n
 		}
 	}
 	return second, uplink
@@ -558,4 +620,177 @@ func ifnameBytes(n string) []byte {
 	b := make([]byte, unix.IFNAMSIZ)
 	copy(b, n)
 	return b
+}
+
+// TestPoolNetworkFailover moves an egress IP of the pool network between
+// n1 and n3, both with a link to R2, while a member on n2 streams UDP
+// probes every 10 ms to the server behind R2 and holds a TCP session:
+// three planned moves (release on the old Node, then bind, Apply, pool
+// routing and a GARP or unsolicited NA on the new Node's eth1) and three
+// crash failovers (the old Node cut off both networks, the new one told
+// at once). After each, R2's neighbour entry for the egress IP on its pool
+// network names the new Node's eth1 MAC (the announcement went out on the
+// right link) and R2 sees the egress IP's packets from that MAC. Logs the
+// largest probe gap of each move and the medians.
+func TestPoolNetworkFailover(t *testing.T) {
+	p := newPoolNet(t)
+	c := p.f.c
+	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
+	member := n2.Pods[0]
+	routers := map[*dp.Node]*poolroute.Router{}
+	anns := map[*dp.Node]*announce.Announcer{}
+	for _, n := range []*dp.Node{n1, n3} {
+		r, err := poolroute.New(p.nls[n], poolroute.Config{IDMask: p.f.dps[n].Config().IDMask})
+		if err != nil {
+			t.Fatal(err)
+		}
+		routers[n] = r
+		p.hook(n, r)
+		a, err := announce.New(n.Handle, announce.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.Close() })
+		anns[n] = a
+	}
+	p.capture(t)
+	other := map[*dp.Node]*dp.Node{n1: n3, n3: n1}
+	sync := func(t *testing.T, n *dp.Node, specs []spec, eips []netip.Addr) {
+		t.Helper()
+		if _, _, err := p.binders[n].Sync(eips); err != nil {
+			t.Fatalf("bind on %s: %v", n.Name, err)
+		}
+		p.f.applyNode(n, specs)
+		res, err := routers[n].Sync(p.egressesOn(n, specs))
+		if err == nil {
+			err = res.Err()
+		}
+		if err != nil {
+			t.Fatalf("pool routing on %s: %v", n.Name, err)
+		}
+	}
+	// acquire: the new Node binds, programs and starts the agent's
+	// announcement burst (0, 1, 2, 4 s) on eth1.
+	acquire := func(t *testing.T, n *dp.Node, specs []spec, eip netip.Addr) {
+		t.Helper()
+		sync(t, n, specs, []netip.Addr{eip})
+		p.f.applyNode(n2, specs)
+		anns[n].Start(eip, "eth1")
+	}
+	// gapOf is the largest interval without a probe at srv2 between the
+	// first probe and stop, the silence after the last probe included
+	// (a stream that never resumed is one long gap).
+	gapOf := func(stream string, stopAt time.Time) (time.Duration, int) {
+		ts := p.srv2Srv.Probes(stream)
+		if len(ts) == 0 {
+			return 0, 0
+		}
+		gap := stopAt.Sub(ts[len(ts)-1])
+		for i := 1; i < len(ts); i++ {
+			gap = max(gap, ts[i].Sub(ts[i-1]))
+		}
+		return gap, len(ts)
+	}
+	for _, fm := range []struct {
+		name string
+		eip  netip.Addr
+		srv  netip.Addr
+	}{{"ipv4", poolEIPv4, srv2V4}, {"ipv6", poolEIPv6, srv2V6}} {
+		t.Run(fm.name, func(t *testing.T) {
+			ctx := ctxT(t, 120*time.Second)
+			specsAt := func(n *dp.Node) []spec {
+				return []spec{{name: "e-" + fm.name, ip: fm.eip, node: n, members: []*dp.Pod{member}}}
+			}
+			at := n1
+			acquire(t, at, specsAt(at), fm.eip)
+			var planned, crash []time.Duration
+			survived := 0
+			for i := range 6 {
+				isCrash := i >= 3
+				next := other[at]
+				conn, rd := echoSession(ctx, t, member, fm.srv)
+				if err := echo(conn, rd, "before"); err != nil {
+					t.Fatalf("move %d: echo before: %v", i, err)
+				}
+				stream := fmt.Sprintf("pool-%s-%d", fm.name, i)
+				stop := probeStream(ctx, t, member, fm.srv, stream)
+				time.Sleep(300 * time.Millisecond)
+				specs := specsAt(next)
+				if isCrash {
+					if err := c.Cut(at); err != nil {
+						t.Fatal(err)
+					}
+					ipMust(t, p.r2, []string{"link", "set", fmt.Sprintf("d-n%d", at.Index), "down"})
+				} else {
+					anns[at].Stop(fm.eip)
+					sync(t, at, specs, nil) // release before acquire
+				}
+				acquire(t, next, specs, fm.eip)
+				time.Sleep(700 * time.Millisecond)
+				stopAt := time.Now()
+				stop()
+				gap, n := gapOf(stream, stopAt)
+				err := echo(conn, rd, "after")
+				_ = conn.Close()
+				if err == nil {
+					survived++
+				}
+				kind := "planned move"
+				if isCrash {
+					kind = "crash failover"
+					crash = append(crash, gap)
+				} else {
+					planned = append(planned, gap)
+				}
+				t.Logf("%s %d %s -> %s: largest UDP gap %v over %d probes; TCP session survived: %v (%v)", kind, i, at.Name, next.Name, gap, n, err == nil, err)
+				// The announcement went out on the pool link: R2's entry
+				// for the egress IP on that network names next's eth1.
+				var neigh string
+				for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+					if neigh = ipOut(t, p.r2, "neigh", "show", fm.eip.String(), "dev", "dmz"); strings.Contains(neigh, p.macs[next].String()) {
+						break
+					}
+				}
+				if !strings.Contains(neigh, p.macs[next].String()) {
+					t.Errorf("%s %d: R2's neighbour entry for %s on its pool network is %q, want %s (%s's eth1)", kind, i, fm.eip, strings.TrimSpace(neigh), p.macs[next], next.Name)
+				}
+				before1, _ := p.counted(t, fm.eip)
+				before3 := p.lastN3
+				if got, err := dp.UDPWho(ctx, &member.NS, fm.srv); err != nil || got != fm.eip {
+					t.Errorf("%s %d: srv2 saw %v (err %v), want %s", kind, i, got, err, fm.eip)
+				}
+				after1, uplink := p.counted(t, fm.eip)
+				after3 := p.lastN3
+				if grew := map[*dp.Node]bool{n1: after1 > before1, n3: after3 > before3}; !grew[next] || grew[at] || uplink != 0 {
+					t.Errorf("%s %d: R2 saw the egress IP from n1's eth1 %d, n3's eth1 %d, through br0 %d packets; want only %s's eth1", kind, i, after1-before1, after3-before3, uplink, next.Name)
+				}
+				if isCrash {
+					// The dead Node comes back without the IP.
+					anns[at].Stop(fm.eip)
+					sync(t, at, specs, nil)
+					if err := c.Heal(at); err != nil {
+						t.Fatal(err)
+					}
+					ipMust(t, p.r2, []string{"link", "set", fmt.Sprintf("d-n%d", at.Index), "up"})
+				}
+				at = next
+			}
+			slices.Sort(planned)
+			slices.Sort(crash)
+			t.Logf("%s on the pool network: planned move median largest gap %v (all %v); crash failover median %v (all %v); TCP survived %d/6",
+				fm.name, planned[1], planned, crash[1], crash, survived)
+			if planned[1] > 3*time.Second || crash[1] > 3*time.Second { // generous, as TestCrashFailover
+				t.Errorf("median gaps %v / %v", planned[1], crash[1])
+			}
+			if survived < 5 {
+				t.Errorf("TCP session survived only %d of 6 moves", survived)
+			}
+			// Leave the Node pair clean for the next family.
+			for _, n := range []*dp.Node{n1, n3} {
+				anns[n].Stop(fm.eip)
+				sync(t, n, nil, nil)
+			}
+			p.f.applyNode(n2, nil)
+		})
+	}
 }

@@ -320,6 +320,19 @@ func keyOfRule(x netlink.Rule) ruleKey {
 // of its family, gets no table. Per-IP problems are in the Result; the
 // error is for kernel operations that failed.
 func (r *Router) Sync(egresses []Egress) (Result, error) {
+	return r.apply(egresses, true)
+}
+
+// Add is the first half of Sync: it adds or replaces the routes and adds
+// the rules egresses need, and deletes nothing. The datapath calls it
+// before its nftables table starts marking flows for a new Egress
+// (datapath.SetBeforeTable), so that no marked packet meets the main
+// table; the Sync after the Apply removes what is stale.
+func (r *Router) Add(egresses []Egress) (Result, error) {
+	return r.apply(egresses, false)
+}
+
+func (r *Router) apply(egresses []Egress, prune bool) (Result, error) {
 	plan, err := r.plan(egresses)
 	if err != nil {
 		return Result{}, err
@@ -354,7 +367,7 @@ func (r *Router) Sync(egresses []Egress) (Result, error) {
 			errs = append(errs, fmt.Errorf("add rule pref %d table %d: %w", k.prio, k.table, err))
 		}
 	}
-	if len(errs) > 0 {
+	if len(errs) > 0 || !prune {
 		// Keep what is in place until the wanted state is complete.
 		return plan.Result, errors.Join(errs...)
 	}
