@@ -55,6 +55,14 @@ func run(args []string, stderr io.Writer) int {
 	)
 	fs.StringVar(&nodeFlag, "node-name", "",
 		"Name of this Node. Defaults to $"+agent.NodeNameEnv+" (set it from spec.nodeName with the downward API).")
+	fs.BoolVar(&o.CreateVLANs, "create-vlans", false,
+		"Create the VLAN sub-interface a pool's subnetInfo.vlan names (egv<parent index>.<VLAN ID>, marked with the "+
+			"alias egressip:vlan, rp_filter 2 and arp_ignore 1 on it only) and delete it when no bound IP needs it. "+
+			"A VLAN link of that ID on the parent that egressip did not create is then refused, not used. "+
+			"Off: the sub-interface must exist, as before.")
+	fs.StringVar(&o.VLANParent, "vlan-parent", "",
+		"With --create-vlans, the parent interface of every VLAN sub-interface; "+
+			"empty: the interface the IP would be bound on without the VLAN (the one carrying the untagged subnet).")
 	fs.StringVar(&o.Interface, "interface", "",
 		"Interface to bind every egress IP on (a pool's subnetInfo.vlan still picks its VLAN sub-interface). "+
 			"Empty: per IP, the interface with a connected subnet holding the IP (or the pool's subnet), "+
