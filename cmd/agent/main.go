@@ -320,22 +320,14 @@ func run(args []string, stderr io.Writer) int {
 		if drainTimeout == 0 {
 			dc.DrainTimeout = -1
 		}
-		eng, err := agent.NewEngine(o.NetNSPath, dc)
+		eng, pr, err := openEngine(o.NetNSPath, dc, poolRouting)
 		if err != nil {
 			log.Error(err, "cannot start the datapath")
 			return 1
 		}
 		defer func() { _ = eng.Close() }()
-		o.Datapath = eng
-		if poolRouting {
-			pr, err := eng.NewPoolRouting()
-			if err != nil {
-				log.Error(err, "cannot start pool routing")
-				return 1
-			}
-			defer pr.Close()
-			o.PoolRoutes = pr
-		}
+		defer pr.Close()
+		o.Datapath, o.PoolRoutes = eng, pr
 		if dc.RejectQueue >= 0 {
 			kc.SetRejectQueueForm(eng.RejectQueueForm())
 		}
@@ -374,6 +366,22 @@ func run(args []string, stderr io.Writer) int {
 // probeKernel probes the kernel features of the agent's parts in the
 // namespace at nsPath (empty: the agent's own). It fails only when the
 // namespace cannot be opened.
+// openEngine opens the datapath engine and, when poolRouting is set, its
+// pool routing (nil otherwise). It fails when either cannot be opened,
+// leaving nothing open.
+func openEngine(netnsPath string, dc datapath.Config, poolRouting bool) (*agent.Engine, *agent.PoolRouting, error) {
+	eng, err := agent.NewEngine(netnsPath, dc)
+	if err != nil || !poolRouting {
+		return eng, nil, err
+	}
+	pr, err := eng.NewPoolRouting()
+	if err != nil {
+		_ = eng.Close()
+		return nil, nil, err
+	}
+	return eng, pr, nil
+}
+
 func probeKernel(nsPath string, withDatapath bool) (*agent.KernelCheck, error) {
 	ns := netns.None()
 	if nsPath != "" {

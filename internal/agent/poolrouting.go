@@ -92,8 +92,9 @@ func (p *PoolRouting) beforeTable(plan datapath.Plan) error {
 
 // Close releases the netlink handle; the tables and rules stay for the
 // next agent, which adopts or removes them.
+// A nil PoolRouting is closed already.
 func (p *PoolRouting) Close() {
-	if p.closer != nil {
+	if p != nil && p.closer != nil {
 		p.closer()
 	}
 }

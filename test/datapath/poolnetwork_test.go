@@ -489,13 +489,13 @@ func ownedDump(t *testing.T, ns *dp.NS, cfg poolroute.Config) string {
 	t.Helper()
 	var lines []string
 	for _, fam := range []string{"-4", "-6"} {
-		for _, l := range strings.Split(ipOut(t, ns, fam, "rule"), "\n") {
+		for l := range strings.SplitSeq(ipOut(t, ns, fam, "rule"), "\n") {
 			pref, _, _ := strings.Cut(l, ":")
 			if pref == fmt.Sprint(cfg.RulePriority) || pref == fmt.Sprint(cfg.RulePriority+1) {
 				lines = append(lines, fam+" rule "+strings.Join(strings.Fields(l), " "))
 			}
 		}
-		for _, l := range strings.Split(ipOut(t, ns, fam, "route", "show", "table", "all"), "\n") {
+		for l := range strings.SplitSeq(ipOut(t, ns, fam, "route", "show", "table", "all"), "\n") {
 			f := strings.Fields(l)
 			if i := slices.Index(f, "table"); i >= 0 && i+1 < len(f) {
 				var n int
@@ -588,7 +588,7 @@ func TestPoolNetworkCrashCleanup(t *testing.T) {
 	// The foreign rule sits at our priority and the foreign route in our
 	// range: both are in the dump, untouched (checked below).
 	var got []string
-	for _, l := range strings.Split(after, "\n") {
+	for l := range strings.SplitSeq(after, "\n") {
 		if !strings.Contains(l, "fwmark 0x5 ") && !strings.Contains(l, "203.0.113.200") {
 			got = append(got, l)
 		}

@@ -426,44 +426,38 @@ type linkInfo struct {
 	connected []netip.Prefix
 }
 
-// plan decides tables, routes and rules from the kernel's links,
-// addresses, default routes and our tables in place.
-func (r *Router) plan(egresses []Egress) (Plan, error) {
+// kernelView is what plan reads from the kernel.
+type kernelView struct {
+	info     map[int]*linkInfo
+	holder   map[netip.Addr]int   // egress IP -> index of the link holding it
+	defaults map[int]map[int]bool // family -> links of main-table default routes
+	tableOf  map[int]int          // link index -> our table in place
+	used     map[int]bool         // table numbers of the range in use
+}
+
+// read lists links, addresses, main-table default routes and the tables
+// of the range in use.
+func (r *Router) read() (*kernelView, error) {
 	links, err := r.h.LinkList()
 	if err != nil {
-		return Plan{}, fmt.Errorf("list links: %w", err)
+		return nil, fmt.Errorf("list links: %w", err)
 	}
-	info := map[int]*linkInfo{}
+	k := &kernelView{info: map[int]*linkInfo{}, holder: map[netip.Addr]int{}, defaults: map[int]map[int]bool{}, tableOf: map[int]int{}, used: map[int]bool{}}
 	for _, l := range links {
-		info[l.Attrs().Index] = &linkInfo{index: l.Attrs().Index, name: l.Attrs().Name}
+		k.info[l.Attrs().Index] = &linkInfo{index: l.Attrs().Index, name: l.Attrs().Name}
 	}
-	holder := map[netip.Addr]int{}
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
 		addrs, err := r.h.AddrList(nil, fam)
 		if err != nil {
-			return Plan{}, fmt.Errorf("list addresses: %w", err)
+			return nil, fmt.Errorf("list addresses: %w", err)
 		}
 		for _, a := range addrs {
-			ip, ok := netip.AddrFromSlice(a.IP)
-			if !ok {
-				continue
-			}
-			ip = ip.Unmap()
-			holder[ip] = a.LinkIndex
-			ones, bits := a.Mask.Size()
-			li := info[a.LinkIndex]
-			if li == nil || a.Flags&unix.IFA_F_NOPREFIXROUTE != 0 || ones == bits || ip.IsLinkLocalUnicast() {
-				continue
-			}
-			li.connected = append(li.connected, netip.PrefixFrom(ip, ones).Masked())
+			k.addAddr(a)
 		}
-	}
-	defaults := map[int]map[int]bool{} // family -> link indices of main default routes
-	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		defaults[fam] = map[int]bool{}
+		k.defaults[fam] = map[int]bool{}
 		rs, err := r.h.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 		if err != nil {
-			return Plan{}, fmt.Errorf("list routes: %w", err)
+			return nil, fmt.Errorf("list routes: %w", err)
 		}
 		for _, rt := range rs {
 			if rt.Dst != nil {
@@ -471,128 +465,81 @@ func (r *Router) plan(egresses []Egress) (Plan, error) {
 					continue
 				}
 			}
-			defaults[fam][rt.LinkIndex] = true
+			k.defaults[fam][rt.LinkIndex] = true
 			for _, nh := range rt.MultiPath {
-				defaults[fam][nh.LinkIndex] = true
+				k.defaults[fam][nh.LinkIndex] = true
 			}
 		}
 	}
 	ours, foreign, err := r.ownedRoutes()
 	if err != nil {
-		return Plan{}, err
+		return nil, err
 	}
-	tableOf := map[int]int{} // link index -> table in place
-	used := map[int]bool{}
 	for t := range foreign {
-		used[t] = true
+		k.used[t] = true
 	}
 	for _, rt := range ours {
-		if _, ok := tableOf[rt.LinkIndex]; !ok && !used[rt.Table] {
-			tableOf[rt.LinkIndex] = rt.Table
-			used[rt.Table] = true
+		if _, ok := k.tableOf[rt.LinkIndex]; !ok && !k.used[rt.Table] {
+			k.tableOf[rt.LinkIndex] = rt.Table
+			k.used[rt.Table] = true
 		}
 	}
+	return k, nil
+}
 
+func (k *kernelView) addAddr(a netlink.Addr) {
+	ip, ok := netip.AddrFromSlice(a.IP)
+	if !ok {
+		return
+	}
+	ip = ip.Unmap()
+	k.holder[ip] = a.LinkIndex
+	ones, bits := a.Mask.Size()
+	li := k.info[a.LinkIndex]
+	if li == nil || a.Flags&unix.IFA_F_NOPREFIXROUTE != 0 || ones == bits || ip.IsLinkLocalUnicast() {
+		return
+	}
+	li.connected = append(li.connected, netip.PrefixFrom(ip, ones).Masked())
+}
+
+// famLink is one family on one link.
+type famLink struct{ link, fam int }
+
+// planner accumulates plan's decisions.
+type planner struct {
+	r        *Router
+	k        *kernelView
+	p        Plan
+	gwOf     map[famLink]netip.Addr
+	gwBy     map[famLink]netip.Addr
+	routes   map[routeKey]wantRoute
+	rules    map[ruleKey]bool
+	assigned map[int]int
+}
+
+// plan decides tables, routes and rules from the kernel's links,
+// addresses, default routes and our tables in place.
+func (r *Router) plan(egresses []Egress) (Plan, error) {
+	k, err := r.read()
+	if err != nil {
+		return Plan{}, err
+	}
+	pl := &planner{r: r, k: k, gwOf: map[famLink]netip.Addr{}, gwBy: map[famLink]netip.Addr{},
+		routes: map[routeKey]wantRoute{}, rules: map[ruleKey]bool{}, assigned: map[int]int{}}
 	sorted := slices.Clone(egresses)
 	slices.SortFunc(sorted, func(a, b Egress) int { return a.IP.Compare(b.IP) })
-	var p Plan
-	type famLink struct{ link, fam int }
-	gwOf := map[famLink]netip.Addr{}
-	gwBy := map[famLink]netip.Addr{}
-	routes := map[routeKey]wantRoute{}
-	rules := map[ruleKey]bool{}
-	assigned := map[int]int{}
 	for _, e := range sorted {
-		ip := e.IP.Unmap()
-		out := Route{IP: ip}
-		idx, bound := holder[ip]
-		li := info[idx]
-		fam := family(ip)
-		switch {
-		case !bound || li == nil:
-			p.Result.Routes = append(p.Result.Routes, out)
-			continue
-		case defaults[fam][idx]:
-			out.Link = li.name
-			p.Result.Routes = append(p.Result.Routes, out)
-			continue
-		}
-		out.Link = li.name
-		var subnet netip.Prefix
-		gw := e.Gateway.Unmap()
-		if gw.IsValid() && gw.Is4() != ip.Is4() {
-			gw = netip.Addr{}
-		}
-		if gw.IsValid() && e.PrefixLen > 0 && e.PrefixLen <= gw.BitLen() {
-			subnet = netip.PrefixFrom(gw, e.PrefixLen).Masked()
-		}
-		if !subnet.IsValid() {
-			for _, c := range li.connected {
-				if c.Contains(ip) && (!subnet.IsValid() || c.Bits() > subnet.Bits()) {
-					subnet = c
-				}
-			}
-		}
-		if !subnet.IsValid() && !gw.IsValid() {
-			out.Err = fmt.Errorf("egress IP %s on %s: no pool gateway and no connected subnet of %s holds it; its traffic follows the main table", ip, li.name, li.name)
-			p.Result.Routes = append(p.Result.Routes, out)
-			continue
-		}
-		fl := famLink{idx, fam}
-		if gw.IsValid() {
-			if prev, ok := gwOf[fl]; ok && prev != gw {
-				out.Err = fmt.Errorf("egress IP %s on %s: its pool's gateway %s differs from %s, the gateway of egress IP %s on the same link; its traffic follows the main table",
-					ip, li.name, gw, prev, gwBy[fl])
-				p.Result.Routes = append(p.Result.Routes, out)
-				continue
-			}
-		}
-		t, ok := tableOf[idx]
-		if !ok {
-			t, ok = assigned[idx]
-		}
-		if !ok {
-			for n := r.cfg.TableBase; n < r.cfg.TableBase+r.cfg.MaxTables; n++ {
-				if !used[n] {
-					t, ok = n, true
-					used[n] = true
-					break
-				}
-			}
-			if !ok {
-				out.Err = fmt.Errorf("egress IP %s on %s: %w (tables %d..%d in use)", ip, li.name, ErrTablesExhausted, r.cfg.TableBase, r.cfg.TableBase+r.cfg.MaxTables-1)
-				p.Result.Routes = append(p.Result.Routes, out)
-				continue
-			}
-		}
-		assigned[idx] = t
-		out.Table = t
-		if subnet.IsValid() {
-			k := routeKey{table: t, family: fam, dst: subnet}
-			routes[k] = wantRoute{key: k, link: idx}
-		}
-		if gw.IsValid() {
-			gwOf[fl], gwBy[fl] = gw, ip
-			k := routeKey{table: t, family: fam, dst: netip.PrefixFrom(unspecified(fam), 0)}
-			routes[k] = wantRoute{key: k, link: idx, gw: gw}
-		}
-		for _, m := range e.Marks {
-			if m&r.cfg.IDMask == 0 || m&^r.cfg.IDMask != 0 {
-				continue
-			}
-			rules[ruleKey{family: fam, prio: r.cfg.RulePriority, mark: m, table: t}] = true
-		}
-		rules[ruleKey{family: fam, prio: r.cfg.RulePriority + 1, src: netip.PrefixFrom(ip, ip.BitLen()), table: t}] = true
-		p.Result.Routes = append(p.Result.Routes, out)
+		pl.p.Result.Routes = append(pl.p.Result.Routes, pl.egress(e))
 	}
-	for _, w := range routes {
+	p := pl.p
+	for _, w := range pl.routes {
 		p.Routes = append(p.Routes, w)
 	}
 	slices.SortFunc(p.Routes, func(a, b wantRoute) int {
 		return cmp.Or(cmp.Compare(a.key.table, b.key.table), cmp.Compare(a.key.family, b.key.family),
 			cmp.Compare(a.key.dst.Bits(), b.key.dst.Bits()), a.key.dst.Addr().Compare(b.key.dst.Addr()))
 	})
-	for k := range rules {
+	for k := range pl.rules {
 		p.Rules = append(p.Rules, k)
 	}
 	slices.SortFunc(p.Rules, func(a, b ruleKey) int {
@@ -600,6 +547,94 @@ func (r *Router) plan(egresses []Egress) (Plan, error) {
 			a.src.Addr().Compare(b.src.Addr()), cmp.Compare(a.table, b.table))
 	})
 	return p, nil
+}
+
+// egress decides one egress IP's table, routes and rules.
+func (pl *planner) egress(e Egress) Route {
+	r, k := pl.r, pl.k
+	ip := e.IP.Unmap()
+	out := Route{IP: ip}
+	idx, bound := k.holder[ip]
+	li := k.info[idx]
+	fam := family(ip)
+	if !bound || li == nil {
+		return out
+	}
+	out.Link = li.name
+	if k.defaults[fam][idx] {
+		return out
+	}
+	gw := e.Gateway.Unmap()
+	if gw.IsValid() && gw.Is4() != ip.Is4() {
+		gw = netip.Addr{}
+	}
+	subnet := subnetOf(ip, gw, e.PrefixLen, li)
+	if !subnet.IsValid() && !gw.IsValid() {
+		out.Err = fmt.Errorf("egress IP %s on %s: no pool gateway and no connected subnet of %s holds it; its traffic follows the main table", ip, li.name, li.name)
+		return out
+	}
+	fl := famLink{idx, fam}
+	if prev, ok := pl.gwOf[fl]; ok && gw.IsValid() && prev != gw {
+		out.Err = fmt.Errorf("egress IP %s on %s: its pool's gateway %s differs from %s, the gateway of egress IP %s on the same link; its traffic follows the main table",
+			ip, li.name, gw, prev, pl.gwBy[fl])
+		return out
+	}
+	t, ok := pl.table(idx)
+	if !ok {
+		out.Err = fmt.Errorf("egress IP %s on %s: %w (tables %d..%d in use)", ip, li.name, ErrTablesExhausted, r.cfg.TableBase, r.cfg.TableBase+r.cfg.MaxTables-1)
+		return out
+	}
+	out.Table = t
+	if subnet.IsValid() {
+		rk := routeKey{table: t, family: fam, dst: subnet}
+		pl.routes[rk] = wantRoute{key: rk, link: idx}
+	}
+	if gw.IsValid() {
+		pl.gwOf[fl], pl.gwBy[fl] = gw, ip
+		rk := routeKey{table: t, family: fam, dst: netip.PrefixFrom(unspecified(fam), 0)}
+		pl.routes[rk] = wantRoute{key: rk, link: idx, gw: gw}
+	}
+	for _, m := range e.Marks {
+		if m&r.cfg.IDMask != 0 && m&^r.cfg.IDMask == 0 {
+			pl.rules[ruleKey{family: fam, prio: r.cfg.RulePriority, mark: m, table: t}] = true
+		}
+	}
+	pl.rules[ruleKey{family: fam, prio: r.cfg.RulePriority + 1, src: netip.PrefixFrom(ip, ip.BitLen()), table: t}] = true
+	return out
+}
+
+// subnetOf is the pool's subnet (gateway/prefixLen) or else the longest
+// connected prefix of li holding ip; invalid when neither.
+func subnetOf(ip, gw netip.Addr, prefixLen int, li *linkInfo) netip.Prefix {
+	if gw.IsValid() && prefixLen > 0 && prefixLen <= gw.BitLen() {
+		return netip.PrefixFrom(gw, prefixLen).Masked()
+	}
+	var subnet netip.Prefix
+	for _, c := range li.connected {
+		if c.Contains(ip) && (!subnet.IsValid() || c.Bits() > subnet.Bits()) {
+			subnet = c
+		}
+	}
+	return subnet
+}
+
+// table returns the table of link idx: the one in place, the one chosen
+// earlier in this plan, or the lowest free number of the range.
+func (pl *planner) table(idx int) (int, bool) {
+	if t, ok := pl.k.tableOf[idx]; ok {
+		return t, true
+	}
+	if t, ok := pl.assigned[idx]; ok {
+		return t, true
+	}
+	for n := pl.r.cfg.TableBase; n < pl.r.cfg.TableBase+pl.r.cfg.MaxTables; n++ {
+		if !pl.k.used[n] {
+			pl.k.used[n] = true
+			pl.assigned[idx] = n
+			return n, true
+		}
+	}
+	return 0, false
 }
 
 func unspecified(fam int) netip.Addr {

@@ -23,9 +23,7 @@ type fakeLinks struct {
 
 func newFakeLinks(links ...netlink.Link) *fakeLinks {
 	f := &fakeLinks{next: 100, conf: map[int]map[int]uint32{}}
-	for _, l := range links {
-		f.links = append(f.links, l)
-	}
+	f.links = append(f.links, links...)
 	return f
 }
 
@@ -33,8 +31,9 @@ func dev(index int, name string) netlink.Link {
 	return &netlink.Device{LinkAttrs: netlink.LinkAttrs{Index: index, Name: name}}
 }
 
-func vlan(index, parent, id int, name, alias string) netlink.Link {
-	return &netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Index: index, Name: name, ParentIndex: parent, Alias: alias}, VlanId: id}
+// vlan is a VLAN link on eth0 (index 2).
+func vlan(index, id int, name, alias string) netlink.Link {
+	return &netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Index: index, Name: name, ParentIndex: 2, Alias: alias}, VlanId: id}
 }
 
 func (f *fakeLinks) LinkList() ([]netlink.Link, error) {
@@ -192,10 +191,10 @@ func TestVLANOwnershipReuseTwoPools(t *testing.T) {
 // name); foreign VLAN links, wanted or not, stay untouched.
 func TestVLANOwnershipRemoveUnused(t *testing.T) {
 	f := newFakeLinks(dev(2, "eth0"),
-		vlan(10, 2, 300, "egv2.300", VLANAlias),
-		vlan(11, 2, 301, "egv2.301", ""), // crash between add and alias
-		vlan(12, 2, 302, "eth0.302", ""), // someone else's
-		vlan(13, 2, 303, "egv2.303", "site: uplink to the DMZ"))
+		vlan(10, 300, "egv2.300", VLANAlias),
+		vlan(11, 301, "egv2.301", ""), // crash between add and alias
+		vlan(12, 302, "eth0.302", ""), // someone else's
+		vlan(13, 303, "egv2.303", "site: uplink to the DMZ"))
 	v := NewVLANs(f)
 	mustSync(t, v)
 	for _, n := range []string{"egv2.300", "egv2.301"} {
@@ -215,7 +214,7 @@ func TestVLANOwnershipRemoveUnused(t *testing.T) {
 // the link is neither adopted, nor changed, nor deleted, and nothing else
 // is created in its place; other pools are served.
 func TestVLANOwnershipRefuseForeign(t *testing.T) {
-	f := newFakeLinks(dev(2, "eth0"), vlan(12, 2, 400, "eth0.400", "made by hand"))
+	f := newFakeLinks(dev(2, "eth0"), vlan(12, 400, "eth0.400", "made by hand"))
 	v := NewVLANs(f)
 	res := mustSync(t, v, VLANWant{Pool: "dmz", ID: 400, Parent: "eth0"}, VLANWant{Pool: "ok", ID: 401, Parent: "eth0"})
 	if !errors.Is(res[0].Err, ErrForeignVLAN) || !strings.Contains(res[0].Err.Error(), "eth0.400") || !strings.Contains(res[0].Err.Error(), "pool dmz") {
