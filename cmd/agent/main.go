@@ -56,6 +56,14 @@ func run(args []string, stderr io.Writer) int {
 	)
 	fs.StringVar(&nodeFlag, "node-name", "",
 		"Name of this Node. Defaults to $"+agent.NodeNameEnv+" (set it from spec.nodeName with the downward API).")
+	fs.BoolVar(&o.CreateVLANs, "create-vlans", false,
+		"Create the VLAN sub-interface a pool's subnetInfo.vlan names (egv<parent index>.<VLAN ID>, marked with the "+
+			"alias egressip:vlan, rp_filter 2 and arp_ignore 1 on it only) and delete it when no bound IP needs it. "+
+			"A VLAN link of that ID on the parent that egressip did not create is then refused, not used. "+
+			"Off: the sub-interface must exist, as before.")
+	fs.StringVar(&o.VLANParent, "vlan-parent", "",
+		"With --create-vlans, the parent interface of every VLAN sub-interface; "+
+			"empty: the interface the IP would be bound on without the VLAN (the one carrying the untagged subnet).")
 	fs.StringVar(&o.Interface, "interface", "",
 		"Interface to bind every egress IP on (a pool's subnetInfo.vlan still picks its VLAN sub-interface). "+
 			"Empty: per IP, the interface with a connected subnet holding the IP (or the pool's subnet), "+
@@ -124,6 +132,7 @@ func run(args []string, stderr io.Writer) int {
 		rejectQueue                   int
 		drainTimeout                  time.Duration
 		hostStackCheck                bool
+		poolRouting                   bool
 		cniSocket, cniConfDir         string
 		cniKeep                       bool
 		cniTimeout                    time.Duration
@@ -145,6 +154,10 @@ func run(args []string, stderr io.Writer) int {
 			"(direct-action tc or tcx programs on Pods' host devices, netkit, Cilium or Calico eBPF devices) and report it"+
 			" in the Node condition EgressDatapathSupported. "+
 			"Turn it off where such programs let traffic reach the stack (Cilium with bpf.hostLegacyRouting=true).")
+	fs.BoolVar(&poolRouting, "datapath-pool-routing", true,
+		"With --datapath, send the traffic of an egress IP bound on a link other than the default-route link "+
+			"through that link, to its pool's subnetInfo.gateway (policy routing tables 49900-49963, rules at "+
+			"priorities 1110 and 1111, see docs/datapath.md); false leaves it to the main table.")
 	fs.IntVar(&rejectQueue, "datapath-reject-queue", datapath.DefaultConfig().RejectQueue,
 		"Netfilter queue number (1-65535) through which the first packet of a connection that failurePolicy Fail "+
 			"rejects takes a round trip to the agent, "+
@@ -308,13 +321,14 @@ func run(args []string, stderr io.Writer) int {
 		if drainTimeout == 0 {
 			dc.DrainTimeout = -1
 		}
-		eng, err := datapathsync.NewEngine(o.NetNSPath, dc)
+		eng, pr, err := openEngine(o.NetNSPath, dc, poolRouting)
 		if err != nil {
 			log.Error(err, "cannot start the datapath")
 			return 1
 		}
 		defer func() { _ = eng.Close() }()
-		o.Datapath = eng
+		defer pr.Close()
+		o.Datapath, o.PoolRoutes = eng, pr
 		if dc.RejectQueue >= 0 {
 			kc.SetRejectQueueForm(eng.RejectQueueForm())
 		}
@@ -353,6 +367,22 @@ func run(args []string, stderr io.Writer) int {
 // probeKernel probes the kernel features of the agent's parts in the
 // namespace at nsPath (empty: the agent's own). It fails only when the
 // namespace cannot be opened.
+// openEngine opens the datapath engine and, when poolRouting is set, its
+// pool routing (nil otherwise). It fails when either cannot be opened,
+// leaving nothing open.
+func openEngine(netnsPath string, dc datapath.Config, poolRouting bool) (*datapathsync.Engine, *datapathsync.PoolRouting, error) {
+	eng, err := datapathsync.NewEngine(netnsPath, dc)
+	if err != nil || !poolRouting {
+		return eng, nil, err
+	}
+	pr, err := eng.NewPoolRouting()
+	if err != nil {
+		_ = eng.Close()
+		return nil, nil, err
+	}
+	return eng, pr, nil
+}
+
 func probeKernel(nsPath string, withDatapath bool) (*agent.KernelCheck, error) {
 	ns := netns.None()
 	if nsPath != "" {

@@ -50,6 +50,14 @@ type Config struct {
 	// pool's subnetInfo.vlan still selects its VLAN sub-interface). When
 	// empty the interface is chosen per IP (see bind.SelectInterface).
 	Interface string
+	// CreateVLANs: create the VLAN sub-interface a pool's subnetInfo.vlan
+	// names (package poolroute's rules: marked as egressip's, a foreign
+	// link with that ID refused) instead of expecting it to exist.
+	CreateVLANs bool
+	// VLANParent, with CreateVLANs, is the parent of every such
+	// sub-interface; empty: the interface chosen for the IP without the
+	// VLAN (the one carrying the untagged subnet).
+	VLANParent string
 	// AnnounceInterval, when > 0, re-announces every bound egress IP this
 	// often after its burst. 0 (the default) turns periodic announcements
 	// off.
@@ -155,8 +163,10 @@ type Agent struct {
 	cfg      Config
 	instance string
 	binder   *bind.Binder
-	ann      *announce.Announcer
-	log      logr.Logger
+	// vlans keeps the VLAN sub-interfaces (Config.CreateVLANs); nil without.
+	vlans *vlanKeeper
+	ann   *announce.Announcer
+	log   logr.Logger
 
 	reader client.Reader // the manager's cache, set by SetupWithManager
 
@@ -456,6 +466,12 @@ func New(cfg Config) (*Agent, error) {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	a.binder, a.ann = b, an
+	if cfg.CreateVLANs {
+		if a.vlans, err = newVLANKeeper(ns, cfg); err != nil {
+			_ = a.Close()
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+	}
 	if cfg.ConflictInterval >= 0 {
 		if a.prober, err = conflict.NewProber(ns, cfg.ConflictProbe); err != nil {
 			_ = a.Close()
@@ -497,6 +513,9 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Close() error {
 	err := a.ann.Close()
 	a.binder.Close()
+	if a.vlans != nil {
+		a.vlans.Close()
+	}
 	if a.prober != nil {
 		err = errors.Join(err, a.prober.Close())
 	}
@@ -854,7 +873,17 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 
 	before, beforeErr := a.binder.Owned()
 	a.setHints(d.hints)
-	added, removed, syncErr := a.binder.Sync(d.ips)
+	bindIPs, vlanErrs := d.ips, map[netip.Addr]error(nil)
+	if a.vlans != nil {
+		vlanErrs = a.vlans.ensure(log, d.ips, d.hints)
+		bindIPs = slices.DeleteFunc(slices.Clone(d.ips), func(ip netip.Addr) bool { return vlanErrs[ip] != nil })
+	}
+	added, removed, syncErr := a.binder.Sync(bindIPs)
+	for _, ip := range d.ips {
+		if vlanErrs[ip] != nil {
+			syncErr = errors.Join(vlanErrs[ip], syncErr)
+		}
+	}
 	a.noteOwnership(log)
 	for _, ip := range removed {
 		log.Info("unbound egress IP", "ip", ip)

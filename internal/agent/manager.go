@@ -418,6 +418,9 @@ type RunOptions struct {
 	Datapath datapathsync.Datapath
 	// CIDRs are the destinations kept off egress paths (Datapath only).
 	CIDRs datapathsync.CIDRs
+	// PoolRoutes, when set with Datapath, routes the egress IPs held on a
+	// non-default link through that link (Engine.NewPoolRouting).
+	PoolRoutes *datapathsync.PoolRouting
 	// HostCheck, when set with Datapath, checks on every datapath
 	// reconcile whether the CNI bypasses the host stack; the finding is
 	// served in the report (report.Report.Datapath).
@@ -536,7 +539,8 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		return err
 	}
 	if o.Datapath != nil {
-		dr := &datapathsync.Reconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod, OnRefused: a.SetRefusedEgresses}
+		dr := &datapathsync.Reconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod, OnRefused: a.SetRefusedEgresses,
+			PoolRoutes: o.PoolRoutes}
 		if o.HostCheck != nil {
 			dr.HostCheck, dr.OnFinding = o.HostCheck, a.SetDatapathStatus
 		}

@@ -78,6 +78,21 @@ type Datapath struct {
 	uids map[netip.Addr]string
 	// now is the clock of drains (time.Now; tests may replace it).
 	now func() time.Time
+	// beforeTable, when set (SetBeforeTable), runs in every Apply after
+	// the routes and rules are added and before the table is written.
+	beforeTable func(Plan) error
+}
+
+// SetBeforeTable sets fn to run in every Apply between adding the routes
+// and rules and writing the nftables table, with the Plan being applied:
+// the place for policy routing of others (package poolroute) that must be
+// in place before the table marks a flow for it. fn runs under the
+// Datapath's lock and must not call its methods; its error fails the
+// Apply before the table is written.
+func (d *Datapath) SetBeforeTable(fn func(Plan) error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.beforeTable = fn
 }
 
 // New opens the datapath of the namespace ns (netns.None(): the current
@@ -382,6 +397,11 @@ func (d *Datapath) program(ctx context.Context, plan Plan) error {
 	staleRules, err := d.addRules(plan.Rules)
 	if err != nil {
 		return err
+	}
+	if d.beforeTable != nil {
+		if err := d.beforeTable(plan); err != nil {
+			return err
+		}
 	}
 	d.step(stepAdded, plan)
 	if d.applied == nil || !reflect.DeepEqual(d.applied.NFT, plan.NFT) {

@@ -415,7 +415,12 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 	}
 	classify = append(classify,
 		rule(ctMarkMasked(both), one(eq(native(0)), verdict(expr.VerdictReturn, ""))),
-		rule(ctDir(dirOriginal), ctMarkMasked(cfg.FromTunnel), one(eq(native(0)), verdict(expr.VerdictJump, chainSetMark))),
+		// Every original-direction packet of a marked flow, tunnelled ones
+		// included, carries its Egress's ID into routing: on the egress
+		// Node the pool routing rules (package poolroute) choose the
+		// egress IP's own link by it; elsewhere no rule matches the ID of
+		// an Egress held here, and the main table decides as before.
+		rule(ctDir(dirOriginal), one(verdict(expr.VerdictJump, chainSetMark))),
 		rule(ctDir(dirReply), ctMarkMasked(cfg.FromTunnel), one(neq(native(0))), orMetaMark(cfg.FromTunnel)),
 	)
 	// set-mark copies the ID bits of the connection mark into the packet

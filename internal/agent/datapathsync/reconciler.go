@@ -154,6 +154,9 @@ type Reconciler struct {
 	// Egresses whose part the engine refused (empty when none; the agent
 	// serves them in its report, and the controller turns them not Ready).
 	OnRefused func([]report.RefusedEgress)
+	// PoolRoutes, when set, routes the egress IPs held here by their
+	// pool's network after every reconcile (poolrouting.go).
+	PoolRoutes *PoolRouting
 
 	reader client.Reader
 	log    logr.Logger
@@ -271,9 +274,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	r.mu.Unlock()
 	if same {
 		r.resolveAnnounced(st, covered, redundant)
+		if r.PoolRoutes != nil && r.PoolRoutes.Sync(ctx, st, egs.Items, pools.Items) {
+			return reconcile.Result{RequeueAfter: poolRecheck}, nil
+		}
 		return reconcile.Result{RequeueAfter: resync - time.Since(r.lastApplyTime())}, nil
 	}
 	start := time.Now()
+	if r.PoolRoutes != nil {
+		r.PoolRoutes.SetInputs(egs.Items, pools.Items)
+	}
 	err := r.DP.Apply(ctx, st)
 	refused, partial := errors.AsType[*datapath.RefusedError](err)
 	if err != nil && (!partial || errors.Is(err, datapath.ErrTooManyEgresses)) {
@@ -292,6 +301,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	r.resolveAnnounced(st, covered, redundant)
 	if r.draining() {
 		resync = min(resync, drainRecheck)
+	}
+	if r.PoolRoutes != nil && r.PoolRoutes.Sync(ctx, st, egs.Items, pools.Items) {
+		resync = min(resync, poolRecheck)
 	}
 	r.mu.Lock()
 	changed := r.last == nil || !stateEqual(*r.last, st)
