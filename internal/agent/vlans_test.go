@@ -9,8 +9,8 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/egressip/egressip/internal/agent/bind"
-	"github.com/egressip/egressip/internal/testutil/netnstest"
 	"github.com/egressip/egressip/internal/agent/poolroute"
+	"github.com/egressip/egressip/internal/testutil/netnstest"
 )
 
 // TestVLANOwnershipAgentRefusal runs the agent's VLAN step for real in a
