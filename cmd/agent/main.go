@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	// Client auth plugins (OIDC, exec, ...) for out-of-cluster kubeconfigs.
@@ -109,8 +110,8 @@ func startDatapath(d *datapathFlags, o *agent.RunOptions, kc *agent.KernelCheck,
 	log logr.Logger, stderr io.Writer) (closeAll func(), code int) {
 	var closers []func() error
 	closeAll = func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			_ = closers[i]()
+		for _, c := range slices.Backward(closers) {
+			_ = c()
 		}
 	}
 	dc := datapath.DefaultConfig()

@@ -496,7 +496,7 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	var lateHealth sync.WaitGroup // the health server a surge agent opens late
 	defer func() { cancel(); lateHealth.Wait() }()
 	go func() {
-		repErr <- ls.serveReport(runCtx, repCtx, cancel, a, ready, &lateHealth, log)
+		repErr <- ls.serveReport(runCtx, repCtx, cancel, a, ready, &lateHealth)
 	}()
 	if ls.surge {
 		log.Info("starting beside another agent of this Node (surge rolling update): the report and health ports open once reconciled", "instance", a.Instance())
@@ -600,9 +600,10 @@ func (ls *runListeners) addHealthServers(mgr manager.Manager, ready map[string]h
 // waits until a has reconciled, then opens the report port and the health
 // port (served under lateHealth until runCtx is done); it returns nil at
 // once when runCtx ends before. On a failure it calls cancel (stopping the
-// manager too) and returns the error.
+// manager too) and returns the error. It logs through runCtx's logger.
 func (ls *runListeners) serveReport(runCtx, repCtx context.Context, cancel context.CancelFunc, a *Agent,
-	ready map[string]healthz.Checker, lateHealth *sync.WaitGroup, log logr.Logger) error {
+	ready map[string]healthz.Checker, lateHealth *sync.WaitGroup) error {
+	log := logr.FromContextOrDiscard(runCtx)
 	l := ls.report
 	if ls.surge {
 		var (
