@@ -107,6 +107,10 @@ lint: golangci-lint ## Run golangci-lint linter
 lint-fix: golangci-lint ## Run golangci-lint linter and perform fixes
 	"$(GOLANGCI_LINT)" run --fix
 
+.PHONY: funclen
+funclen: ## List the 10 longest non-test functions (golangci-lint's funlen holds each to 150 lines).
+	go run ./hack/funclen -n 10 .
+
 .PHONY: lint-config
 lint-config: golangci-lint ## Verify golangci-lint linter configuration
 	"$(GOLANGCI_LINT)" config verify

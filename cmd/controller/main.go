@@ -63,109 +63,123 @@ func init() {
 	// +kubebuilder:scaffold:scheme
 }
 
-// nolint:gocyclo
-func main() {
-	var metricsAddr string
-	var metricsCertPath, metricsCertName, metricsCertKey string
-	var webhookCertPath, webhookCertName, webhookCertKey string
-	var webhookPort int
-	var enableLeaderElection bool
-	var probeAddr string
-	var secureMetrics bool
-	var enableHTTP2 bool
-	var tlsOpts []func(*tls.Config)
-	flag.StringVar(&metricsAddr, "metrics-bind-address", "0", "The address the metrics endpoint binds to. "+
+// controllerFlags is the controller's command line, as bindFlags
+// registers it; main checks it and wires the manager from it.
+type controllerFlags struct {
+	metricsAddr                                      string
+	metricsCertPath, metricsCertName, metricsCertKey string
+	webhookCertPath, webhookCertName, webhookCertKey string
+	webhookPort                                      int
+	enableLeaderElection                             bool
+	probeAddr                                        string
+	secureMetrics                                    bool
+	enableHTTP2                                      bool
+	// ctrlOpts holds the pass, liveness and cloud options (package
+	// controller); main adds AgentTLS and the cloud provider.
+	ctrlOpts         controller.Options
+	leaderElectionNS string
+	enableWebhooks   bool
+	apiQPS           float64
+	apiBurst         int
+	agentTLS         controller.AgentTLSOptions
+	agentSA          string
+	// le holds the leader-election timings (--leader-elect-*).
+	le            controller.LeaderElectionConfig
+	cloudProvider string
+	// zap holds the logging flags (--zap-log-level, ...).
+	zap zap.Options
+}
+
+// bindFlags registers every flag of the controller on fs, with its
+// default, and returns where the parsed values land.
+func bindFlags(fs *flag.FlagSet) *controllerFlags {
+	f := &controllerFlags{le: controller.DefaultLeaderElection()}
+	fs.StringVar(&f.metricsAddr, "metrics-bind-address", "0", "The address the metrics endpoint binds to. "+
 		"Use :8443 for HTTPS or :8080 for HTTP, or leave as 0 to disable the metrics service.")
-	flag.StringVar(&probeAddr, "health-probe-bind-address", ":8081", "The address the probe endpoint binds to.")
-	flag.BoolVar(&enableLeaderElection, "leader-elect", false,
+	fs.StringVar(&f.probeAddr, "health-probe-bind-address", ":8081", "The address the probe endpoint binds to.")
+	fs.BoolVar(&f.enableLeaderElection, "leader-elect", false,
 		"Enable leader election for controller manager. "+
 			"Enabling this will ensure there is only one active controller manager.")
-	flag.BoolVar(&secureMetrics, "metrics-secure", true,
+	fs.BoolVar(&f.secureMetrics, "metrics-secure", true,
 		"If set, the metrics endpoint is served securely via HTTPS. Use --metrics-secure=false to use HTTP instead.")
-	flag.StringVar(&webhookCertPath, "webhook-cert-path", "", "The directory that contains the webhook certificate.")
-	flag.StringVar(&webhookCertName, "webhook-cert-name", "tls.crt", "The name of the webhook certificate file.")
-	flag.StringVar(&webhookCertKey, "webhook-cert-key", "tls.key", "The name of the webhook key file.")
-	flag.IntVar(&webhookPort, "webhook-port", 9443, "Port the webhook server listens on. "+
+	fs.StringVar(&f.webhookCertPath, "webhook-cert-path", "", "The directory that contains the webhook certificate.")
+	fs.StringVar(&f.webhookCertName, "webhook-cert-name", "tls.crt", "The name of the webhook certificate file.")
+	fs.StringVar(&f.webhookCertKey, "webhook-cert-key", "tls.key", "The name of the webhook key file.")
+	fs.IntVar(&f.webhookPort, "webhook-port", 9443, "Port the webhook server listens on. "+
 		"Defaults to 9443. Set -1 to disable the webhook server.")
-	flag.StringVar(&metricsCertPath, "metrics-cert-path", "",
+	fs.StringVar(&f.metricsCertPath, "metrics-cert-path", "",
 		"The directory that contains the metrics server certificate.")
-	flag.StringVar(&metricsCertName, "metrics-cert-name", "tls.crt", "The name of the metrics server certificate file.")
-	flag.StringVar(&metricsCertKey, "metrics-cert-key", "tls.key", "The name of the metrics server key file.")
-	var (
-		ctrlOpts         controller.Options
-		leaderElectionNS string
-		enableWebhooks   bool
-		apiQPS           float64
-		apiBurst         int
-	)
-	flag.Float64Var(&apiQPS, "kube-api-qps", 50,
+	fs.StringVar(&f.metricsCertName, "metrics-cert-name", "tls.crt", "The name of the metrics server certificate file.")
+	fs.StringVar(&f.metricsCertKey, "metrics-cert-key", "tls.key", "The name of the metrics server key file.")
+	fs.Float64Var(&f.apiQPS, "kube-api-qps", 50,
 		"Requests per second the controller may send to the API server "+
 			"(status writes of a large pass are spread at this rate).")
-	flag.IntVar(&apiBurst, "kube-api-burst", 100, "Burst of requests above --kube-api-qps.")
-	flag.BoolVar(&enableWebhooks, "enable-webhooks", true,
+	fs.IntVar(&f.apiBurst, "kube-api-burst", 100, "Burst of requests above --kube-api-qps.")
+	fs.BoolVar(&f.enableWebhooks, "enable-webhooks", true,
 		"Serve the validating webhook (pool overlaps, egressIP outside its pool, pool updates that drop allocated IPs).")
-	flag.IntVar(&ctrlOpts.Pass.DefaultCapacity, "max-egress-ips-per-node", 255,
+	fs.IntVar(&f.ctrlOpts.Pass.DefaultCapacity, "max-egress-ips-per-node", 255,
 		"Egress IPs a Node may hold when it has no valid egressip.io/max-egress-ips annotation; "+
 			"also the largest value that annotation may take.")
-	flag.Float64Var(&ctrlOpts.Pass.BalanceFactor, "balance-factor", 1.25,
+	fs.Float64Var(&f.ctrlOpts.Pass.BalanceFactor, "balance-factor", 1.25,
 		"Bounded-load factor c of the scheduler: no Node receives new IPs beyond ceil(c x average) of its pool "+
 			"while another eligible Node has room.")
-	flag.DurationVar(&ctrlOpts.Liveness.Interval, "agent-poll-interval", time.Second,
+	fs.DurationVar(&f.ctrlOpts.Liveness.Interval, "agent-poll-interval", time.Second,
 		"Interval between two polls of each agent's report.")
-	flag.DurationVar(&ctrlOpts.Liveness.Timeout, "agent-poll-timeout", 500*time.Millisecond, "Timeout of one agent poll.")
-	flag.DurationVar(&ctrlOpts.Liveness.DeadAfter, "agent-dead-after", 3*time.Second,
+	fs.DurationVar(&f.ctrlOpts.Liveness.Timeout, "agent-poll-timeout", 500*time.Millisecond, "Timeout of one agent poll.")
+	fs.DurationVar(&f.ctrlOpts.Liveness.DeadAfter, "agent-dead-after", 3*time.Second,
 		"An agent that has not answered for this long (and failed --agent-failure-threshold polls in a row) "+
 			"is dead and its IPs move.")
-	flag.DurationVar(&ctrlOpts.Pass.ReleaseTimeout, "release-timeout", controller.DefaultReleaseTimeout,
+	fs.DurationVar(&f.ctrlOpts.Pass.ReleaseTimeout, "release-timeout", controller.DefaultReleaseTimeout,
 		"How long a planned move waits for the old Node to release an IP (its agent is told to in every poll) "+
 			"before that Node counts as not releasing it and the IP moves as from a dead Node; "+
 			"at least twice --agent-poll-interval.")
-	flag.IntVar(&ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", 3,
+	fs.IntVar(&f.ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", 3,
 		"Failed polls in a row before an agent can be declared dead.")
-	flag.IntVar(&ctrlOpts.Liveness.Port, "agent-report-port", 9445,
+	fs.IntVar(&f.ctrlOpts.Liveness.Port, "agent-report-port", 9445,
 		"TCP port of the agents' report endpoint on every Node's InternalIP.")
-	var agentTLS controller.AgentTLSOptions
-	var agentSA string
-	flag.StringVar(&agentTLS.Namespace, "agent-ca-namespace", os.Getenv("POD_NAMESPACE"),
+	fs.StringVar(&f.agentTLS.Namespace, "agent-ca-namespace", os.Getenv("POD_NAMESPACE"),
 		"Namespace of the agent CA: the Secret "+agentcert.CASecretName+" (created once, read by every replica) "+
 			"and the ConfigMap "+
 			agentcert.CAConfigMapName+" the agents read. Defaults to $POD_NAMESPACE.")
-	flag.StringVar(&agentSA, "agent-service-account", "egressip-agent",
+	fs.StringVar(&f.agentSA, "agent-service-account", "egressip-agent",
 		"Service account of the agents, in the namespace of --agent-ca-namespace, or as <namespace>:<name>: "+
 			"the only requester whose certificate requests (signer "+agentcert.SignerName+") are signed.")
-	flag.DurationVar(&agentTLS.Lifetime, "agent-cert-lifetime", controller.DefaultAgentCertLifetime,
+	fs.DurationVar(&f.agentTLS.Lifetime, "agent-cert-lifetime", controller.DefaultAgentCertLifetime,
 		"Longest lifetime of an agent certificate (agents renew at 70 to 90 % of it), also that of the controller's "+
 			"client certificates (renewed at two thirds).")
-	flag.StringVar(&leaderElectionNS, "leader-election-namespace", "",
+	fs.StringVar(&f.leaderElectionNS, "leader-election-namespace", "",
 		"Namespace of the leader-election Lease; required when running outside a cluster.")
-	le := controller.DefaultLeaderElection()
-	flag.DurationVar(&le.LeaseDuration, "leader-elect-lease-duration", le.LeaseDuration,
+	fs.DurationVar(&f.le.LeaseDuration, "leader-elect-lease-duration", f.le.LeaseDuration,
 		"How long a standby waits after it last saw the leader renew the Lease before it takes over "+
 			"(whole seconds; more than --leader-elect-renew-deadline + --leader-elect-retry-period). See docs/failover.md.")
-	flag.DurationVar(&le.RenewDeadline, "leader-elect-renew-deadline", le.RenewDeadline,
+	fs.DurationVar(&f.le.RenewDeadline, "leader-elect-renew-deadline", f.le.RenewDeadline,
 		"How long the leader keeps retrying to renew the Lease before it stops leading and exits.")
-	flag.DurationVar(&le.RetryPeriod, "leader-elect-retry-period", le.RetryPeriod,
+	fs.DurationVar(&f.le.RetryPeriod, "leader-elect-retry-period", f.le.RetryPeriod,
 		"Interval between two renewals by the leader, and between two tries of a standby (plus up to 1.2x jitter).")
-	flag.BoolVar(&le.ReleaseOnCancel, "leader-elect-release-on-cancel", le.ReleaseOnCancel,
+	fs.BoolVar(&f.le.ReleaseOnCancel, "leader-elect-release-on-cancel", f.le.ReleaseOnCancel,
 		"Give the Lease up when stopped (SIGTERM), so that a standby takes over at once rather than "+
 			"after the lease duration; safe because the process exits as soon as its manager has stopped.")
-	flag.BoolVar(&enableHTTP2, "enable-http2", false,
+	fs.BoolVar(&f.enableHTTP2, "enable-http2", false,
 		"If set, HTTP/2 will be enabled for the metrics and webhook servers")
-	opts := zap.Options{}
-	var cloudProvider string
-	flag.StringVar(&cloudProvider, "cloud-provider", "",
+	fs.StringVar(&f.cloudProvider, "cloud-provider", "",
 		"Cloud API for cloud-backed ExternalIPPools (spec.cloud): "+
 			"\"aws\" (region and credentials from the standard AWS configuration chain: "+
 			"AWS_REGION, ~/.aws/config, IRSA or the instance profile), or empty to disable them.")
-	flag.DurationVar(&ctrlOpts.Cloud.RefreshInterval, "cloud-refresh-interval", time.Minute,
+	fs.DurationVar(&f.ctrlOpts.Cloud.RefreshInterval, "cloud-refresh-interval", time.Minute,
 		"How often the Nodes' network interfaces are re-read from the cloud.")
-	flag.StringVar(&ctrlOpts.Cloud.ClusterName, "cloud-cluster-name", "egressip",
+	fs.StringVar(&f.ctrlOpts.Cloud.ClusterName, "cloud-cluster-name", "egressip",
 		"Value of the egressip.io/cluster tag on the network interfaces the controller creates; "+
 			"give each cluster sharing a cloud account its own, so that no controller touches another's.")
-	opts.BindFlags(flag.CommandLine)
+	f.zap.BindFlags(fs)
+	return f
+}
+
+func main() {
+	f := bindFlags(flag.CommandLine)
 	flag.Parse()
 
-	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&f.zap)))
+	ctrlOpts, le, agentTLS := f.ctrlOpts, f.le, f.agentTLS
 	if err := errors.Join(controller.CheckFlags(ctrlOpts), le.Check()); err != nil {
 		setupLog.Error(err, "Invalid flags")
 		os.Exit(2)
@@ -179,88 +193,21 @@ func main() {
 			"Invalid --agent-cert-lifetime")
 		os.Exit(1)
 	}
-	agentTLS.AgentUser = serviceAccountUser(agentTLS.Namespace, agentSA)
+	agentTLS.AgentUser = serviceAccountUser(agentTLS.Namespace, f.agentSA)
 	ctrlOpts.AgentTLS = &agentTLS
 
-	// if the enable-http2 flag is false (the default), http/2 should be disabled
-	// due to its vulnerabilities. More specifically, disabling http/2 will
-	// prevent from being vulnerable to the HTTP/2 Stream Cancellation and
-	// Rapid Reset CVEs. For more information see:
-	// - https://github.com/advisories/GHSA-qppj-fm5r-hxr3
-	// - https://github.com/advisories/GHSA-4374-p667-p6c8
-	disableHTTP2 := func(c *tls.Config) {
-		setupLog.Info("Disabling HTTP/2")
-		c.NextProtos = []string{"http/1.1"}
-	}
-
-	if !enableHTTP2 {
-		tlsOpts = append(tlsOpts, disableHTTP2)
-	}
-
-	// Initial webhook TLS options
-	webhookTLSOpts := tlsOpts
-	webhookServerOptions := webhook.Options{
-		TLSOpts: webhookTLSOpts,
-		Port:    webhookPort,
-	}
-
-	if len(webhookCertPath) > 0 {
-		setupLog.Info("Initializing webhook certificate watcher using provided certificates",
-			"webhook-cert-path", webhookCertPath, "webhook-cert-name", webhookCertName, "webhook-cert-key", webhookCertKey)
-
-		webhookServerOptions.CertDir = webhookCertPath
-		webhookServerOptions.CertName = webhookCertName
-		webhookServerOptions.KeyName = webhookCertKey
-	}
-
-	webhookServer := webhook.NewServer(webhookServerOptions)
-
-	// Metrics endpoint is enabled in 'config/default/kustomization.yaml'. The Metrics options configure the server.
-	// More info:
-	// - https://pkg.go.dev/sigs.k8s.io/controller-runtime@v0.25.0/pkg/metrics/server
-	// - https://book.kubebuilder.io/reference/metrics.html
-	metricsServerOptions := metricsserver.Options{
-		BindAddress:   metricsAddr,
-		SecureServing: secureMetrics,
-		TLSOpts:       tlsOpts,
-	}
-
-	if secureMetrics {
-		// FilterProvider is used to protect the metrics endpoint with authn/authz.
-		// These configurations ensure that only authorized users and service accounts
-		// can access the metrics endpoint. The RBAC are configured in 'config/rbac/kustomization.yaml'. More info:
-		// https://pkg.go.dev/sigs.k8s.io/controller-runtime@v0.25.0/pkg/metrics/filters#WithAuthenticationAndAuthorization
-		metricsServerOptions.FilterProvider = filters.WithAuthenticationAndAuthorization
-	}
-
-	// If the certificate is not specified, controller-runtime will automatically
-	// generate self-signed certificates for the metrics server. While convenient for development and testing,
-	// this setup is not recommended for production.
-	//
-	// TODO(user): If you enable certManager, uncomment the following lines:
-	// - [METRICS-WITH-CERTS] at config/default/kustomization.yaml to generate and use certificates
-	// managed by cert-manager for the metrics server.
-	// - [PROMETHEUS-WITH-CERTS] at config/prometheus/kustomization.yaml for TLS certification.
-	if len(metricsCertPath) > 0 {
-		setupLog.Info("Initializing metrics certificate watcher using provided certificates",
-			"metrics-cert-path", metricsCertPath, "metrics-cert-name", metricsCertName, "metrics-cert-key", metricsCertKey)
-
-		metricsServerOptions.CertDir = metricsCertPath
-		metricsServerOptions.CertName = metricsCertName
-		metricsServerOptions.KeyName = metricsCertKey
-	}
-
+	webhookServer, metricsServerOptions := serverOptions(f)
 	restConfig := ctrl.GetConfigOrDie()
-	restConfig.QPS, restConfig.Burst = float32(apiQPS), apiBurst
+	restConfig.QPS, restConfig.Burst = float32(f.apiQPS), f.apiBurst
 	mgrOpts := ctrl.Options{
 		Scheme:                  scheme,
 		Cache:                   controller.CacheOptions(),
 		Metrics:                 metricsServerOptions,
 		WebhookServer:           webhookServer,
-		HealthProbeBindAddress:  probeAddr,
-		LeaderElection:          enableLeaderElection,
+		HealthProbeBindAddress:  f.probeAddr,
+		LeaderElection:          f.enableLeaderElection,
 		LeaderElectionID:        "egressip-controller.egressip.io",
-		LeaderElectionNamespace: leaderElectionNS,
+		LeaderElectionNamespace: f.leaderElectionNS,
 	}
 	// Releasing the Lease on cancel is safe because main returns (or exits)
 	// as soon as mgr.Start returns: controller-runtime releases it only
@@ -273,13 +220,13 @@ func main() {
 		os.Exit(1)
 	}
 
-	if enableWebhooks {
+	if f.enableWebhooks {
 		if err := egwebhook.Setup(mgr); err != nil {
 			setupLog.Error(err, "Failed to set up the validating webhook")
 			os.Exit(1)
 		}
 	}
-	switch cloudProvider {
+	switch f.cloudProvider {
 	case "":
 	case "aws":
 		cfg, err := awsconfig.LoadDefaultConfig(context.Background())
@@ -294,7 +241,8 @@ func main() {
 		}
 		ctrlOpts.Cloud.Provider = p
 	default:
-		setupLog.Error(fmt.Errorf("unknown cloud provider %q (want aws or empty)", cloudProvider), "Invalid --cloud-provider")
+		setupLog.Error(fmt.Errorf("unknown cloud provider %q (want aws or empty)", f.cloudProvider),
+			"Invalid --cloud-provider")
 		os.Exit(1)
 	}
 	if err := controller.Setup(mgr, ctrlOpts); err != nil {
@@ -317,6 +265,84 @@ func main() {
 		setupLog.Error(err, "Failed to run manager")
 		os.Exit(1)
 	}
+}
+
+// serverOptions returns the webhook server and the metrics server's
+// options the flags ask for: HTTP/2 off unless --enable-http2, the
+// certificates from the given directories (else self-signed ones), and
+// authentication and authorization of metrics readers with
+// --metrics-secure.
+func serverOptions(f *controllerFlags) (webhook.Server, metricsserver.Options) {
+	var tlsOpts []func(*tls.Config)
+	// if the enable-http2 flag is false (the default), http/2 should be disabled
+	// due to its vulnerabilities. More specifically, disabling http/2 will
+	// prevent from being vulnerable to the HTTP/2 Stream Cancellation and
+	// Rapid Reset CVEs. For more information see:
+	// - https://github.com/advisories/GHSA-qppj-fm5r-hxr3
+	// - https://github.com/advisories/GHSA-4374-p667-p6c8
+	disableHTTP2 := func(c *tls.Config) {
+		setupLog.Info("Disabling HTTP/2")
+		c.NextProtos = []string{"http/1.1"}
+	}
+
+	if !f.enableHTTP2 {
+		tlsOpts = append(tlsOpts, disableHTTP2)
+	}
+
+	// Initial webhook TLS options
+	webhookTLSOpts := tlsOpts
+	webhookServerOptions := webhook.Options{
+		TLSOpts: webhookTLSOpts,
+		Port:    f.webhookPort,
+	}
+
+	if len(f.webhookCertPath) > 0 {
+		setupLog.Info("Initializing webhook certificate watcher using provided certificates",
+			"webhook-cert-path", f.webhookCertPath, "webhook-cert-name", f.webhookCertName, "webhook-cert-key", f.webhookCertKey)
+
+		webhookServerOptions.CertDir = f.webhookCertPath
+		webhookServerOptions.CertName = f.webhookCertName
+		webhookServerOptions.KeyName = f.webhookCertKey
+	}
+
+	webhookServer := webhook.NewServer(webhookServerOptions)
+
+	// Metrics endpoint is enabled in 'config/default/kustomization.yaml'. The Metrics options configure the server.
+	// More info:
+	// - https://pkg.go.dev/sigs.k8s.io/controller-runtime@v0.25.0/pkg/metrics/server
+	// - https://book.kubebuilder.io/reference/metrics.html
+	metricsServerOptions := metricsserver.Options{
+		BindAddress:   f.metricsAddr,
+		SecureServing: f.secureMetrics,
+		TLSOpts:       tlsOpts,
+	}
+
+	if f.secureMetrics {
+		// FilterProvider is used to protect the metrics endpoint with authn/authz.
+		// These configurations ensure that only authorized users and service accounts
+		// can access the metrics endpoint. The RBAC are configured in 'config/rbac/kustomization.yaml'. More info:
+		// https://pkg.go.dev/sigs.k8s.io/controller-runtime@v0.25.0/pkg/metrics/filters#WithAuthenticationAndAuthorization
+		metricsServerOptions.FilterProvider = filters.WithAuthenticationAndAuthorization
+	}
+
+	// If the certificate is not specified, controller-runtime will automatically
+	// generate self-signed certificates for the metrics server. While convenient for development and testing,
+	// this setup is not recommended for production.
+	//
+	// TODO(user): If you enable certManager, uncomment the following lines:
+	// - [METRICS-WITH-CERTS] at config/default/kustomization.yaml to generate and use certificates
+	// managed by cert-manager for the metrics server.
+	// - [PROMETHEUS-WITH-CERTS] at config/prometheus/kustomization.yaml for TLS certification.
+	if len(f.metricsCertPath) > 0 {
+		setupLog.Info("Initializing metrics certificate watcher using provided certificates",
+			"metrics-cert-path", f.metricsCertPath, "metrics-cert-name", f.metricsCertName, "metrics-cert-key", f.metricsCertKey)
+
+		metricsServerOptions.CertDir = f.metricsCertPath
+		metricsServerOptions.CertName = f.metricsCertName
+		metricsServerOptions.KeyName = f.metricsCertKey
+	}
+
+	return webhookServer, metricsServerOptions
 }
 
 // serviceAccountUser is the user name of service account sa ("name", in

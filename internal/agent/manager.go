@@ -453,48 +453,11 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	if o.REST == nil {
 		return errors.New("agent: no REST config")
 	}
-	reportAddr := o.ReportBindAddress
-	if reportAddr == "" {
-		reportAddr = fmt.Sprintf(":%d", report.DefaultPort)
+	ls, err := openListeners(ctx, o)
+	if err != nil {
+		return err
 	}
-	healthAddr := o.HealthProbeBindAddress
-	if healthAddr == "0" {
-		healthAddr = ""
-	}
-	// surge: another agent of this Node (the old Pod of a surge rolling
-	// update) serves the report. This one then opens its report and health
-	// ports only once it has reconciled, so that the controller's polls
-	// never reach an agent that has not yet adopted and announced the
-	// Node's IPs; until then the old agent answers them all.
-	surge := o.ReportListener == nil && portTaken(reportAddr)
-	ln := o.ReportListener
-	var healthLn net.Listener
-	if !surge {
-		if ln == nil {
-			if ln, err = listenShared(ctx, reportAddr); err != nil {
-				return fmt.Errorf("agent: listen for the report: %w", err)
-			}
-		}
-		if healthAddr != "" {
-			if healthLn, err = listenShared(ctx, healthAddr); err != nil {
-				return fmt.Errorf("agent: listen for the health probes: %w", err)
-			}
-		}
-	}
-	var sockLn net.Listener
-	if o.HealthProbeSocket != "" {
-		if sockLn, err = listenUnix(o.HealthProbeSocket); err != nil {
-			return fmt.Errorf("agent: listen for the health probes: %w", err)
-		}
-	}
-	closeAll := func() {
-		for _, l := range []net.Listener{ln, healthLn, sockLn} {
-			if l != nil {
-				_ = l.Close() // usually already closed by its server
-			}
-		}
-	}
-	defer func() { closeAll() }()
+	defer ls.close()
 
 	a, err := New(o.Config)
 	if err != nil {
@@ -513,6 +476,169 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 	}()
 	defer a.startRenewal(ctx)() // stopped before Close
 
+	mgr, err := a.newRunManager(o, ls.reportAddr, log)
+	if err != nil {
+		return err
+	}
+	ready := a.readyChecks()
+	if err := ls.addHealthServers(mgr, ready); err != nil {
+		return err
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The report is served until the manager has stopped, not only until
+	// the SIGTERM: the addresses stay bound and renewed while the agent
+	// exits, so the controller must go on seeing it alive. A shutdown that
+	// outlasted --agent-dead-after with the report port already closed got
+	// the IPs moved while this Node still held them (two Nodes answered in
+	// TestAgentRestart, 2 of 20 e2e runs in the flake sweep).
+	repCtx, repCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer repCancel()
+	repErr := make(chan error, 1)
+	var lateHealth sync.WaitGroup // the health server a surge agent opens late
+	defer func() { cancel(); lateHealth.Wait() }()
+	go func() {
+		repErr <- ls.serveReport(runCtx, repCtx, cancel, a, ready, &lateHealth)
+	}()
+	if ls.surge {
+		log.Info("starting beside another agent of this Node (surge rolling update): the report and health ports open once reconciled", "instance", a.Instance())
+	} else {
+		log.Info("starting", "instance", a.Instance(), "report", ls.report.Addr().String())
+	}
+	mgrErr := mgr.Start(runCtx)
+	cancel()
+	repCancel()
+	err = errors.Join(mgrErr, <-repErr)
+	if err != nil && ctx.Err() != nil {
+		// Shutting down as asked; a controller interrupted while waiting
+		// for its first List reports that as an error.
+		log.Info("error while stopping", "err", err)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
+}
+
+// runListeners are the listeners Run serves the report and the health
+// probes on, opened before anything else so that a port already taken
+// fails the start at once.
+type runListeners struct {
+	// reportAddr and healthAddr are the report's and the health probes'
+	// listen addresses (healthAddr empty: no health port).
+	reportAddr, healthAddr string
+	// surge: another agent of this Node (the old Pod of a surge rolling
+	// update) serves the report. This one then opens its report and health
+	// ports only once it has reconciled (serveReport), so that the
+	// controller's polls never reach an agent that has not yet adopted and
+	// announced the Node's IPs; until then the old agent answers them all.
+	surge bool
+	// report, health and socket are the report's, the health port's and
+	// the health socket's listeners; nil when not opened (yet).
+	report, health, socket net.Listener
+}
+
+// openListeners opens the report and health listeners of o (none of the
+// host-network ones in a surge), and the health socket. The error names
+// the listener that failed; the ones opened before it are left open.
+func openListeners(ctx context.Context, o RunOptions) (*runListeners, error) {
+	ls := &runListeners{reportAddr: o.ReportBindAddress, healthAddr: o.HealthProbeBindAddress}
+	if ls.reportAddr == "" {
+		ls.reportAddr = fmt.Sprintf(":%d", report.DefaultPort)
+	}
+	if ls.healthAddr == "0" {
+		ls.healthAddr = ""
+	}
+	ls.surge = o.ReportListener == nil && portTaken(ls.reportAddr)
+	ls.report = o.ReportListener
+	var err error
+	if !ls.surge {
+		if ls.report == nil {
+			if ls.report, err = listenShared(ctx, ls.reportAddr); err != nil {
+				return nil, fmt.Errorf("agent: listen for the report: %w", err)
+			}
+		}
+		if ls.healthAddr != "" {
+			if ls.health, err = listenShared(ctx, ls.healthAddr); err != nil {
+				return nil, fmt.Errorf("agent: listen for the health probes: %w", err)
+			}
+		}
+	}
+	if o.HealthProbeSocket != "" {
+		if ls.socket, err = listenUnix(o.HealthProbeSocket); err != nil {
+			return nil, fmt.Errorf("agent: listen for the health probes: %w", err)
+		}
+	}
+	return ls, nil
+}
+
+// close closes the listeners opened by openListeners.
+func (ls *runListeners) close() {
+	for _, l := range []net.Listener{ls.report, ls.health, ls.socket} {
+		if l != nil {
+			_ = l.Close() // usually already closed by its server
+		}
+	}
+}
+
+// addHealthServers adds to mgr a server of the ready checks on the health
+// port and on the health socket, for each that is open.
+func (ls *runListeners) addHealthServers(mgr manager.Manager, ready map[string]healthz.Checker) error {
+	for _, l := range []net.Listener{ls.health, ls.socket} {
+		if l == nil {
+			continue
+		}
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			return serveHealth(ctx, l, ready)
+		})); err != nil {
+			return fmt.Errorf("agent: add the health probe server: %w", err)
+		}
+	}
+	return nil
+}
+
+// serveReport serves a's report until repCtx is done. In a surge it first
+// waits until a has reconciled, then opens the report port and the health
+// port (served under lateHealth until runCtx is done); it returns nil at
+// once when runCtx ends before. On a failure it calls cancel (stopping the
+// manager too) and returns the error. It logs through runCtx's logger.
+func (ls *runListeners) serveReport(runCtx, repCtx context.Context, cancel context.CancelFunc, a *Agent,
+	ready map[string]healthz.Checker, lateHealth *sync.WaitGroup) error {
+	log := logr.FromContextOrDiscard(runCtx)
+	l := ls.report
+	if ls.surge {
+		var (
+			hl  net.Listener
+			err error
+		)
+		if l, hl, err = openWhenReady(runCtx, a, ls.reportAddr, ls.healthAddr); err != nil || l == nil {
+			if err != nil {
+				cancel()
+			}
+			return err
+		}
+		if hl != nil {
+			lateHealth.Go(func() {
+				if err := serveHealth(runCtx, hl, ready); err != nil {
+					log.Error(err, "health probe server stopped")
+				}
+			})
+		}
+		log.Info("reconciled: serving the report and health probes beside the other agent of this Node", "report", ls.reportAddr)
+	}
+	err := a.ServeReport(repCtx, l)
+	if err != nil {
+		cancel() // stop the manager too
+	}
+	return err
+}
+
+// newRunManager creates the agent's manager (with the datapath's cache
+// when o.Datapath is set) and sets up in it the agent (setupAgent), the
+// datapath reconciler with the CNI plugin's server, and the reject queue.
+func (a *Agent) newRunManager(o RunOptions, reportAddr string, log logr.Logger) (manager.Manager, error) {
 	off := func(s string) string {
 		if s == "" {
 			return "0"
@@ -533,10 +659,10 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 		Cache:                  cache.Options{DefaultWatchErrorHandler: a.WatchErrorHandler},
 	})
 	if err != nil {
-		return fmt.Errorf("agent: %w", err)
+		return nil, fmt.Errorf("agent: %w", err)
 	}
 	if err := setupAgent(mgr, a, o, reportAddr, log); err != nil {
-		return err
+		return nil, err
 	}
 	if o.Datapath != nil {
 		dr := &datapathsync.Reconciler{NodeName: o.NodeName, DP: o.Datapath, CIDRs: o.CIDRs, ResyncPeriod: o.ResyncPeriod, OnRefused: a.SetRefusedEgresses,
@@ -545,88 +671,16 @@ func Run(ctx context.Context, o RunOptions) (err error) {
 			dr.HostCheck, dr.OnFinding = o.HostCheck, a.SetDatapathStatus
 		}
 		if err := dr.SetupWithManager(mgr); err != nil {
-			return fmt.Errorf("agent: set up datapath controller: %w", err)
+			return nil, fmt.Errorf("agent: set up datapath controller: %w", err)
 		}
 		if err := addPodStart(mgr, o.PodStart, dr, log); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if err := addRejectQueue(mgr, o.Datapath); err != nil {
-		return err
+		return nil, err
 	}
-	ready := a.readyChecks()
-	for _, l := range []net.Listener{healthLn, sockLn} {
-		if l == nil {
-			continue
-		}
-		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			return serveHealth(ctx, l, ready)
-		})); err != nil {
-			return fmt.Errorf("agent: add the health probe server: %w", err)
-		}
-	}
-
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	// The report is served until the manager has stopped, not only until
-	// the SIGTERM: the addresses stay bound and renewed while the agent
-	// exits, so the controller must go on seeing it alive. A shutdown that
-	// outlasted --agent-dead-after with the report port already closed got
-	// the IPs moved while this Node still held them (two Nodes answered in
-	// TestAgentRestart, 2 of 20 e2e runs in the flake sweep).
-	repCtx, repCancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer repCancel()
-	repErr := make(chan error, 1)
-	var lateHealth sync.WaitGroup // the health server a surge agent opens late
-	defer func() { cancel(); lateHealth.Wait() }()
-	go func() {
-		l := ln
-		if surge {
-			var (
-				hl  net.Listener
-				err error
-			)
-			if l, hl, err = openWhenReady(runCtx, a, reportAddr, healthAddr); err != nil || l == nil {
-				if err != nil {
-					cancel()
-				}
-				repErr <- err
-				return
-			}
-			if hl != nil {
-				lateHealth.Go(func() {
-					if err := serveHealth(runCtx, hl, ready); err != nil {
-						log.Error(err, "health probe server stopped")
-					}
-				})
-			}
-			log.Info("reconciled: serving the report and health probes beside the other agent of this Node", "report", reportAddr)
-		}
-		err := a.ServeReport(repCtx, l)
-		if err != nil {
-			cancel() // stop the manager too
-		}
-		repErr <- err
-	}()
-	if surge {
-		log.Info("starting beside another agent of this Node (surge rolling update): the report and health ports open once reconciled", "instance", a.Instance())
-	} else {
-		log.Info("starting", "instance", a.Instance(), "report", ln.Addr().String())
-	}
-	mgrErr := mgr.Start(runCtx)
-	cancel()
-	repCancel()
-	err = errors.Join(mgrErr, <-repErr)
-	if err != nil && ctx.Err() != nil {
-		// Shutting down as asked; a controller interrupted while waiting
-		// for its first List reports that as an error.
-		log.Info("error while stopping", "err", err)
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-	return nil
+	return mgr, nil
 }
 
 // startRenewal runs a.RenewAddresses until the returned function is

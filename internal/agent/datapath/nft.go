@@ -190,6 +190,11 @@ func l4proto(p byte) []expr.Any  { return []expr.Any{loadMeta(expr.MetaKeyL4PROT
 func ctState(bits uint32) []expr.Any {
 	return []expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: 1}, and32(bits), neq(native(0))}
 }
+
+// dirOriginal and dirReply are conntrack's directions of a packet
+// (IP_CT_DIR_ORIGINAL, IP_CT_DIR_REPLY in the kernel), as ctDir matches them.
+const dirOriginal, dirReply = 0, 1
+
 func ctDir(d byte) []expr.Any {
 	return []expr.Any{&expr.Ct{Key: expr.CtKeyDIRECTION, Register: 1}, eq([]byte{d})}
 }
@@ -376,14 +381,38 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 // chains builds the chains (jump targets first) and lists the named
 // counters their rules use.
 func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
+	classify, setMark, forward := b.classifyRules(), b.setMarkRules(), b.forwardRules()
+	reject, counters := b.rejectRules(plans)
+	rejectQueue, snat, input, guard := b.rejectQueueRules(), b.snatRules(), b.inputRules(), b.eipGuardRules()
+	eipSource, sourceOut, sourcePost := b.sourceGuard()
+	counters = append(counters, counterUnknown, counterSpoofed, counterEIPDrop, counterPeerPod, counterEIPSource)
+	slices.Sort(counters)
+
+	filter, nat := nftables.ChainTypeFilter, nftables.ChainTypeNAT
+	prio := func(p int32) *nftables.ChainPriority { return new(nftables.ChainPriority(p)) }
+	chains := append(b.splitChains(b.splits), []ChainContent{
+		{Chain: nftables.Chain{Name: chainSetMark}, Rules: setMark},
+		{Chain: nftables.Chain{Name: chainReject}, Rules: reject},
+		{Chain: nftables.Chain{Name: chainEIPGuard}, Rules: guard},
+		{Chain: nftables.Chain{Name: chainClassify, Type: filter, Hooknum: nftables.ChainHookPrerouting, Priority: prio(-100 + 10)}, Rules: classify},
+		{Chain: nftables.Chain{Name: chainRejectQueue, Type: filter, Hooknum: nftables.ChainHookForward, Priority: prio(-150 - 20)}, Rules: rejectQueue},
+		{Chain: nftables.Chain{Name: chainForward, Type: filter, Hooknum: nftables.ChainHookForward, Priority: prio(-150 - 10)}, Rules: forward},
+		{Chain: nftables.Chain{Name: chainSNAT, Type: nat, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 - 10)}, Rules: snat},
+		{Chain: nftables.Chain{Name: chainInput, Type: filter, Hooknum: nftables.ChainHookInput, Priority: prio(0 - 10)}, Rules: input},
+		{Chain: nftables.Chain{Name: chainEIPSource}, Rules: eipSource},
+		{Chain: nftables.Chain{Name: chainSourceOut, Type: filter, Hooknum: nftables.ChainHookOutput, Priority: prio(0 - 10)}, Rules: sourceOut},
+		{Chain: nftables.Chain{Name: chainSourcePost, Type: filter, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 + 10)}, Rules: sourcePost},
+	}...)
+	return chains, counters
+}
+
+// classifyRules builds the chain classify: decide with the connection mark,
+// then set the packet mark for the routing decision (prerouting, after
+// kube-proxy's DNAT).
+func (b *builder) classifyRules() []Rule {
 	cfg := b.cfg
-	var counters []string
 	tun := cfg.TunnelDevice
 	both := cfg.IDMask | cfg.FromTunnel
-	const dirOriginal, dirReply = 0, 1
-
-	// classify: decide with the connection mark, then set the packet mark
-	// for the routing decision (prerouting, after kube-proxy's DNAT).
 	classify := make([]Rule, 0, 2*len(families)+4)
 	for _, f := range families {
 		classify = append(classify, rule(iif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW),
@@ -423,20 +452,32 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 		rule(ctDir(dirOriginal), one(verdict(expr.VerdictJump, chainSetMark))),
 		rule(ctDir(dirReply), ctMarkMasked(cfg.FromTunnel), one(neq(native(0))), orMetaMark(cfg.FromTunnel)),
 	)
-	// set-mark copies the ID bits of the connection mark into the packet
-	// mark one bit at a time: nft can OR only constants into a register.
+	return classify
+}
+
+// setMarkRules builds the chain set-mark, which copies the ID bits of the
+// connection mark into the packet mark one bit at a time: nft can OR only
+// constants into a register.
+func (b *builder) setMarkRules() []Rule {
+	cfg := b.cfg
 	var setMark []Rule
 	for bit := uint32(1); bit != 0; bit <<= 1 {
 		if cfg.IDMask&bit != 0 {
 			setMark = append(setMark, rule(ctMarkMasked(bit), one(neq(native(0))), orMetaMark(bit)))
 		}
 	}
+	return setMark
+}
 
-	// forward: clear our packet-mark bits first, reject failed Egresses'
-	// traffic, clamp MSS of SYNs entering the tunnel.
-	// Only connections we marked are touched: every packet that enters the
-	// tunnel or is rejected belongs to one, and other software's packet
-	// marks on other traffic stay as they are.
+// forwardRules builds the chain forward: clear our packet-mark bits first,
+// reject failed Egresses' traffic, clamp MSS of SYNs entering the tunnel.
+// Only connections we marked are touched: every packet that enters the
+// tunnel or is rejected belongs to one, and other software's packet marks
+// on other traffic stay as they are.
+func (b *builder) forwardRules() []Rule {
+	cfg := b.cfg
+	tun := cfg.TunnelDevice
+	both := cfg.IDMask | cfg.FromTunnel
 	forward := []Rule{
 		rule(ctMarkMasked(both), one(eq(native(0)), verdict(expr.VerdictReturn, ""))),
 		rule(one(loadMeta(expr.MetaKeyMARK), and32(^both), &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})),
@@ -449,12 +490,17 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 			&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 2, Size: 2},
 			&expr.Exthdr{SourceRegister: 1, Op: expr.ExthdrOpTcpopt, Type: 2, Offset: 2, Len: 2})),
 	}
-	// reject: count per Egress, then answer with an ICMP error that reads
-	// EHOSTUNREACH: IPv4 "communication administratively prohibited"
-	// (type 3 code 13, RFC 1812 5.2.7.1), a hard error even for connected
-	// UDP sockets; IPv6 "address unreachable" (type 1 code 3, RFC 4443;
-	// ICMPv6's administratively-prohibited would read EACCES).
-	var reject []Rule
+	return forward
+}
+
+// rejectRules builds the chain reject and lists the per-Egress counters its
+// rules use: count per Egress, then answer with an ICMP error that reads
+// EHOSTUNREACH: IPv4 "communication administratively prohibited" (type 3
+// code 13, RFC 1812 5.2.7.1), a hard error even for connected UDP sockets;
+// IPv6 "address unreachable" (type 1 code 3, RFC 4443; ICMPv6's
+// administratively-prohibited would read EACCES).
+func (b *builder) rejectRules(plans []egressPlan) (reject []Rule, counters []string) {
+	cfg := b.cfg
 	for _, e := range plans {
 		if e.role != RoleFailed {
 			continue
@@ -477,15 +523,21 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 				&expr.Reject{Type: unix.NFT_REJECT_TCP_RST})),
 		rule(nfproto(unix.NFPROTO_IPV4), one(&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: icmpPktFiltered})),
 		rule(one(&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_HOST_UNREACH})))
+	return reject, counters
+}
 
-	// reject-queue (a base chain just before forward): the SYN of a
-	// connection forward will reject first goes to the netfilter queue
-	// that ServeRejectQueue reads, which sends it back (NF_REPEAT) with
-	// FromTunnel set in the packet mark, a bit no original-direction packet
-	// otherwise carries at this point; the repeated pass lets it through
-	// to forward, whose rejection then runs in ServeRejectQueue's system
-	// call rather than inside the Pod's connect(). bypass: with no reader
-	// the packet goes straight on to forward and is rejected there.
+// rejectQueueRules builds the chain reject-queue, empty when the round trip
+// is off (Config.queueExpr nil). reject-queue is a base chain just before
+// forward: the SYN of a connection forward will reject first goes to the
+// netfilter queue that ServeRejectQueue reads, which sends it back
+// (NF_REPEAT) with FromTunnel set in the packet mark, a bit no
+// original-direction packet otherwise carries at this point; the repeated
+// pass lets it through to forward, whose rejection then runs in
+// ServeRejectQueue's system call rather than inside the Pod's connect().
+// bypass: with no reader the packet goes straight on to forward and is
+// rejected there.
+func (b *builder) rejectQueueRules() []Rule {
+	cfg := b.cfg
 	var rejectQueue []Rule
 	if q := cfg.queueExpr(); q != nil {
 		rejectQueue = append(rejectQueue, rule(ctDir(dirOriginal), l4proto(unix.IPPROTO_TCP),
@@ -496,9 +548,15 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 			ctMarkMasked(cfg.IDMask),
 			one(b.lookup(setFailed, false), q)))
 	}
+	return rejectQueue
+}
 
-	// snat, ahead of any CNI masquerade (nf_nat stops at the first
-	// binding): identity SNAT into the tunnel, egress-IP SNAT out of it.
+// snatRules builds the chain snat, ahead of any CNI masquerade (nf_nat
+// stops at the first binding): identity SNAT into the tunnel, egress-IP
+// SNAT out of it.
+func (b *builder) snatRules() []Rule {
+	cfg := b.cfg
+	tun := cfg.TunnelDevice
 	snat := make([]Rule, 0, 2*len(families))
 	for _, f := range families {
 		snat = append(snat, rule(oif(tun), nfproto(f.nfproto), ctMarkMasked(cfg.IDMask), one(neq(native(0)),
@@ -507,9 +565,14 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 	for _, f := range families {
 		snat = append(snat, rule(nfproto(f.nfproto), ctMarkMasked(cfg.IDMask), one(b.mapTo(mapSNAT+f.suffix), &expr.NAT{Type: expr.NATTypeSourceNAT, Family: f.natFam, RegAddrMin: 1})))
 	}
+	return snat
+}
 
-	// input: tunnel packets only from Nodes; egress IPs accept no new
-	// inbound connections and answer nothing (drop, never RST).
+// inputRules builds the chain input: tunnel packets only from Nodes; egress
+// IPs accept no new inbound connections and answer nothing (drop, never
+// RST).
+func (b *builder) inputRules() []Rule {
+	cfg := b.cfg
 	input := make([]Rule, 0, 2*len(families))
 	for _, f := range families {
 		input = append(input, rule(nfproto(f.nfproto), udpDport(cfg.TunnelPort), one(payload(f.saddrOff, f.addrLen), b.lookup(setNodes+f.suffix, true),
@@ -536,33 +599,20 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 	for _, f := range families {
 		input = append(input, rule(nfproto(f.nfproto), one(payload(f.daddrOff, f.addrLen), b.lookup(setEIPs+f.suffix, false), verdict(expr.VerdictJump, chainEIPGuard))))
 	}
-	guard := []Rule{
+	return input
+}
+
+// eipGuardRules builds the chain eip-guard, which input jumps to for
+// packets to an egress IP held here.
+func (b *builder) eipGuardRules() []Rule {
+	cfg := b.cfg
+	return []Rule{
 		rule(ctState(expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED), one(verdict(expr.VerdictAccept, ""))),
 		rule(udpDport(cfg.TunnelPort), one(verdict(expr.VerdictAccept, ""))),
 		rule(l4proto(unix.IPPROTO_ICMP), one(verdict(expr.VerdictAccept, ""))),
 		rule(l4proto(unix.IPPROTO_ICMPV6), one(verdict(expr.VerdictAccept, ""))),
 		rule(one(&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterEIPDrop}, verdict(expr.VerdictDrop, ""))),
 	}
-	eipSource, sourceOut, sourcePost := b.sourceGuard()
-	counters = append(counters, counterUnknown, counterSpoofed, counterEIPDrop, counterPeerPod, counterEIPSource)
-	slices.Sort(counters)
-
-	filter, nat := nftables.ChainTypeFilter, nftables.ChainTypeNAT
-	prio := func(p int32) *nftables.ChainPriority { return new(nftables.ChainPriority(p)) }
-	chains := append(b.splitChains(b.splits), []ChainContent{
-		{Chain: nftables.Chain{Name: chainSetMark}, Rules: setMark},
-		{Chain: nftables.Chain{Name: chainReject}, Rules: reject},
-		{Chain: nftables.Chain{Name: chainEIPGuard}, Rules: guard},
-		{Chain: nftables.Chain{Name: chainClassify, Type: filter, Hooknum: nftables.ChainHookPrerouting, Priority: prio(-100 + 10)}, Rules: classify},
-		{Chain: nftables.Chain{Name: chainRejectQueue, Type: filter, Hooknum: nftables.ChainHookForward, Priority: prio(-150 - 20)}, Rules: rejectQueue},
-		{Chain: nftables.Chain{Name: chainForward, Type: filter, Hooknum: nftables.ChainHookForward, Priority: prio(-150 - 10)}, Rules: forward},
-		{Chain: nftables.Chain{Name: chainSNAT, Type: nat, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 - 10)}, Rules: snat},
-		{Chain: nftables.Chain{Name: chainInput, Type: filter, Hooknum: nftables.ChainHookInput, Priority: prio(0 - 10)}, Rules: input},
-		{Chain: nftables.Chain{Name: chainEIPSource}, Rules: eipSource},
-		{Chain: nftables.Chain{Name: chainSourceOut, Type: filter, Hooknum: nftables.ChainHookOutput, Priority: prio(0 - 10)}, Rules: sourceOut},
-		{Chain: nftables.Chain{Name: chainSourcePost, Type: filter, Hooknum: nftables.ChainHookPostrouting, Priority: prio(100 + 10)}, Rules: sourcePost},
-	}...)
-	return chains, counters
 }
 
 // sourceGuard builds the source guard (issue 23, fault 4): no packet
@@ -598,7 +648,6 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 // packet (a retransmitted SYN) is masqueraded afresh.
 func (b *builder) sourceGuard() (eipSource, out, post []Rule) {
 	f := families[1]
-	const dirReply = 1
 	accept := one(verdict(expr.VerdictAccept, ""))
 	icmpType := func(t byte) []expr.Any {
 		return one(&expr.Payload{OperationType: expr.PayloadLoad, DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1}, eq([]byte{t}))
