@@ -167,7 +167,8 @@ func startDatapath(d *datapathFlags, o *agent.RunOptions, kc *agent.KernelCheck,
 // openEngine opens the datapath engine and, when poolRouting is set, its
 // pool routing (nil otherwise). It fails when either cannot be opened,
 // leaving nothing open.
-func openEngine(netnsPath string, dc datapath.Config, poolRouting bool) (*datapathsync.Engine, *datapathsync.PoolRouting, error) {
+func openEngine(netnsPath string, dc datapath.Config,
+	poolRouting bool) (*datapathsync.Engine, *datapathsync.PoolRouting, error) {
 	eng, err := datapathsync.NewEngine(netnsPath, dc)
 	if err != nil || !poolRouting {
 		return eng, nil, err
