@@ -192,8 +192,9 @@ func TestAgentCertificateRotation(t *testing.T) {
 		l, err = net.Listen("tcp", addr)
 		return err == nil, "listen: " + errString(err)
 	})
-	a.srv = &http.Server{Handler: agentcert.Authorize(report.Handler(a.current), agentcert.OnlyController), ReadHeaderTimeout: time.Second}
-	go func() { _ = a.srv.Serve(tls.NewListener(l, src.ServerConfig())) }()
+	srv := &http.Server{Handler: agentcert.Authorize(report.Handler(a.current), agentcert.OnlyController), ReadHeaderTimeout: time.Second}
+	a.srv = srv
+	go func() { _ = srv.Serve(tls.NewListener(l, src.ServerConfig())) }()
 	t.Cleanup(func() { _ = a.srv.Close() })
 	cl.startController()
 	cl.pool("rot-pool", nil)

@@ -18,6 +18,7 @@ import (
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/cloud/aws/ec2emu"
+	"github.com/egressip/egressip/internal/cloud/warm"
 	"github.com/egressip/egressip/internal/testutil/poll"
 )
 
@@ -443,7 +444,9 @@ func TestCloudCleanupNodeIneligible(t *testing.T) {
 	cl.eventually("n1 and n2 emptied", func() (bool, string) {
 		return onNode("ecnode-n1") == 0 && onNode("ecnode-n2") == 0, fmt.Sprintf("%+v", ec.ourENIs())
 	})
-	cl.waitWarm("ecnode", 6) // all on n3 now
+	// All on n3 now. Emptying n1 and n2 may have detached addresses, and
+	// the next scale-down (here 7 to 6) then waits for ScaleDownInterval.
+	cl.waitWarmWithin("ecnode", 6, warm.ScaleDownInterval+20*time.Second)
 	cl.nothingUnused(ec, -1)
 	// The last Node is deleted (its instance keeps running): the
 	// collector deletes its interfaces, warm addresses and all.

@@ -75,14 +75,25 @@ func (cl *cluster) poolStatus(name string) v1.ExternalIPPoolStatus {
 // waitWarm waits until the pool's status reports n warm addresses.
 func (cl *cluster) waitWarm(pool string, n int32) v1.CloudPoolStatus {
 	cl.t.Helper()
+	return cl.waitWarmWithin(pool, n, 20*time.Second)
+}
+
+// waitWarmWithin is waitWarm with its own timeout: a wait that may need a
+// scale-down right after another one must allow warm.ScaleDownInterval
+// (at most one release per 30 s, as the VPC CNI).
+func (cl *cluster) waitWarmWithin(pool string, n int32, timeout time.Duration) v1.CloudPoolStatus {
+	cl.t.Helper()
 	var cs v1.CloudPoolStatus
-	cl.eventually(fmt.Sprintf("%d warm IPs in %s", n, pool), func() (bool, string) {
+	poll.Until(cl.t, timeout, fmt.Sprintf("%d warm IPs in %s", n, pool), func() error {
 		st := cl.poolStatus(pool)
 		if st.Cloud == nil {
-			return false, "no status.cloud"
+			return errors.New("no status.cloud")
 		}
 		cs = *st.Cloud
-		return cs.Warm == n && len(cs.WarmIPs) == int(n), fmt.Sprintf("%+v", cs)
+		if cs.Warm != n || len(cs.WarmIPs) != int(n) {
+			return fmt.Errorf("%+v", cs)
+		}
+		return nil
 	})
 	return cs
 }

@@ -315,8 +315,9 @@ func (cl *cluster) addNode(name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.srv = &http.Server{Handler: report.PollHandler(a.onPoll), ReadHeaderTimeout: time.Second}
-	go func() { _ = a.srv.Serve(l) }()
+	srv := &http.Server{Handler: report.PollHandler(a.onPoll), ReadHeaderTimeout: time.Second}
+	a.srv = srv
+	go func() { _ = srv.Serve(l) }() // srv, not a.srv: a test may replace a.srv (TestAgentCertificateRotation)
 	t.Cleanup(func() { _ = a.srv.Close() })
 	cl.agents[name] = a
 }
