@@ -153,7 +153,7 @@ func (s *Source) Start(ctx context.Context) error {
 	s.mgr = mgr
 	s.mu.Unlock()
 	mgr.Start()
-	go s.keepBundle(ctx, log)
+	go s.keepBundle(logr.NewContext(ctx, log))
 	return nil
 }
 
@@ -166,11 +166,12 @@ func (s *Source) Start(ctx context.Context) error {
 // fraction of that, not once per BundleRefresh.
 var firstBundleBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30}
 
-// keepBundle reads the CA bundle until the first read succeeds (spaced by
+// keepBundle reads the CA bundle (logging to ctx's logger) until the first read succeeds (spaced by
 // firstBundleBackoff), then again every BundleRefresh, until ctx is done.
 // Failures are logged: the first one and every one after the first read,
 // when the previous bundle is kept.
-func (s *Source) keepBundle(ctx context.Context, log logr.Logger) {
+func (s *Source) keepBundle(ctx context.Context) {
+	log := logr.FromContextOrDiscard(ctx)
 	b := firstBundleBackoff
 	b.Cap = s.cfg.BundleRefresh
 	failures := 0

@@ -295,8 +295,7 @@ func TestRefusedReportNeverReady(t *testing.T) {
 // demo` failed about one run in four on a loaded machine.
 func TestAgentReadsCABundlePublishedAfterItStarted(t *testing.T) {
 	const ns = "egressip-late-ca"
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	ctx := t.Context()
 	for _, o := range []client.Object{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
 		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "test-agent-ca"}, Rules: []rbacv1.PolicyRule{

@@ -360,7 +360,7 @@ func TestChartLeaderElectionRules(t *testing.T) {
 		"controller.leaderElection.leaseDuration=4s,controller.leaderElection.renewDeadline=2500ms,controller.leaderElection.retryPeriod=1s",
 	} {
 		args := containerArgs(t, helmTemplate(t, "--set", set), "Deployment", "egressip-controller-manager")
-		for _, kv := range strings.Split(set, ",") {
+		for kv := range strings.SplitSeq(set, ",") {
 			k, v, _ := strings.Cut(kv, "=")
 			flag := map[string]string{"leaseDuration": "leader-elect-lease-duration", "renewDeadline": "leader-elect-renew-deadline",
 				"retryPeriod": "leader-elect-retry-period"}[strings.TrimPrefix(k, "controller.leaderElection.")]
