@@ -198,7 +198,7 @@ helm-chart: build-installer kubebuilder ## Regenerate charts/chart from dist/ins
 	@test "$$(grep -c 'egressip.webhookCABundle' $(HELM_WEBHOOK_TPL))" = "$$(grep -c '^  clientConfig:$$' $(HELM_WEBHOOK_TPL))" \
 		|| { echo "$(HELM_WEBHOOK_TPL): caBundle not inserted under every clientConfig, update the helm-chart target"; exit 1; }
 	@# Hand-written templates the plugin must leave in place.
-	@for f in agent/daemonset.yaml namespace/namespace.yaml; do test -f charts/chart/templates/$$f \
+	@for f in agent/daemonset.yaml namespace/namespace.yaml checks.yaml _checks.tpl; do test -f charts/chart/templates/$$f \
 		|| { echo "charts/chart/templates/$$f is gone after the plugin: restore it (git checkout)"; exit 1; }; done
 	@# The default image is IMAGE_REPO with tag appVersion in all three installs.
 	@grep -qx '    repository: $(IMAGE_REPO)' charts/chart/values.yaml \

@@ -47,7 +47,8 @@ type SourceConfig struct {
 // a certificate for it from the CSR API, renewed by client-go's
 // certificate manager (the kubelet's: at a jittered 70 to 90 % of the
 // lifetime, the old certificate kept until the new one is issued), and the
-// CA bundle of the ConfigMap, read again every BundleRefresh. Servers and
+// CA bundle of the ConfigMap, retried quickly until first read, then read
+// again every BundleRefresh. Servers and
 // clients take both at every handshake (GetCertificate, Roots), so a
 // renewal needs no restart and breaks no connection.
 type Source struct {
@@ -152,12 +153,56 @@ func (s *Source) Start(ctx context.Context) error {
 	s.mgr = mgr
 	s.mu.Unlock()
 	mgr.Start()
-	go wait.UntilWithContext(ctx, func(ctx context.Context) {
+	go s.keepBundle(logr.NewContext(ctx, log))
+	return nil
+}
+
+// firstBundleBackoff spaces the reads of the CA bundle until the first
+// succeeds: 200 ms, doubling (10 % jitter), capped at BundleRefresh. An
+// agent often starts before the controller has published the bundle (a
+// fresh install starts both at once); until the agent has it, it serves no
+// report, and the controller declares an agent that never answered dead
+// after --agent-dead-after (3 s). So the first read is retried within a
+// fraction of that, not once per BundleRefresh.
+var firstBundleBackoff = wait.Backoff{Duration: 200 * time.Millisecond, Factor: 2, Jitter: 0.1, Steps: 1 << 30}
+
+// keepBundle reads the CA bundle (logging to ctx's logger) until the first read succeeds (spaced by
+// firstBundleBackoff), then again every BundleRefresh, until ctx is done.
+// Failures are logged: the first one and every one after the first read,
+// when the previous bundle is kept.
+func (s *Source) keepBundle(ctx context.Context) {
+	log := logr.FromContextOrDiscard(ctx)
+	b := firstBundleBackoff
+	b.Cap = s.cfg.BundleRefresh
+	failures := 0
+	_ = wait.ExponentialBackoffWithContext(ctx, b, func(ctx context.Context) (bool, error) {
+		err := s.loadBundle(ctx)
+		switch {
+		case err == nil:
+			if failures > 0 {
+				log.Info("agent CA bundle read", "failedReads", failures)
+			}
+			return true, nil
+		case failures == 0:
+			log.Error(err, "cannot read the agent CA bundle yet; retrying (the controller publishes it when it starts)")
+		default:
+			log.V(1).Info("cannot read the agent CA bundle yet", "err", err, "failedReads", failures+1)
+		}
+		failures++
+		return false, nil
+	})
+	// The first read succeeded (or the backoff reached its cap: the
+	// refresh below then goes on trying every BundleRefresh).
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(s.cfg.BundleRefresh):
+	}
+	wait.UntilWithContext(ctx, func(ctx context.Context) {
 		if err := s.loadBundle(ctx); err != nil {
 			log.Error(err, "cannot read the agent CA bundle; keeping the previous one")
 		}
 	}, s.cfg.BundleRefresh)
-	return nil
 }
 
 func (s *Source) loadBundle(ctx context.Context) error {

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -282,5 +283,63 @@ func TestRefusedReportNeverReady(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("%d AgentReportRefused Events on ref-n1 after 10 refusals, want 1 (rate-limited)", n)
+	}
+}
+
+// TestAgentReadsCABundlePublishedAfterItStarted: an agent that starts
+// before the controller has published the CA bundle (a fresh install
+// starts both at once) has it within a second of its publication, with
+// the default bundle refresh of one minute. Before, the agent read again
+// only a minute later and served no report meanwhile, so the controller
+// declared it dead after --agent-dead-after and moved its IPs: `make
+// demo` failed about one run in four on a loaded machine.
+func TestAgentReadsCABundlePublishedAfterItStarted(t *testing.T) {
+	const ns = "egressip-late-ca"
+	ctx := t.Context()
+	for _, o := range []client.Object{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "test-agent-ca"}, Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{agentcert.CAConfigMapName}, Verbs: []string{"get"}},
+		}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "test-agent-ca"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "test-agent-ca"},
+			Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: testAgentUser}}},
+	} {
+		if err := env.Client.Create(ctx, o); err != nil && !isAlreadyExists(err) {
+			t.Fatal(err)
+		}
+	}
+	src, err := agentcert.NewSource(agentcert.SourceConfig{Node: "late-n1", REST: asAgentOf("late-n1"), Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)           // several failed reads: no ConfigMap yet
+	if n := len(src.Roots().Subjects()); n != 0 { //nolint:staticcheck // Subjects is enough to count the roots.
+		t.Fatalf("roots before the CA exists: %d", n)
+	}
+	ca, err := agentcert.EnsureCA(ctx, env.Client, ns, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := time.Now()
+	want := ca.Pool()
+	if err := poll.Wait(ctx, 20*time.Millisecond, 20*time.Second, func() error {
+		if !src.Roots().Equal(want) {
+			return errors.New("the agent does not have the CA bundle")
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("%v %v after the controller published it (bundle refresh: the default one minute)", err, time.Since(published))
+	}
+	took := time.Since(published)
+	t.Logf("the agent had the CA bundle %v after it was published", took.Round(time.Millisecond))
+	// The reads are spaced 200 ms doubling: after 1.5 s the next one is
+	// at most 1.6 s away, plus the API round trips; a loaded machine gets
+	// a wide margin, far below the minute of the refresh.
+	if took > 10*time.Second {
+		t.Errorf("the agent read the CA bundle %v after it was published; want within 10 s, not the one-minute refresh", took)
 	}
 }

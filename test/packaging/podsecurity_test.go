@@ -333,3 +333,40 @@ func TestBuildInstallerLeavesCloneClean(t *testing.T) {
 		t.Errorf("dist/install.yaml built with IMG=%s names it %d times, want 2", other, n)
 	}
 }
+
+// TestChartLeaderElectionRules: leader-election values that
+// egressip-controller refuses at start (LeaderElectionConfig.Check) fail
+// the render with a message naming them, instead of a controller that
+// exits 2 in a crash loop; values it accepts render, with the flags passed
+// as given.
+func TestChartLeaderElectionRules(t *testing.T) {
+	helm := tool(t, "helm")
+	for _, tc := range []struct{ set, want string }{
+		{"controller.leaderElection.leaseDuration=3500ms", "leaseDuration 3500ms must be a whole number of seconds"},
+		{"controller.leaderElection.leaseDuration=500ms", "leaseDuration 500ms must be a whole number of seconds"},
+		{"controller.leaderElection.leaseDuration=2s", "leaseDuration 2s must be more than renewDeadline 2s + retryPeriod 250ms"},
+		{"controller.leaderElection.renewDeadline=300ms", "renewDeadline 300ms must be more than 1.2 x retryPeriod 250ms"},
+		{"controller.leaderElection.retryPeriod=0s", "must be positive"},
+	} {
+		out, err := runErr(helm, "template", release, "charts/chart", "--namespace", namespace, "--set", tc.set)
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("--set %s: want failure containing %q, got %v\n%s", tc.set, tc.want, err, out)
+			continue
+		}
+		t.Logf("--set %s: %s", tc.set, strings.TrimSpace(out))
+	}
+	for _, set := range []string{
+		"controller.leaderElection.leaseDuration=1m,controller.leaderElection.renewDeadline=40s,controller.leaderElection.retryPeriod=5s",
+		"controller.leaderElection.leaseDuration=4s,controller.leaderElection.renewDeadline=2500ms,controller.leaderElection.retryPeriod=1s",
+	} {
+		args := containerArgs(t, helmTemplate(t, "--set", set), "Deployment", "egressip-controller-manager")
+		for kv := range strings.SplitSeq(set, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			flag := map[string]string{"leaseDuration": "leader-elect-lease-duration", "renewDeadline": "leader-elect-renew-deadline",
+				"retryPeriod": "leader-elect-retry-period"}[strings.TrimPrefix(k, "controller.leaderElection.")]
+			if got := flagValue(args, flag); got != v {
+				t.Errorf("--set %s: --%s=%q, want %q", set, flag, got, v)
+			}
+		}
+	}
+}
