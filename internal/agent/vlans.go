@@ -62,8 +62,9 @@ func (k *vlanKeeper) ensure(log logr.Logger, ips []netip.Addr,
 		if parent == "" {
 			l, err := bind.SelectInterface(k.ops, ip, bind.Hint{Subnet: h.Subnet, Interface: cmpOr(h.Interface, k.iface)})
 			if err != nil {
-				failed[ip] = fmt.Errorf("sync: bind %s: VLAN %d: %w: %w", ip, h.VLAN, poolroute.ErrNoParent, err)
-				problems = append(problems, vlanProblem(ip, h.VLAN, "", "", failed[ip]))
+				perr := fmt.Errorf("VLAN %d: %w: %w", h.VLAN, poolroute.ErrNoParent, err)
+				failed[ip] = fmt.Errorf("sync: bind %s: %w", ip, perr)
+				problems = append(problems, vlanProblem(ip, h.VLAN, "", "", perr))
 				continue
 			}
 			parent = l.Attrs().Name

@@ -76,7 +76,8 @@ func TestVLANOwnershipAgentRefusal(t *testing.T) {
 // parents), no link carrying a pool's untagged subnet nor a default route
 // (VLANParentMissing), and a foreign link holding egressip's
 // sub-interface name (VLANForeignLink naming it, left alone). The
-// status's problems come sorted by IP.
+// status's problems come sorted by IP; the messages are the rules' own,
+// without bind's "sync: bind <ip>:" prefix.
 func TestVLANOwnershipNodeStatusReasons(t *testing.T) {
 	ns := netnstest.NewNS(t, "vlanst")
 	ns.MustIP(t, "link", "add", "eth0", "type", "veth", "peer", "name", "eth8")
@@ -102,7 +103,7 @@ func TestVLANOwnershipNodeStatusReasons(t *testing.T) {
 	if len(st.Problems) != 3 || len(failed) != 3 {
 		t.Fatalf("status %+v, failed %v: want three problems", st, failed)
 	}
-	pa, pb, po := st.Problems[0], st.Problems[1], st.Problems[2]
+	pa, po, pb := st.Problems[0], st.Problems[1], st.Problems[2] // by IP
 	if pa.IP != a || pa.Parent != "eth0" || pa.Reason != v1.ReasonVLANLinkFailed {
 		t.Errorf("first pool: %+v, want VLAN 300 kept on eth0 (creation refused by this kernel)", pa)
 	}
@@ -110,7 +111,8 @@ func TestVLANOwnershipNodeStatusReasons(t *testing.T) {
 		!strings.Contains(pb.Message, "on eth1") || !strings.Contains(pb.Message, "has it on eth0") {
 		t.Errorf("second pool: %+v, want VLANConflict naming eth1 and eth0", pb)
 	}
-	if po.IP != orphan || po.Reason != v1.ReasonVLANParentMissing || po.VLAN != 301 || !errors.Is(failed[orphan], poolroute.ErrNoParent) {
+	if po.IP != orphan || po.Reason != v1.ReasonVLANParentMissing || po.VLAN != 301 || !errors.Is(failed[orphan], poolroute.ErrNoParent) ||
+		!strings.HasPrefix(po.Message, "VLAN 301: ") {
 		t.Errorf("no parent: %+v, want VLANParentMissing", po)
 	}
 

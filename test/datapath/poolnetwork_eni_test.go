@@ -3,7 +3,6 @@ package datapath_test
 import (
 	"net/netip"
 	"testing"
-	"time"
 
 	"github.com/egressip/egressip/internal/agent/bind"
 	"github.com/egressip/egressip/internal/agent/poolroute"
@@ -74,45 +73,7 @@ func TestPoolNetworkENIByMAC(t *testing.T) {
 	t.Logf("pool routing: %s\n%s%s", res, ipOut(t, &n1.NS, "rule"), ipOut(t, &n1.NS, "-6", "rule"))
 	p.capture(t)
 
-	for _, fm := range []struct {
-		name    string
-		v6      bool
-		eip     netip.Addr
-		servers []netip.Addr
-		srvs    []*dp.Server
-	}{
-		{"ipv4", false, poolEIPv4, []netip.Addr{srv2V4, extMovedV4}, []*dp.Server{p.srv2Srv, c.Server}},
-		{"ipv6", true, poolEIPv6, []netip.Addr{srv2V6, dp.ExtV6}, []*dp.Server{p.srv2Srv, c.Server}},
-	} {
-		t.Run(fm.name, func(t *testing.T) {
-			ctx := ctxT(t, 60*time.Second)
-			for i, dst := range fm.servers {
-				before, _ := p.counted(t, fm.eip)
-				for _, pod := range []*dp.Pod{local, remote} {
-					if got, err := dp.TCPWho(ctx, &pod.NS, dst); err != nil || got != fm.eip {
-						t.Errorf("TCP %s -> %s: server saw %v (err %v), want the egress IP %s", pod.Name, dst, got, err, fm.eip)
-					}
-					if got, err := dp.UDPWho(ctx, &pod.NS, dst); err != nil || got != fm.eip {
-						t.Errorf("UDP %s -> %s: server saw %v (err %v), want the egress IP %s", pod.Name, dst, got, err, fm.eip)
-					}
-				}
-				second, uplink := p.counted(t, fm.eip)
-				t.Logf("to %s: R2 counted %d packets from %s on eth1 (%s -> %s), %d through br0", dst, second-before, fm.eip, p.n1MAC, p.r2MAC, uplink)
-				if second-before < 8 {
-					t.Errorf("to %s: R2 saw %d packets from %s from n1's eth1 %s to its MAC %s, want every flow's", dst, second-before, fm.eip, p.n1MAC, p.r2MAC)
-				}
-				if uplink != 0 {
-					t.Errorf("to %s: R2 saw %d packets from %s through br0: they left n1's uplink", dst, uplink, fm.eip)
-				}
-				if n := fm.srvs[i].Sources()[fm.eip]; n == 0 {
-					t.Errorf("server %s never saw %s", dst, fm.eip)
-				}
-				if got, err := dp.TCPWho(ctx, &unselected.NS, dst); err != nil || got != n1.NodeIP(fm.v6) {
-					t.Errorf("TCP unselected %s -> %s: server saw %v (err %v), want n1's Node IP %s", unselected.Name, dst, got, err, n1.NodeIP(fm.v6))
-				}
-			}
-		})
-	}
+	p.checkTraffic(t, local, remote, unselected)
 
 	for _, n := range c.Nodes {
 		p.f.applyNode(n, nil)
