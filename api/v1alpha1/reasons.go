@@ -202,7 +202,8 @@ const ReasonAgentNodeIdentity = "AgentNodeIdentity"
 
 // Reasons of the Node conditions the controller keeps from the agents'
 // reports (EgressDatapathSupported, EgressIPOwnershipKnown,
-// EgressKernelFeatures; internal/controller/nodecondition.go), which the
+// EgressKernelFeatures, EgressVLANLinksReady;
+// internal/controller/nodecondition.go), which the
 // agent sends in its report (internal/report).
 const (
 	// ReasonHostStack: the Pods' traffic crosses the host's IP stack,
@@ -234,6 +235,26 @@ const (
 	// the agent is degraded or did not start, as the message says. Also
 	// the Warning Event recorded when the condition turns False.
 	ReasonKernelFeatureMissing = "KernelFeatureMissing"
+	// ReasonVLANLinksReady: every VLAN sub-interface the egress IPs
+	// assigned to the Node need is in place (or none is needed); the
+	// message names them.
+	ReasonVLANLinksReady = "VLANLinksReady"
+	// ReasonVLANParentMissing: the parent interface of a VLAN
+	// sub-interface (--vlan-parent, or the link that would carry the IP
+	// without its VLAN) does not exist on the Node. Also the Warning
+	// Event recorded when EgressVLANLinksReady turns False for it.
+	ReasonVLANParentMissing = "VLANParentMissing"
+	// ReasonVLANForeignLink: a link egressip did not create already holds
+	// the VLAN ID on the parent (or the sub-interface's name); it is never
+	// adopted, changed or deleted. The message names it.
+	ReasonVLANForeignLink = "VLANForeignLink"
+	// ReasonVLANConflict: two pools want the same VLAN ID on different
+	// parents; the first pool by name keeps it.
+	ReasonVLANConflict = "VLANConflict"
+	// ReasonVLANLinkFailed: the kernel refused to create or prepare the
+	// sub-interface (for example no 8021q module: "operation not
+	// supported"); the message carries the kernel's error.
+	ReasonVLANLinkFailed = "VLANLinkFailed"
 )
 
 // Reasons of the Events recorded on a Node when one of the conditions
@@ -499,6 +520,18 @@ const NodeConditionAgentReachable corev1.NodeConditionType = "EgressAgentReachab
 // ReasonFenceLifted after; the message says when and why the last
 // fence began, and when it was lifted. A Warning Event marks each fence.
 const NodeConditionFenced corev1.NodeConditionType = "EgressSelfFenced"
+
+// NodeConditionVLANs is the Node condition the controller keeps from each
+// agent started with --create-vlans (the agent report's VLANs): True
+// (ReasonVLANLinksReady) while every VLAN sub-interface the egress IPs
+// assigned to the Node need is in place, False while one cannot be had,
+// with the reason of the first problem (ReasonVLANParentMissing,
+// ReasonVLANForeignLink, ReasonVLANConflict or ReasonVLANLinkFailed) and a
+// message naming, per problem, the egress IP, the parent, the VLAN ID and
+// the foreign link. A Warning Event with that reason is recorded on the
+// Node when it turns False, a Normal one when it is True again. The
+// Egresses of those IPs are not Ready (ReasonBindRefused) meanwhile.
+const NodeConditionVLANs corev1.NodeConditionType = "EgressVLANLinksReady"
 
 // The Egress condition Shadowed and its reasons (issue 21; see
 // docs/troubleshooting.md): whether the Egress carries any traffic although

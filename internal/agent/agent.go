@@ -199,6 +199,9 @@ type Agent struct {
 	refusedEgresses atomic.Pointer[[]report.RefusedEgress]
 	// kernel is the kernel feature finding served in the report (nil: none).
 	kernel atomic.Pointer[report.KernelStatus]
+	// vlanStatus is the last VLAN sync's outcome the report serves
+	// (report.Report.VLANs); nil without Config.CreateVLANs.
+	vlanStatus atomic.Pointer[report.VLANStatus]
 
 	// lastPoll is when the report was last served to a poll, in Unix
 	// nanoseconds (0: never); see LastControllerPoll.
@@ -639,6 +642,9 @@ func (a *Agent) Report() report.Report {
 		c := *st
 		r.Fence = &c
 	}
+	if st := a.vlanStatus.Load(); st != nil {
+		r.VLANs = &report.VLANStatus{Links: slices.Clone(st.Links), Problems: slices.Clone(st.Problems), More: st.More}
+	}
 	a.reportConflicts(&r)
 	r.Sort()
 	return r
@@ -875,7 +881,9 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	a.setHints(d.hints)
 	bindIPs, vlanErrs := d.ips, map[netip.Addr]error(nil)
 	if a.vlans != nil {
-		vlanErrs = a.vlans.ensure(log, d.ips, d.hints)
+		var st *report.VLANStatus
+		vlanErrs, st = a.vlans.ensure(log, d.ips, d.hints)
+		a.vlanStatus.Store(st)
 		bindIPs = slices.DeleteFunc(slices.Clone(d.ips), func(ip netip.Addr) bool { return vlanErrs[ip] != nil })
 	}
 	added, removed, syncErr := a.binder.Sync(bindIPs)

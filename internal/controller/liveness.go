@@ -160,8 +160,9 @@ func (l *Liveness) onNICs(fn func(node string, nics []string)) {
 
 // onDatapathChange makes fn be called, outside the lock, with the name of
 // every Node whose agent's datapath finding (report.Report.Datapath),
-// ownership status (report.Report.Ownership) or kernel finding
-// (report.Report.Kernel) changes, and at once for every
+// ownership status (report.Report.Ownership), kernel finding
+// (report.Report.Kernel), fence status or VLAN status (report.Report.VLANs)
+// changes, and at once for every
 // Node already known.
 func (l *Liveness) onDatapathChange(fn func(node string)) {
 	l.mu.Lock()
@@ -359,7 +360,8 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 	if hasAddr && err == nil && rep.Node == node {
 		changed = !s.Known || s.Dead || !sameBound(s.Report, rep)
 		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath) || !sameOwnership(s.Report.Ownership, rep.Ownership) ||
-			!s.Report.Kernel.Equal(rep.Kernel) || !s.Report.Fence.Equal(rep.Fence)
+			!s.Report.Kernel.Equal(rep.Kernel) || !s.Report.Fence.Equal(rep.Fence) ||
+			!s.Report.VLANs.Equal(rep.VLANs)
 		s.Known, s.Dead, s.failures, s.LastSeen, s.Report = true, false, 0, now, rep
 	} else {
 		s.failures++

@@ -28,8 +28,10 @@ import (
 
 // NodeDatapathReconciler mirrors the findings of each agent's report
 // (polled by Liveness) into Node conditions: the datapath finding into
-// EgressDatapathSupported and the ownership status into
-// EgressIPOwnershipKnown, with an Event on each change of a condition's
+// EgressDatapathSupported, the ownership status into
+// EgressIPOwnershipKnown, the kernel finding into EgressKernelFeatures,
+// the fence into EgressSelfFenced and the VLAN sub-interfaces into
+// EgressVLANLinksReady, with an Event on each change of a condition's
 // status. Agents cannot write Nodes (docs/security.md), hence this relay. A
 // Node whose agent is unknown, dead, or serves no finding keeps its
 // conditions as they are.
@@ -96,6 +98,45 @@ func reachableCondition(st AgentState, deadAfter time.Duration) corev1.NodeCondi
 		Message: "the egressip agent of this Node answers the controller's polls"}
 }
 
+// vlanCondition is the condition for an agent's VLAN sub-interface status
+// (times left zero): False with the first problem's reason and every
+// problem named (IP, VLAN ID, parent, foreign link, the agent's error),
+// True naming the links in place.
+func vlanCondition(st *report.VLANStatus) corev1.NodeCondition {
+	if len(st.Problems) == 0 {
+		msg := "no egress IP assigned to this Node needs a VLAN sub-interface"
+		if len(st.Links) > 0 {
+			msg = "the VLAN sub-interfaces the egress IPs of this Node need are in place: " + strings.Join(st.Links, ", ")
+		}
+		return corev1.NodeCondition{Type: v1.NodeConditionVLANs, Status: corev1.ConditionTrue, Reason: v1.ReasonVLANLinksReady, Message: msg}
+	}
+	parts := make([]string, 0, len(st.Problems)+1)
+	for _, p := range st.Problems {
+		what := fmt.Sprintf("egress IP %s, VLAN %d", p.IP, p.VLAN)
+		if p.Parent != "" {
+			what += ", parent " + p.Parent
+		}
+		if p.Link != "" {
+			what += ", held by link " + p.Link
+		}
+		parts = append(parts, what+" ("+p.Reason+"): "+p.Message)
+	}
+	if st.More > 0 {
+		parts = append(parts, fmt.Sprintf("and %d more", st.More))
+	}
+	n := len(st.Problems) + st.More
+	msg := fmt.Sprintf("%d egress IP(s) of this Node are not bound because their VLAN sub-interface cannot be had: %s",
+		n, strings.Join(parts, "; "))
+	if len(msg) > maxNodeConditionMessage {
+		msg = msg[:maxNodeConditionMessage-3] + "..."
+	}
+	return corev1.NodeCondition{Type: v1.NodeConditionVLANs, Status: corev1.ConditionFalse, Reason: st.Problems[0].Reason, Message: msg}
+}
+
+// maxNodeConditionMessage bounds the message of EgressVLANLinksReady, in
+// bytes (the Node object is read by every kubelet heartbeat's watchers).
+const maxNodeConditionMessage = 4096
+
 // fenceCondition is the condition for a fence status that has a fence
 // behind it (st.FencedAt set; times left zero).
 func fenceCondition(st *report.FenceStatus) corev1.NodeCondition {
@@ -153,6 +194,10 @@ func transitionEvent(prev *corev1.NodeCondition, want corev1.NodeCondition) (con
 		return conditionEvent{corev1.EventTypeWarning, v1.ReasonAgentUnreachable, "PollAgent", want.Message}, true
 	case want.Type == v1.NodeConditionAgentReachable && prev != nil:
 		return conditionEvent{corev1.EventTypeNormal, v1.ReasonAgentAnswers, "PollAgent", "the egressip agent of this Node answers the controller's polls again"}, true
+	case want.Type == v1.NodeConditionVLANs && want.Status == corev1.ConditionFalse:
+		return conditionEvent{corev1.EventTypeWarning, want.Reason, "KeepVLANs", want.Message}, true
+	case want.Type == v1.NodeConditionVLANs && prev != nil:
+		return conditionEvent{corev1.EventTypeNormal, v1.ReasonVLANLinksReady, "KeepVLANs", want.Message}, true
 	case want.Type == v1.NodeConditionOwnership && prev != nil:
 		return conditionEvent{corev1.EventTypeNormal, v1.EventOwnershipKnown, "CheckOwnership",
 			"the egressip agent knows its addresses on this Node again: " + want.Message}, true
@@ -185,6 +230,9 @@ func (r *NodeDatapathReconciler) Reconcile(ctx context.Context, req reconcile.Re
 	}
 	if f := st.Report.Fence; f != nil && !f.FencedAt.IsZero() {
 		wants = append(wants, fenceCondition(f))
+	}
+	if st.Report.VLANs != nil {
+		wants = append(wants, vlanCondition(st.Report.VLANs))
 	}
 	return r.write(ctx, req, wants)
 }
@@ -269,8 +317,8 @@ func (r *NodeDatapathReconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 // mirrored is the Node's conditions this reconciler keeps, without their
 // times, for change detection.
-func mirrored(n *corev1.Node) [5]corev1.NodeCondition {
-	var out [5]corev1.NodeCondition
+func mirrored(n *corev1.Node) [6]corev1.NodeCondition {
+	var out [6]corev1.NodeCondition
 	for _, c := range n.Status.Conditions {
 		c := corev1.NodeCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message}
 		switch c.Type {
@@ -284,6 +332,8 @@ func mirrored(n *corev1.Node) [5]corev1.NodeCondition {
 			out[3] = c
 		case v1.NodeConditionAgentReachable:
 			out[4] = c
+		case v1.NodeConditionVLANs:
+			out[5] = c
 		}
 	}
 	return out

@@ -58,6 +58,7 @@ type fakeAgent struct {
 	refuse map[netip.Addr]string
 	kernel *report.KernelStatus // served as the report's kernel finding
 	fence  *report.FenceStatus  // served as the report's fence status
+	vlans  *report.VLANStatus   // served as the report's VLAN status
 	// stale: the agent has lost the API server: it keeps what it has
 	// bound and syncs nothing, but still answers polls.
 	stale bool
@@ -153,6 +154,13 @@ func (a *fakeAgent) setKernel(st *report.KernelStatus) {
 	a.mu.Unlock()
 }
 
+// setVLANs sets the VLAN status the agent serves (nil: none).
+func (a *fakeAgent) setVLANs(st *report.VLANStatus) {
+	a.mu.Lock()
+	a.vlans = st
+	a.mu.Unlock()
+}
+
 // setFence sets the fence status the agent serves (nil: none).
 func (a *fakeAgent) setFence(st *report.FenceStatus) {
 	a.mu.Lock()
@@ -171,7 +179,7 @@ func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel,
-		Conflicts: a.conflicts, MACs: a.macs, Fence: a.fence, NICs: a.nics}
+		Conflicts: a.conflicts, MACs: a.macs, Fence: a.fence, NICs: a.nics, VLANs: a.vlans}
 	for ip := range a.bound {
 		if msg, ok := a.refuse[ip]; ok {
 			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})

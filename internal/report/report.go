@@ -81,6 +81,11 @@ type Report struct {
 	// Fence is the agent's self-fencing state (internal/agent/fence);
 	// nil while it has not fenced since it started, or fencing is off.
 	Fence *FenceStatus `json:"fence,omitempty"`
+	// VLANs is the state of the VLAN sub-interfaces the agent keeps for
+	// the egress IPs assigned to its Node (--create-vlans); nil when it
+	// keeps none or has not synced yet. The controller mirrors it in the
+	// Node condition EgressVLANLinksReady.
+	VLANs *VLANStatus `json:"vlans,omitempty"`
 	// Conflicts lists, sorted by IP, the egress IPs bound on the Node that
 	// something else answered for in the agent's last duplicate-IP probe
 	// (an ARP probe or a DAD-style Neighbor Solicitation, package
@@ -236,6 +241,49 @@ func (k *KernelStatus) Equal(o *KernelStatus) bool {
 		return k == o
 	}
 	return k.Release == o.Release && k.Reason == o.Reason && k.Message == o.Message && slices.Equal(k.Missing, o.Missing)
+}
+
+// MaxVLANProblems bounds VLANStatus.Problems, in entries (each Message
+// is bounded by MaxRefusedMessage).
+const MaxVLANProblems = 16
+
+// VLANStatus is the outcome of the agent's last sync of its VLAN
+// sub-interfaces (package internal/agent/poolroute, VLANs.Sync).
+type VLANStatus struct {
+	// Links are the names of the sub-interfaces in place for the IPs
+	// assigned here, sorted; empty when none is needed.
+	Links []string `json:"links,omitempty"`
+	// Problems are the VLAN sub-interfaces that cannot be had, sorted by
+	// IP, at most MaxVLANProblems; empty when every one is in place.
+	Problems []VLANProblem `json:"problems,omitempty"`
+	// More counts the problems left out of Problems by MaxVLANProblems.
+	More int `json:"more,omitempty"`
+}
+
+// VLANProblem is one egress IP whose VLAN sub-interface cannot be had
+// (the IP is then not bound, and listed in Report.Refused too).
+type VLANProblem struct {
+	// IP is the egress IP in canonical form.
+	IP netip.Addr `json:"ip"`
+	// VLAN is its pool's subnetInfo.vlan.
+	VLAN int `json:"vlan"`
+	// Parent is the parent interface wanted (empty when none was found).
+	Parent string `json:"parent,omitempty"`
+	// Link is the foreign link holding the VLAN ID (ReasonVLANForeignLink).
+	Link string `json:"link,omitempty"`
+	// Reason is one of v1alpha1.ReasonVLANParentMissing,
+	// ReasonVLANForeignLink, ReasonVLANConflict, ReasonVLANLinkFailed.
+	Reason string `json:"reason"`
+	// Message is the agent's error, at most MaxRefusedMessage bytes.
+	Message string `json:"message"`
+}
+
+// Equal reports whether two VLAN statuses are equal (nil: none).
+func (v *VLANStatus) Equal(o *VLANStatus) bool {
+	if v == nil || o == nil {
+		return v == o
+	}
+	return v.More == o.More && slices.Equal(v.Links, o.Links) && slices.Equal(v.Problems, o.Problems)
 }
 
 // MaxDatapathMessage bounds DatapathStatus.Message, in bytes.

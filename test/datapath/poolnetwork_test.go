@@ -410,6 +410,37 @@ func TestPoolNetworkRouting(t *testing.T) {
 	t.Logf("pool routing: %s\n%s%s", res, ipOut(t, &n1.NS, "rule"), ipOut(t, &n1.NS, "-6", "rule"))
 	p.capture(t)
 
+	p.checkTraffic(t, local, remote, unselected)
+	mainAfter := ipOut(t, &n1.NS, "route", "show", "table", "main") + ipOut(t, &n1.NS, "-6", "route", "show", "table", "main")
+	if mainAfter != mainBefore {
+		t.Errorf("main table changed:\nbefore:\n%s\nafter:\n%s", mainBefore, mainAfter)
+	}
+
+	// Not needed any more: everything of ours goes, nothing else.
+	for _, n := range c.Nodes {
+		p.f.applyNode(n, nil)
+	}
+	if _, _, err := p.binder.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := ownedDump(t, &n1.NS, r.Config()); got != "" {
+		t.Errorf("pool routing left after the Egresses went:\n%s", got)
+	}
+}
+
+// checkTraffic: local and remote (selected, members of the Egresses of
+// poolEIPv4 and poolEIPv6 held by n1) reach srv2 behind R2 and the server
+// behind the default router from the egress IP, TCP and UDP, through n1's
+// second link (at least 8 packets per server counted at R2 from n1's eth1
+// MAC to R2's MAC, none through br0), and the replies come back;
+// unselected still leaves with n1's Node IP. Both families, as subtests.
+func (p *poolNet) checkTraffic(t *testing.T, local, remote, unselected *dp.Pod) {
+	t.Helper()
+	c := p.f.c
+	n1 := c.Nodes[0]
 	for _, fm := range []struct {
 		name    string
 		v6      bool
@@ -435,6 +466,8 @@ func TestPoolNetworkRouting(t *testing.T) {
 					}
 				}
 				second, uplink := p.counted(t, fm.eip)
+				t.Logf("to %s: R2 counted %d packets from %s from n1's eth1 %s to its MAC %s, %d through br0",
+					dst, second-before, fm.eip, p.n1MAC, p.r2MAC, uplink)
 				// Two TCP connections (SYN, ACK, data, FIN... at least 3
 				// packets each) and two datagrams.
 				if second-before < 8 {
@@ -453,24 +486,6 @@ func TestPoolNetworkRouting(t *testing.T) {
 				}
 			}
 		})
-	}
-	mainAfter := ipOut(t, &n1.NS, "route", "show", "table", "main") + ipOut(t, &n1.NS, "-6", "route", "show", "table", "main")
-	if mainAfter != mainBefore {
-		t.Errorf("main table changed:\nbefore:\n%s\nafter:\n%s", mainBefore, mainAfter)
-	}
-
-	// Not needed any more: everything of ours goes, nothing else.
-	for _, n := range c.Nodes {
-		p.f.applyNode(n, nil)
-	}
-	if _, _, err := p.binder.Sync(nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Sync(nil); err != nil {
-		t.Fatal(err)
-	}
-	if got := ownedDump(t, &n1.NS, r.Config()); got != "" {
-		t.Errorf("pool routing left after the Egresses went:\n%s", got)
 	}
 }
 

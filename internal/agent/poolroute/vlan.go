@@ -133,6 +133,9 @@ type VLANResult struct {
 	Link string
 	// Created: Sync created it in this pass.
 	Created bool
+	// Foreign names the link of another owner that holds the VLAN ID on
+	// the parent, or the sub-interface's name (Err wraps ErrForeignVLAN).
+	Foreign string
 	// Err wraps ErrForeignVLAN, ErrNoParent or ErrVLANConflict, or a
 	// netlink error; the message names the links.
 	Err error
@@ -218,6 +221,9 @@ func (v *VLANs) Sync(wants []VLANWant) ([]VLANResult, error) {
 		}
 		name, created, idx, err := v.ensure(links, byName, p, w.ID)
 		r.Link, r.Created = name, created
+		if errors.Is(err, ErrForeignVLAN) {
+			r.Link, r.Foreign = "", name
+		}
 		if err != nil {
 			r.Err = fmt.Errorf("pool %s: VLAN %d on %s: %w", w.Pool, w.ID, w.Parent, err)
 		} else {
@@ -240,7 +246,8 @@ func (v *VLANs) Sync(wants []VLANWant) ([]VLANResult, error) {
 }
 
 // ensure finds or creates the sub-interface of parent p with id, and
-// returns its name, whether it was created, and its index.
+// returns its name, whether it was created, and its index. On
+// ErrForeignVLAN the name is the foreign link's.
 func (v *VLANs) ensure(links []netlink.Link, byName map[string]netlink.Link, p netlink.Link, id int) (string, bool, int, error) {
 	pi := p.Attrs().Index
 	for _, l := range links {
@@ -249,7 +256,7 @@ func (v *VLANs) ensure(links []netlink.Link, byName map[string]netlink.Link, p n
 			continue
 		}
 		if !owned(vl) {
-			return "", false, 0, fmt.Errorf("%w: %s (alias %q) is left alone; delete it, or give the pool another VLAN ID, for egressip to manage it",
+			return vl.Attrs().Name, false, 0, fmt.Errorf("%w: %s (alias %q) is left alone; delete it, or give the pool another VLAN ID, for egressip to manage it",
 				ErrForeignVLAN, vl.Attrs().Name, vl.Attrs().Alias)
 		}
 		return vl.Attrs().Name, false, vl.Attrs().Index, v.prepare(vl)
@@ -259,7 +266,7 @@ func (v *VLANs) ensure(links []netlink.Link, byName map[string]netlink.Link, p n
 		return "", false, 0, fmt.Errorf("sub-interface name %s is longer than %d bytes", name, unix.IFNAMSIZ-1)
 	}
 	if l, ok := byName[name]; ok {
-		return "", false, 0, fmt.Errorf("%w: a link named %s (type %s) exists and is not VLAN %d of %s; it is left alone",
+		return name, false, 0, fmt.Errorf("%w: a link named %s (type %s) exists and is not VLAN %d of %s; it is left alone",
 			ErrForeignVLAN, name, l.Type(), id, p.Attrs().Name)
 	}
 	nv := &netlink.Vlan{LinkAttrs: netlink.LinkAttrs{Name: name, ParentIndex: pi}, VlanId: id, VlanProtocol: netlink.VLAN_PROTOCOL_8021Q}

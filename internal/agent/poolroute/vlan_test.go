@@ -220,6 +220,9 @@ func TestVLANOwnershipRefuseForeign(t *testing.T) {
 	if !errors.Is(res[0].Err, ErrForeignVLAN) || !strings.Contains(res[0].Err.Error(), "eth0.400") || !strings.Contains(res[0].Err.Error(), "pool dmz") {
 		t.Errorf("pool dmz: %v, want ErrForeignVLAN naming eth0.400 and the pool", res[0].Err)
 	}
+	if res[0].Foreign != "eth0.400" || res[0].Link != "" {
+		t.Errorf("pool dmz: Foreign %q Link %q, want the foreign link named and no link of ours", res[0].Foreign, res[0].Link)
+	}
 	if res[1].Err != nil || res[1].Link != "egv2.401" {
 		t.Errorf("pool ok: %+v, want egv2.401", res[1])
 	}
@@ -232,7 +235,7 @@ func TestVLANOwnershipRefuseForeign(t *testing.T) {
 	// A foreign link holding our name for another purpose is not taken.
 	f2 := newFakeLinks(dev(2, "eth0"), &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Index: 9, Name: "egv2.500"}})
 	res = mustSync(t, NewVLANs(f2), VLANWant{Pool: "p", ID: 500, Parent: "eth0"})
-	if !errors.Is(res[0].Err, ErrForeignVLAN) || len(f2.ops) != 0 {
+	if !errors.Is(res[0].Err, ErrForeignVLAN) || res[0].Foreign != "egv2.500" || len(f2.ops) != 0 {
 		t.Errorf("name clash: %v, ops %v", res[0].Err, f2.ops)
 	}
 }
