@@ -1,0 +1,122 @@
+package scheduler
+
+import (
+	"strings"
+	"testing"
+
+	v1 "github.com/egressip/egressip/api/v1alpha1"
+)
+
+// multiEg is a multi-IP Egress created sec seconds after the epoch, one
+// slot per IP of pool (current Nodes from cur, "" for none).
+func multiEg(name string, sec int, pool string, ips []string, cur ...string) Egress {
+	e := Egress{Name: name, Created: at(sec)}
+	for k, ip := range ips {
+		s := Slot{Pool: pool, IP: addr(ip)}
+		if k < len(cur) {
+			s.CurrentNode = cur[k]
+		}
+		e.Slots = append(e.Slots, s)
+	}
+	return e
+}
+
+// Three IPs over two Nodes: two are placed on distinct Nodes, the third
+// is FewerNodesThanIPs, and the Placement sums that up.
+func TestMultiIPFewerNodesThanIPs(t *testing.T) {
+	in := Input{Pools: []Pool{pool4("p", "n1", "n2")}, Nodes: nodesCap(10, "n1", "n2"),
+		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"})}}
+	out := run(t, in)
+	checkReference(t, in)
+	p := out.Placements[0]
+	if len(p.Slots) != 3 || p.Slots[0].Node == "" || p.Slots[1].Node == "" || p.Slots[0].Node == p.Slots[1].Node {
+		t.Fatalf("want the first two IPs on n1 and n2, got %+v", p.Slots)
+	}
+	if s := p.Slots[2]; s.Node != "" || s.Reason != v1.ReasonFewerNodesThanIPs || !strings.Contains(s.Message, `pool "p"`) {
+		t.Fatalf("third IP: %+v", s)
+	}
+	if p.Node != p.Slots[0].Node || p.Reason != v1.ReasonFewerNodesThanIPs {
+		t.Fatalf("placement summary %+v", p)
+	}
+	// A third Node places it, and moves nothing.
+	in2 := applyResult(in, out)
+	in2.Nodes = nodesCap(10, "n1", "n2", "n3")
+	in2.Pools = []Pool{pool4("p", "n1", "n2", "n3")}
+	out2 := run(t, in2)
+	checkReference(t, in2)
+	if out2.Moves != nil || out2.Placements[0].Slots[2].Node != "n3" || out2.Placements[0].Reason != "" {
+		t.Fatalf("after adding n3: %+v, moves %+v", out2.Placements[0], out2.Moves)
+	}
+}
+
+// Two IPs of one Egress that both name n1 (a stale status): the first
+// keeps it, the second moves with reason DistinctNodes.
+func TestMultiIPSameCurrentNode(t *testing.T) {
+	in := Input{Pools: []Pool{pool4("p", "n1", "n2")}, Nodes: nodesCap(10, "n1", "n2"),
+		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1", "10.0.0.2"}, "n1", "n1")}}
+	out := run(t, in)
+	checkReference(t, in)
+	want := []Move{{Egress: "m", Slot: 1, From: "n1", To: "n2", Reason: v1.MoveDistinctNodes}}
+	if len(out.Moves) != 1 || out.Moves[0] != want[0] {
+		t.Fatalf("moves %+v, want %+v", out.Moves, want)
+	}
+}
+
+// An IP that a single-IP Egress and a slot share is one unit: one Node,
+// and that Node is not given to another slot of the multi-IP Egress.
+func TestMultiIPSharedWithSingleIP(t *testing.T) {
+	in := Input{Pools: []Pool{pool4("p", "n1", "n2", "n3")}, Nodes: nodesCap(10, "n1", "n2", "n3"),
+		Egresses: []Egress{eg("single", 0, "p", "10.0.0.2", "n2"),
+			multiEg("m", 1, "p", []string{"10.0.0.1", "10.0.0.2"}, "n2")}}
+	out := run(t, in)
+	checkReference(t, in)
+	got := map[string]Placement{}
+	for _, p := range out.Placements {
+		got[p.Egress] = p
+	}
+	if got["m"].Slots[1].Node != "n2" || got["single"].Node != "n2" || got["m"].Slots[0].Node == "n2" {
+		t.Fatalf("placements %+v", out.Placements)
+	}
+}
+
+// A multi-IP Egress whose name is given twice is a duplicate like any.
+func TestMultiIPDuplicateName(t *testing.T) {
+	in := Input{Pools: []Pool{pool4("p", "n1")}, Nodes: nodesCap(10, "n1"),
+		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1"}), eg("m", 0, "p", "10.0.0.2", "")}}
+	out := run(t, in)
+	checkReference(t, in)
+	if p := out.Placements[0]; p.Reason != v1.ReasonDuplicateEgress || p.Slots != nil {
+		t.Fatalf("placement %+v", p)
+	}
+}
+
+// The checker catches results that break the multi-IP rules.
+func TestCheckerMultiIPRejects(t *testing.T) {
+	in := Input{Pools: []Pool{pool4("p", "n1", "n2", "n3")}, Nodes: nodesCap(10, "n1", "n2", "n3"),
+		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"})}}
+	good := Schedule(in)
+	if err := checkResult(in, good); err != nil {
+		t.Fatal(err)
+	}
+	tamper := func(f func(p *Placement)) Result {
+		r := Result{Placements: []Placement{good.Placements[0]}}
+		r.Placements[0].Slots = append([]SlotPlacement(nil), good.Placements[0].Slots...)
+		f(&r.Placements[0])
+		return r
+	}
+	for name, bad := range map[string]Result{
+		"two IPs on one Node": tamper(func(p *Placement) { p.Slots[1].Node = p.Slots[0].Node }),
+		"slot left out": tamper(func(p *Placement) {
+			p.Slots[2] = SlotPlacement{Reason: v1.ReasonFewerNodesThanIPs, Message: "x"}
+			p.Reason, p.Message = v1.ReasonFewerNodesThanIPs, "x"
+		}),
+		"summary Node":  tamper(func(p *Placement) { p.Node = p.Slots[1].Node }),
+		"slot missing":  tamper(func(p *Placement) { p.Slots = p.Slots[:2] }),
+		"not in pool":   tamper(func(p *Placement) { p.Slots[0].Node = "n9"; p.Node = "n9" }),
+		"spurious move": {Placements: good.Placements, Moves: []Move{{Egress: "m", Slot: 1, From: "n1", To: "n2"}}},
+	} {
+		if err := checkResult(in, bad); err == nil {
+			t.Errorf("%s: the checker accepts %+v", name, bad)
+		}
+	}
+}
