@@ -81,12 +81,12 @@ func maxLoadRatio(r Result, nodes int) float64 {
 	load := map[string]int{}
 	placed, busiest := 0, 0
 	for _, p := range r.Placements {
-		if p.Slots == nil && p.Node != "" {
+		if _, multi := r.Slots[p.Egress]; !multi && p.Node != "" {
 			placed++
 			load[p.Node]++
 			busiest = max(busiest, load[p.Node])
 		}
-		for _, s := range p.Slots {
+		for _, s := range r.Slots[p.Egress] {
 			if s.Node != "" {
 				placed++
 				load[s.Node]++

@@ -23,15 +23,21 @@ func checkMulti(in Input, out Result) error {
 	for _, p := range out.Placements {
 		byName[p.Egress] = p
 	}
+	for name := range out.Slots {
+		if _, ok := byName[name]; !ok {
+			return fmt.Errorf("slot placements for %q, which has no placement", name)
+		}
+	}
 	flat := in
 	flat.Egresses = nil
 	var grpOf []int
 	flatPl := Result{}
 	for i, e := range in.Egresses {
 		p := byName[e.Name]
+		slots, hasSlots := out.Slots[e.Name]
 		if len(e.Slots) == 0 || count[e.Name] > 1 {
-			if count[e.Name] > 1 && p.Slots != nil {
-				return fmt.Errorf("duplicated Egress %q has slot placements %+v", e.Name, p.Slots)
+			if hasSlots {
+				return fmt.Errorf("Egress %q (single-IP or duplicated) has slot placements %+v", e.Name, slots)
 			}
 			d := e
 			if len(e.Slots) > 0 {
@@ -42,12 +48,12 @@ func checkMulti(in Input, out Result) error {
 			grpOf = append(grpOf, -1)
 			continue
 		}
-		if len(p.Slots) != len(e.Slots) {
-			return fmt.Errorf("Egress %q has %d slots but %d slot placements", e.Name, len(e.Slots), len(p.Slots))
+		if len(slots) != len(e.Slots) {
+			return fmt.Errorf("Egress %q has %d slots but %d slot placements", e.Name, len(e.Slots), len(slots))
 		}
 		seen := map[string]int{}
 		wantNode, wantReason := "", ""
-		for k, sp := range p.Slots {
+		for k, sp := range slots {
 			if sp.Node != "" {
 				if j, dup := seen[sp.Node]; dup {
 					return fmt.Errorf("Egress %q has slots %d and %d on one Node %q", e.Name, j, k, sp.Node)
@@ -69,12 +75,12 @@ func checkMulti(in Input, out Result) error {
 			flat.Egresses = append(flat.Egresses, Egress{Name: name, Created: e.Created, Pool: s.Pool, IP: s.IP,
 				CurrentNode: s.CurrentNode, Preferred: s.Preferred})
 			grpOf = append(grpOf, i)
-			sp := p.Slots[k]
+			sp := slots[k]
 			flatPl.Placements = append(flatPl.Placements, Placement{Egress: name, Node: sp.Node, Reason: sp.Reason, Message: sp.Message})
 		}
 	}
 	for _, p := range out.Placements {
-		if p.Slots == nil {
+		if _, ok := out.Slots[p.Egress]; !ok {
 			flatPl.Placements = append(flatPl.Placements, p)
 		}
 	}
@@ -86,7 +92,7 @@ func checkMulti(in Input, out Result) error {
 				return fmt.Errorf("moves not sorted by Egress and slot at %d", k)
 			}
 		}
-		if len(byName[m.Egress].Slots) > 0 {
+		if _, ok := out.Slots[m.Egress]; ok {
 			m.Egress += string([]byte{0, byte(m.Slot)})
 		} else if m.Slot != 0 {
 			return fmt.Errorf("move %+v of a single-IP Egress has a slot", m)

@@ -509,10 +509,9 @@ func cloneInput(in Input) Input {
 func applyResult(in Input, r Result) Input {
 	out := cloneInput(in)
 	node := map[string]string{}
-	slots := map[string][]SlotPlacement{}
+	slots := r.Slots
 	for _, p := range r.Placements {
 		node[p.Egress] = p.Node
-		slots[p.Egress] = p.Slots
 	}
 	for i := range out.Egresses {
 		e := &out.Egresses[i]

@@ -93,7 +93,7 @@ func collapse(in Input, res Result) Result {
 			slots[in.Egresses[i].Name] = k
 		}
 	}
-	out := Result{Placements: make([]Placement, 0, len(res.Placements))}
+	out := Result{Placements: make([]Placement, 0, len(res.Placements)), Slots: map[string][]SlotPlacement{}}
 	for _, p := range res.Placements {
 		name, k, ok := splitSlotName(p.Egress)
 		if !ok {
@@ -101,17 +101,18 @@ func collapse(in Input, res Result) Result {
 			continue
 		}
 		if k == 0 {
-			out.Placements = append(out.Placements, Placement{Egress: name, Slots: make([]SlotPlacement, 0, slots[name])})
+			out.Placements = append(out.Placements, Placement{Egress: name})
+			out.Slots[name] = make([]SlotPlacement, 0, slots[name])
 		}
-		agg := &out.Placements[len(out.Placements)-1]
-		agg.Slots = append(agg.Slots, SlotPlacement{Node: p.Node, Reason: p.Reason, Message: p.Message})
+		ss := append(out.Slots[name], SlotPlacement{Node: p.Node, Reason: p.Reason, Message: p.Message})
 		if k+1 == min(slots[name], maxSlots) {
 			for j := maxSlots; j < slots[name]; j++ {
-				agg.Slots = append(agg.Slots, SlotPlacement{Reason: v1.ReasonIPInvalid,
+				ss = append(ss, SlotPlacement{Reason: v1.ReasonIPInvalid,
 					Message: fmt.Sprintf("slot %d is past the %d slots an Egress may have", j, maxSlots)})
 			}
-			summarize(agg)
+			summarize(&out.Placements[len(out.Placements)-1], ss)
 		}
+		out.Slots[name] = ss
 	}
 	for _, m := range res.Moves {
 		if name, k, ok := splitSlotName(m.Egress); ok {
@@ -124,8 +125,8 @@ func collapse(in Input, res Result) Result {
 
 // summarize sets a multi-IP Placement's Node (its first slot's that has
 // one) and Reason and Message (its first slot's that has no Node).
-func summarize(p *Placement) {
-	for _, s := range p.Slots {
+func summarize(p *Placement, slots []SlotPlacement) {
+	for _, s := range slots {
 		if s.Node != "" && p.Node == "" {
 			p.Node = s.Node
 		}

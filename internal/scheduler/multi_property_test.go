@@ -62,11 +62,13 @@ func genMulti(t *rapid.T, minN, maxN, maxK int, tight bool) Input {
 func slotNodes(r Result) map[string]string {
 	m := map[string]string{}
 	for _, p := range r.Placements {
-		if p.Slots == nil {
+		if _, ok := r.Slots[p.Egress]; !ok {
 			m[p.Egress+"/0"] = p.Node
 		}
-		for k, s := range p.Slots {
-			m[fmt.Sprintf("%s/%d", p.Egress, k)] = s.Node
+	}
+	for name, ss := range r.Slots {
+		for k, s := range ss {
+			m[fmt.Sprintf("%s/%d", name, k)] = s.Node
 		}
 	}
 	return m
@@ -90,18 +92,18 @@ func TestPropertyMultiIPDistinctNodes(t *testing.T) {
 		in := genMulti(t, 1, 12, 5, false)
 		out := checked(t, in)
 		checked(t, applyResult(in, out)) // warm
-		for _, p := range out.Placements {
-			want := min(len(p.Slots), len(in.Nodes))
+		for name, ss := range out.Slots {
+			want := min(len(ss), len(in.Nodes))
 			nodes := map[string]bool{}
-			for _, s := range p.Slots {
+			for _, s := range ss {
 				if s.Node != "" {
 					nodes[s.Node] = true
 				} else if s.Reason != v1.ReasonFewerNodesThanIPs {
-					t.Fatalf("%s: slot unplaced with %s while capacity is ample", p.Egress, s.Reason)
+					t.Fatalf("%s: slot unplaced with %s while capacity is ample", name, s.Reason)
 				}
 			}
 			if len(nodes) < want {
-				t.Fatalf("%s: %d IPs on %d distinct Nodes of %d: %+v", p.Egress, len(p.Slots), len(nodes), len(in.Nodes), p.Slots)
+				t.Fatalf("%s: %d IPs on %d distinct Nodes of %d: %+v", name, len(ss), len(nodes), len(in.Nodes), ss)
 			}
 		}
 	})
@@ -193,10 +195,10 @@ func TestPropertyMultiIPLoadBound(t *testing.T) {
 			units[p]++
 		}
 		for _, p := range out.Placements {
-			if p.Slots == nil && p.Node != "" {
+			if _, multi := out.Slots[p.Egress]; !multi && p.Node != "" {
 				count(pool[p.Egress][0], p.Node)
 			}
-			for k, s := range p.Slots {
+			for k, s := range out.Slots[p.Egress] {
 				if s.Node == "" {
 					t.Fatalf("%s slot %d unplaced: %+v", p.Egress, k, s)
 				}

@@ -28,14 +28,14 @@ func TestMultiIPFewerNodesThanIPs(t *testing.T) {
 		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"})}}
 	out := run(t, in)
 	checkReference(t, in)
-	p := out.Placements[0]
-	if len(p.Slots) != 3 || p.Slots[0].Node == "" || p.Slots[1].Node == "" || p.Slots[0].Node == p.Slots[1].Node {
-		t.Fatalf("want the first two IPs on n1 and n2, got %+v", p.Slots)
+	p, ss := out.Placements[0], out.Slots["m"]
+	if len(ss) != 3 || ss[0].Node == "" || ss[1].Node == "" || ss[0].Node == ss[1].Node {
+		t.Fatalf("want the first two IPs on n1 and n2, got %+v", ss)
 	}
-	if s := p.Slots[2]; s.Node != "" || s.Reason != v1.ReasonFewerNodesThanIPs || !strings.Contains(s.Message, `pool "p"`) {
+	if s := ss[2]; s.Node != "" || s.Reason != v1.ReasonFewerNodesThanIPs || !strings.Contains(s.Message, `pool "p"`) {
 		t.Fatalf("third IP: %+v", s)
 	}
-	if p.Node != p.Slots[0].Node || p.Reason != v1.ReasonFewerNodesThanIPs {
+	if p.Node != ss[0].Node || p.Reason != v1.ReasonFewerNodesThanIPs {
 		t.Fatalf("placement summary %+v", p)
 	}
 	// A third Node places it, and moves nothing.
@@ -44,7 +44,7 @@ func TestMultiIPFewerNodesThanIPs(t *testing.T) {
 	in2.Pools = []Pool{pool4("p", "n1", "n2", "n3")}
 	out2 := run(t, in2)
 	checkReference(t, in2)
-	if out2.Moves != nil || out2.Placements[0].Slots[2].Node != "n3" || out2.Placements[0].Reason != "" {
+	if out2.Moves != nil || out2.Slots["m"][2].Node != "n3" || out2.Placements[0].Reason != "" {
 		t.Fatalf("after adding n3: %+v, moves %+v", out2.Placements[0], out2.Moves)
 	}
 }
@@ -70,12 +70,9 @@ func TestMultiIPSharedWithSingleIP(t *testing.T) {
 			multiEg("m", 1, "p", []string{"10.0.0.1", "10.0.0.2"}, "n2")}}
 	out := run(t, in)
 	checkReference(t, in)
-	got := map[string]Placement{}
-	for _, p := range out.Placements {
-		got[p.Egress] = p
-	}
-	if got["m"].Slots[1].Node != "n2" || got["single"].Node != "n2" || got["m"].Slots[0].Node == "n2" {
-		t.Fatalf("placements %+v", out.Placements)
+	got := nodesOf(out)
+	if ss := out.Slots["m"]; ss[1].Node != "n2" || got["single"] != "n2" || ss[0].Node == "n2" {
+		t.Fatalf("placements %+v, slots %+v", out.Placements, out.Slots)
 	}
 }
 
@@ -85,8 +82,8 @@ func TestMultiIPDuplicateName(t *testing.T) {
 		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1"}), eg("m", 0, "p", "10.0.0.2", "")}}
 	out := run(t, in)
 	checkReference(t, in)
-	if p := out.Placements[0]; p.Reason != v1.ReasonDuplicateEgress || p.Slots != nil {
-		t.Fatalf("placement %+v", p)
+	if p := out.Placements[0]; p.Reason != v1.ReasonDuplicateEgress || len(out.Slots) != 0 {
+		t.Fatalf("placement %+v, slots %+v", p, out.Slots)
 	}
 }
 
@@ -98,22 +95,26 @@ func TestCheckerMultiIPRejects(t *testing.T) {
 	if err := checkResult(in, good); err != nil {
 		t.Fatal(err)
 	}
-	tamper := func(f func(p *Placement)) Result {
+	tamper := func(f func(p *Placement, ss []SlotPlacement) []SlotPlacement) Result {
 		r := Result{Placements: []Placement{good.Placements[0]}}
-		r.Placements[0].Slots = append([]SlotPlacement(nil), good.Placements[0].Slots...)
-		f(&r.Placements[0])
+		r.Slots = map[string][]SlotPlacement{"m": f(&r.Placements[0], append([]SlotPlacement(nil), good.Slots["m"]...))}
 		return r
 	}
 	for name, bad := range map[string]Result{
-		"two IPs on one Node": tamper(func(p *Placement) { p.Slots[1].Node = p.Slots[0].Node }),
-		"slot left out": tamper(func(p *Placement) {
-			p.Slots[2] = SlotPlacement{Reason: v1.ReasonFewerNodesThanIPs, Message: "x"}
+		"two IPs on one Node": tamper(func(_ *Placement, ss []SlotPlacement) []SlotPlacement { ss[1].Node = ss[0].Node; return ss }),
+		"slot left out": tamper(func(p *Placement, ss []SlotPlacement) []SlotPlacement {
+			ss[2] = SlotPlacement{Reason: v1.ReasonFewerNodesThanIPs, Message: "x"}
 			p.Reason, p.Message = v1.ReasonFewerNodesThanIPs, "x"
+			return ss
 		}),
-		"summary Node":  tamper(func(p *Placement) { p.Node = p.Slots[1].Node }),
-		"slot missing":  tamper(func(p *Placement) { p.Slots = p.Slots[:2] }),
-		"not in pool":   tamper(func(p *Placement) { p.Slots[0].Node = "n9"; p.Node = "n9" }),
-		"spurious move": {Placements: good.Placements, Moves: []Move{{Egress: "m", Slot: 1, From: "n1", To: "n2"}}},
+		"summary Node": tamper(func(p *Placement, ss []SlotPlacement) []SlotPlacement { p.Node = ss[1].Node; return ss }),
+		"slot missing": tamper(func(_ *Placement, ss []SlotPlacement) []SlotPlacement { return ss[:2] }),
+		"not in pool": tamper(func(p *Placement, ss []SlotPlacement) []SlotPlacement {
+			ss[0].Node, p.Node = "n9", "n9"
+			return ss
+		}),
+		"no slots":      {Placements: good.Placements},
+		"spurious move": {Placements: good.Placements, Slots: good.Slots, Moves: []Move{{Egress: "m", Slot: 1, From: "n1", To: "n2"}}},
 	} {
 		if err := checkResult(in, bad); err == nil {
 			t.Errorf("%s: the checker accepts %+v", name, bad)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
-	"reflect"
 	"slices"
 	"sync"
 	"testing"
@@ -402,7 +401,7 @@ func TestPropertyNewerEgressLeavesOthers(t *testing.T) {
 			got[p.Egress] = p
 		}
 		for _, p := range before.Placements {
-			if !reflect.DeepEqual(got[p.Egress], p) {
+			if got[p.Egress] != p {
 				t.Fatalf("a newer Egress changed %+v into %+v", p, got[p.Egress])
 			}
 		}

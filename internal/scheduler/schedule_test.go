@@ -693,7 +693,7 @@ func TestPreferredNodeWithinTheBound(t *testing.T) {
 		e.Preferred = pref
 		out := run(t, Input{Pools: []Pool{p}, Nodes: ns, Egresses: []Egress{e}})
 		base := run(t, Input{Pools: []Pool{p}, Nodes: ns, Egresses: []Egress{eg("x", 0, "p", "10.0.0.9", "")}})
-		if !reflect.DeepEqual(placementOf(t, out, "x"), placementOf(t, base, "x")) {
+		if placementOf(t, out, "x") != placementOf(t, base, "x") {
 			t.Fatalf("preference %q changed the placement: %+v vs %+v", pref, out.Placements, base.Placements)
 		}
 	}

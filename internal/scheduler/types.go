@@ -151,12 +151,6 @@ type Placement struct {
 	// Message is a sentence for humans that goes with Reason (for the
 	// Assigned condition and the Event); "" when Node is set.
 	Message string
-	// Slots has one entry per Egress.Slots entry of a multi-IP Egress, nil
-	// for a single-IP one. For a multi-IP Egress, Node is the Node of its
-	// first slot that has one ("" when none has), and Reason and Message
-	// are those of its first slot without a Node ("" when every slot has
-	// one): unlike a single-IP Egress's, they can be set with Node.
-	Slots []SlotPlacement
 }
 
 // Move records that an Egress leaves the Node it is on now.
@@ -182,7 +176,16 @@ type Move struct {
 // Result is the outcome of one pass.
 type Result struct {
 	// Placements has one entry per distinct Egress name, sorted by name.
+	// For a multi-IP Egress, Node is the Node of its first slot that has
+	// one ("" when none has), and Reason and Message are those of its
+	// first slot without a Node ("" when every slot has one): unlike a
+	// single-IP Egress's, they can be set with Node.
 	Placements []Placement
+	// Slots has, for each multi-IP Egress (one with Egress.Slots and a
+	// name given once), one SlotPlacement per slot; nil when the input has
+	// none. It is beside Placements, not in them, so that a single-IP
+	// pass returns what it returned before multi-IP Egresses existed.
+	Slots map[string][]SlotPlacement
 	// Moves has one entry per Egress whose CurrentNode is set and differs
 	// from its new Node (including no Node), sorted by Egress name; nil
 	// when nothing moves. Egresses with a duplicated name get no Move.
