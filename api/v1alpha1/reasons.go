@@ -37,6 +37,11 @@ const (
 	// ReasonWaitingForWarmIP: IPAllocated=False while a cloud-backed pool
 	// attaches an address for the Egress (no warm address is available).
 	ReasonWaitingForWarmIP = "WaitingForWarmIP"
+	// ReasonMultiIPNotImplemented: IPAllocated=False on an Egress with
+	// spec.ips while the controller does not allocate several IPs per
+	// Egress yet (issue 20: the API and the scheduler are built, the
+	// controller, agent and datapath are not). Removed when they are.
+	ReasonMultiIPNotImplemented = "MultiIPNotImplemented"
 )
 
 // Reasons of the Egress condition Assigned, written by the controller's
