@@ -8,8 +8,9 @@ import (
 )
 
 // multiEg is a multi-IP Egress created sec seconds after the epoch, one
-// slot per IP of pool (current Nodes from cur, "" for none).
-func multiEg(name string, sec int, pool string, ips []string, cur ...string) Egress {
+// slot per IP of pool "p" (current Nodes from cur, "" for none).
+func multiEg(name string, sec int, ips []string, cur ...string) Egress {
+	const pool = "p"
 	e := Egress{Name: name, Created: at(sec)}
 	for k, ip := range ips {
 		s := Slot{Pool: pool, IP: addr(ip)}
@@ -25,7 +26,7 @@ func multiEg(name string, sec int, pool string, ips []string, cur ...string) Egr
 // is FewerNodesThanIPs, and the Placement sums that up.
 func TestMultiIPFewerNodesThanIPs(t *testing.T) {
 	in := Input{Pools: []Pool{pool4("p", "n1", "n2")}, Nodes: nodesCap(10, "n1", "n2"),
-		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"})}}
+		Egresses: []Egress{multiEg("m", 0, []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"})}}
 	out := run(t, in)
 	checkReference(t, in)
 	p, ss := out.Placements[0], out.Slots["m"]
@@ -53,7 +54,7 @@ func TestMultiIPFewerNodesThanIPs(t *testing.T) {
 // keeps it, the second moves with reason DistinctNodes.
 func TestMultiIPSameCurrentNode(t *testing.T) {
 	in := Input{Pools: []Pool{pool4("p", "n1", "n2")}, Nodes: nodesCap(10, "n1", "n2"),
-		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1", "10.0.0.2"}, "n1", "n1")}}
+		Egresses: []Egress{multiEg("m", 0, []string{"10.0.0.1", "10.0.0.2"}, "n1", "n1")}}
 	out := run(t, in)
 	checkReference(t, in)
 	want := []Move{{Egress: "m", Slot: 1, From: "n1", To: "n2", Reason: v1.MoveDistinctNodes}}
@@ -67,11 +68,11 @@ func TestMultiIPSameCurrentNode(t *testing.T) {
 func TestMultiIPSharedWithSingleIP(t *testing.T) {
 	in := Input{Pools: []Pool{pool4("p", "n1", "n2", "n3")}, Nodes: nodesCap(10, "n1", "n2", "n3"),
 		Egresses: []Egress{eg("single", 0, "p", "10.0.0.2", "n2"),
-			multiEg("m", 1, "p", []string{"10.0.0.1", "10.0.0.2"}, "n2")}}
+			multiEg("mx", 1, []string{"10.0.0.1", "10.0.0.2"}, "n2")}}
 	out := run(t, in)
 	checkReference(t, in)
 	got := nodesOf(out)
-	if ss := out.Slots["m"]; ss[1].Node != "n2" || got["single"] != "n2" || ss[0].Node == "n2" {
+	if ss := out.Slots["mx"]; ss[1].Node != "n2" || got["single"] != "n2" || ss[0].Node == "n2" {
 		t.Fatalf("placements %+v, slots %+v", out.Placements, out.Slots)
 	}
 }
@@ -79,7 +80,7 @@ func TestMultiIPSharedWithSingleIP(t *testing.T) {
 // A multi-IP Egress whose name is given twice is a duplicate like any.
 func TestMultiIPDuplicateName(t *testing.T) {
 	in := Input{Pools: []Pool{pool4("p", "n1")}, Nodes: nodesCap(10, "n1"),
-		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1"}), eg("m", 0, "p", "10.0.0.2", "")}}
+		Egresses: []Egress{multiEg("m", 0, []string{"10.0.0.1"}), eg("m", 0, "p", "10.0.0.2", "")}}
 	out := run(t, in)
 	checkReference(t, in)
 	if p := out.Placements[0]; p.Reason != v1.ReasonDuplicateEgress || len(out.Slots) != 0 {
@@ -90,7 +91,7 @@ func TestMultiIPDuplicateName(t *testing.T) {
 // The checker catches results that break the multi-IP rules.
 func TestCheckerMultiIPRejects(t *testing.T) {
 	in := Input{Pools: []Pool{pool4("p", "n1", "n2", "n3")}, Nodes: nodesCap(10, "n1", "n2", "n3"),
-		Egresses: []Egress{multiEg("m", 0, "p", []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"})}}
+		Egresses: []Egress{multiEg("m", 0, []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"})}}
 	good := Schedule(in)
 	if err := checkResult(in, good); err != nil {
 		t.Fatal(err)
