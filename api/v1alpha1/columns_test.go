@@ -157,9 +157,31 @@ func TestPrinterColumns(t *testing.T) {
 			t.Errorf("%s: no row for %s", resource, name)
 		}
 	}
-	check("egresses", "columns", []string{"Name", "Egress-IP", "Node", "Ready", "Age"},
+	// A multi-IP Egress: EGRESS-IP and NODE show its first IP that has a
+	// Node, READY-IPS how many of its IPs are Ready. (The API server's table
+	// prints only the first match of a JSONPath like .status.ips[*].ip, so
+	// no column lists them all; kubectl get -o yaml does.)
+	m := &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "columns-multi"}, Spec: v1.EgressSpec{
+		AppliedTo: eg.Spec.AppliedTo, IPs: []v1.EgressIPSource{{Pool: "office-egress", Count: new(int32(3))}}}}
+	if err := env.Client.Create(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = env.Client.Delete(context.Background(), m) })
+	m.Status.IPs = []v1.EgressIPStatus{
+		{IP: "192.0.2.5", Pool: "office-egress", Node: "worker-1", Zone: "a", Ready: true},
+		{IP: "192.0.2.6", Pool: "office-egress", Node: "worker-2", Zone: "b", Ready: true},
+		{IP: "192.0.2.7", Pool: "office-egress", Reason: v1.ReasonFewerNodesThanIPs},
+	}
+	m.Status.ReadyIPs = "2/3"
+	setStatus(t, m, "192.0.2.5", "worker-1", metav1.ConditionTrue)
+
+	egressCols := []string{"Name", "Egress-IP", "Node", "Ready", "Ready-IPs", "Age"}
+	egressWide := []string{"Pool", "Failure-Policy", "Pods", "Destinations", "Public-IP"}
+	check("egresses", "columns-multi", egressCols, map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-1",
+		"Ready": "True", "Ready-IPs": "2/3", "Pool": nil}, egressWide)
+	check("egresses", "columns", egressCols,
 		map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-3", "Ready": "True", "Pool": "office-egress", "Failure-Policy": "Fail", "Pods": float64(7), "Public-IP": "203.0.113.7",
-			"Destinations": `["198.51.100.0/24","2001:db8:1::/48"]`}, []string{"Pool", "Failure-Policy", "Pods", "Destinations", "Public-IP"})
+			"Destinations": `["198.51.100.0/24","2001:db8:1::/48"]`, "Ready-IPs": nil}, egressWide)
 	check("externalippools", "columns", []string{"Name", "Total", "Used", "Ready", "Age"},
 		map[string]any{"Total": "14", "Used": float64(2), "Ready": "True"}, nil)
 	check("externalippools", "columns-v6", []string{"Name", "Total", "Used", "Ready", "Age"},

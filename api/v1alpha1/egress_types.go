@@ -82,20 +82,105 @@ type AppliedTo struct {
 	PodSelector *metav1.LabelSelector `json:"podSelector,omitempty"`
 }
 
+// MaxEgressIPs is the most IPs one Egress may ask for in spec.ips, summed
+// over its entries (each entry's count). Eight covers one IP per zone in
+// every cloud region and keeps a source Node's per-Egress nftables map
+// small; it is a cap of the API (CEL), not of the scheduler.
+const MaxEgressIPs = 8
+
+// EgressIPAddress is one named egress address, written like spec.egressIP:
+// canonical form, global unicast, no zone.
+// +kubebuilder:validation:MinLength=2
+// +kubebuilder:validation:MaxLength=39
+// +kubebuilder:validation:XValidation:rule="isIP(self)",message="ips[].addresses must be IPv4 or IPv6 addresses such as 192.0.2.5 (no zone, no IPv4-mapped IPv6, no leading zeros)"
+// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip.isCanonical(self)",message="ips[].addresses must be written in canonical form (RFC 5952 for IPv6, as in 2001:db8::5)"
+// +kubebuilder:validation:XValidation:rule="!isIP(self) || ip(self).isGlobalUnicast()",message="ips[].addresses must be unicast addresses (not loopback, link-local, multicast or unspecified)"
+type EgressIPAddress string
+
+// EgressIPSource is one entry of spec.ips: Count IPs from one pool,
+// optionally held only by the pool's Nodes of one zone, some or all of them
+// named.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.count) || !has(self.addresses) || self.count >= size(self.addresses)",message="ips[].count must be at least the number of ips[].addresses (the named addresses count towards it)"
+type EgressIPSource struct {
+	// Pool is the name of the ExternalIPPool the addresses come from (an
+	// RFC 1123 subdomain, at most 253 characters).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:XValidation:rule="!format.dns1123Subdomain().validate(self).hasValue()",message="ips[].pool must be the name of an ExternalIPPool: lower case letters, digits, '-' and '.', at most 253 characters"
+	Pool string `json:"pool"`
+
+	// Count is how many IPs this entry asks for, each on its own Node:
+	// 1 to MaxEgressIPs (8), and at least len(addresses). Absent: the
+	// number of addresses, or 1 when none is named.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=8
+	Count *int32 `json:"count,omitempty"`
+
+	// Addresses names some or all of this entry's IPs (the controller
+	// allocates the others, lowest free first), each in canonical form and
+	// inside the pool. Named addresses are exclusive to this Egress: an
+	// address named by two Egresses is a conflict (the younger one's IP is
+	// not allocated), unlike spec.egressIP, which single-IP Egresses share.
+	// At most 8, no repeats.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=8
+	Addresses []EgressIPAddress `json:"addresses,omitempty"`
+
+	// Zone, when set, keeps this entry's IPs on the pool's Nodes whose
+	// topology.kubernetes.io/zone label has this value (a label value: at
+	// most 63 characters). Absent: any Node of the pool. A zone that no
+	// Node carries is accepted with a warning (Nodes may join later); its
+	// IPs stay unplaced (NoEligibleNode) meanwhile.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:XValidation:rule="!format.labelValue().validate(self).hasValue()",message="ips[].zone must be a label value: at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit"
+	Zone string `json:"zone,omitempty"`
+}
+
 // EgressSpec is what the user asks for: which Pods, which pool, and
 // optionally which address.
+//
+// An Egress has one IP (externalIPPool, optionally egressIP: the form every
+// Egress had before spec.ips) or several (ips); exactly one of
+// externalIPPool and ips is given.
+//
+// +kubebuilder:validation:XValidation:rule="has(self.externalIPPool) != has(self.ips)",message="give exactly one of externalIPPool (one IP) and ips (several IPs)"
+// +kubebuilder:validation:XValidation:rule="!has(self.egressIP) || has(self.externalIPPool)",message="egressIP goes with externalIPPool; with ips, name addresses in ips[].addresses"
+// +kubebuilder:validation:XValidation:rule="!has(self.ips) || size(self.ips) > 8 || self.ips.map(e, has(e.count) ? e.count : (has(e.addresses) ? size(e.addresses) : 1)).sum() <= 8",message="ips asks for more than 8 IPs in all (the sum of ips[].count)"
+// +kubebuilder:validation:XValidation:rule="!has(self.ips) || size(self.ips) > 8 || self.ips.all(a, self.ips.exists_one(b, b.pool == a.pool && has(b.zone) == has(a.zone) && (!has(a.zone) || b.zone == a.zone)))",message="ips lists the same pool and zone twice; raise that entry's count instead"
+// +kubebuilder:validation:XValidation:rule="!has(self.ips) || size(self.ips) > 8 || self.ips.all(a, !has(a.addresses) || size(a.addresses) > 8 || self.ips.all(b, !has(b.addresses) || size(b.addresses) > 8 || a == b || a.addresses.all(x, !(x in b.addresses))))",message="ips names the same address in two entries"
+// +kubebuilder:validation:XValidation:rule="!has(self.ips) || size(self.ips) > 8 || self.ips.all(a, !has(a.addresses) || size(a.addresses) > 8 || a.addresses.all(x, !isIP(x) || self.ips.all(b, !has(b.addresses) || size(b.addresses) > 8 || b.addresses.all(y, !isIP(y) || ip(y).family() == ip(x).family()))))",message="ips names addresses of both families; an Egress is IPv4 or IPv6 (give a dual-stack workload two Egresses)"
 type EgressSpec struct {
 	// AppliedTo selects the Pods whose outbound traffic uses this egress IP.
 	// +required
 	AppliedTo AppliedTo `json:"appliedTo"`
 
-	// ExternalIPPool is the name of the ExternalIPPool the address comes
-	// from (an RFC 1123 subdomain, at most 253 characters).
-	// +required
+	// ExternalIPPool is the name of the ExternalIPPool the address of a
+	// single-IP Egress comes from (an RFC 1123 subdomain, at most 253
+	// characters). Required unless ips is given, and exclusive with it.
+	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253
 	// +kubebuilder:validation:XValidation:rule="!format.dns1123Subdomain().validate(self).hasValue()",message="externalIPPool must be the name of an ExternalIPPool: lower case letters, digits, '-' and '.', at most 253 characters"
-	ExternalIPPool string `json:"externalIPPool"`
+	ExternalIPPool string `json:"externalIPPool,omitempty"`
+
+	// IPs asks for several egress IPs, each held by its own Node: one entry
+	// per pool (and zone), each with a count and optionally named
+	// addresses. At most 8 entries and 8 IPs in all (MaxEgressIPs), of one
+	// IP family. Exclusive with externalIPPool and egressIP. The selected
+	// Pods' new connections are spread over the Ready IPs, preferring
+	// those in the Pod's own zone (see docs/architecture.md, "Several IPs
+	// per Egress").
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=8
+	IPs []EgressIPSource `json:"ips,omitempty"`
 
 	// EgressIP is the address to use, in canonical form (such as 192.0.2.5
 	// or 2001:db8::5). When empty the controller allocates the lowest free
@@ -176,13 +261,18 @@ const (
 // EgressStatus is the observed state of an Egress, written by the
 // controller.
 type EgressStatus struct {
-	// EgressIP is the address allocated to this Egress.
+	// EgressIP is the address allocated to a single-IP Egress. For an
+	// Egress with spec.ips it is the IP of the first entry of IPs that has
+	// a Node (else of the first entry), so that tools that read one address
+	// still see a held one.
 	// +optional
 	// +kubebuilder:validation:MaxLength=39
 	EgressIP string `json:"egressIP,omitempty"`
 
 	// EgressNode is the name of the Node that holds EgressIP; empty while
-	// the Egress is not assigned. Selectable as status.egressNode.
+	// the Egress is not assigned. Selectable as status.egressNode. For an
+	// Egress with spec.ips, the Node of that same entry of IPs; the other
+	// holders are only in IPs.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	EgressNode string `json:"egressNode,omitempty"`
@@ -230,6 +320,22 @@ type EgressStatus struct {
 	// +kubebuilder:validation:items:MaxLength=253
 	SharedWith []string `json:"sharedWith,omitempty"`
 
+	// IPs lists every IP of an Egress with spec.ips, one entry per IP asked
+	// for, in the order of spec.ips (each entry's count in a row, named
+	// addresses first). Absent on single-IP Egresses, whose IP is
+	// EgressIP/EgressNode. At most 8 (MaxEgressIPs).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=8
+	IPs []EgressIPStatus `json:"ips,omitempty"`
+
+	// ReadyIPs is "n/N" for an Egress with spec.ips: n of its N IPs are
+	// Ready (the READY-IPS column). Absent on single-IP Egresses.
+	// +optional
+	// +kubebuilder:validation:MaxLength=3
+	// +kubebuilder:validation:Pattern=`^[0-8]/[1-8]$`
+	ReadyIPs string `json:"readyIPs,omitempty"`
+
 	// Conditions are IPAllocated, Assigned and Ready, each with a reason and
 	// a message that says what to do when it is False.
 	// +optional
@@ -239,6 +345,54 @@ type EgressStatus struct {
 	// +patchMergeKey=type
 	// +kubebuilder:validation:MaxItems=8
 	Conditions []metav1.Condition `json:"conditions,omitempty" patchStrategy:"merge" patchMergeKey:"type"`
+}
+
+// EgressIPStatus is one IP of an Egress with spec.ips.
+type EgressIPStatus struct {
+	// IP is the address; empty while none is allocated.
+	// +optional
+	// +kubebuilder:validation:MaxLength=39
+	IP string `json:"ip,omitempty"`
+
+	// Pool is the ExternalIPPool of the spec.ips entry this IP is for.
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Pool string `json:"pool"`
+
+	// Node is the Node that holds the IP; empty while none does.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Node string `json:"node,omitempty"`
+
+	// Zone is the Node's topology.kubernetes.io/zone label; empty when the
+	// IP has no Node or the Node has no zone.
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	Zone string `json:"zone,omitempty"`
+
+	// Ready is true when the Node's agent reports the IP bound and
+	// announced: source Nodes then send new connections to it.
+	// +optional
+	Ready bool `json:"ready,omitempty"`
+
+	// Reason says, while Ready is false, why: one CamelCase word of
+	// api/v1alpha1/reasons.go (IPNotAllocated, NoEligibleNode,
+	// CapacityExhausted, FewerNodesThanIPs, Binding, ...).
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Reason string `json:"reason,omitempty"`
+
+	// InterfaceMAC is, for a cloud-backed pool, the MAC of the Node's
+	// interface the cloud attached the IP to, as status.interfaceMAC.
+	// +optional
+	// +kubebuilder:validation:MaxLength=17
+	// +kubebuilder:validation:Pattern=`^([0-9a-f]{2}:){5}[0-9a-f]{2}$`
+	InterfaceMAC string `json:"interfaceMAC,omitempty"`
+
+	// PublicIP is the Elastic IP associated with IP, as status.publicIP.
+	// +optional
+	// +kubebuilder:validation:MaxLength=15
+	PublicIP string `json:"publicIP,omitempty"`
 }
 
 // Egress gives the selected Pods a stable source address, allocated from an
@@ -251,6 +405,7 @@ type EgressStatus struct {
 // +kubebuilder:printcolumn:name="Egress-IP",type=string,JSONPath=`.status.egressIP`,description="Allocated egress IP"
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.egressNode`,description="Node holding the egress IP"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Bound and announced on the Node"
+// +kubebuilder:printcolumn:name="Ready-IPs",type=string,JSONPath=`.status.readyIPs`,description="Ready IPs of an Egress with spec.ips, n/N"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.externalIPPool`,priority=1,description="ExternalIPPool"
 // +kubebuilder:printcolumn:name="Failure-Policy",type=string,JSONPath=`.spec.failurePolicy`,priority=1,description="What the Pods get while no Node holds the IP"

@@ -37,6 +37,11 @@ const (
 	// ReasonWaitingForWarmIP: IPAllocated=False while a cloud-backed pool
 	// attaches an address for the Egress (no warm address is available).
 	ReasonWaitingForWarmIP = "WaitingForWarmIP"
+	// ReasonMultiIPNotImplemented: IPAllocated=False on an Egress with
+	// spec.ips while the controller does not allocate several IPs per
+	// Egress yet (issue 20: the API and the scheduler are built, the
+	// controller, agent and datapath are not). Removed when they are.
+	ReasonMultiIPNotImplemented = "MultiIPNotImplemented"
 )
 
 // Reasons of the Egress condition Assigned, written by the controller's
@@ -120,6 +125,21 @@ const (
 	// them are full (with older Egresses, or ones that keep their Node).
 	// Always present in egressip_controller_unplaced_egresses.
 	ReasonCapacityExhausted = "CapacityExhausted"
+	// ReasonFewerNodesThanIPs: one IP of an Egress with spec.ips has no
+	// Node because every eligible Node of its pool (and zone) with room
+	// already holds another IP of the Egress: a Node holds at most one IP
+	// of any one Egress. Raising the pool's Nodes, or lowering the count,
+	// places it. The Egress's other IPs are placed as usual.
+	ReasonFewerNodesThanIPs = "FewerNodesThanIPs"
+	// ReasonPartlyAssigned: Assigned=True on an Egress with spec.ips while
+	// some but not all of its IPs have a Node; the message says how many
+	// and why the others do not (their reasons are in status.ips).
+	ReasonPartlyAssigned = "PartlyAssigned"
+	// ReasonPartlyReady: Ready=True on an Egress with spec.ips while some
+	// but not all of its IPs are Ready; the message reads "2 of 3 IPs
+	// Ready". Traffic uses the Ready ones; failurePolicy applies only when
+	// none is (Ready=False, ReasonNoEgressNode).
+	ReasonPartlyReady = "PartlyReady"
 )
 
 // Why an egress IP leaves its Node: the "reason" label of
@@ -142,6 +162,10 @@ const (
 	// MoveSharedIP: the Egress follows the other Egresses that share its
 	// IP to their Node.
 	MoveSharedIP = "SharedIP"
+	// MoveDistinctNodes: an IP of an Egress with spec.ips leaves a Node
+	// that an older IP of the same Egress keeps (a Node holds at most one
+	// IP of any one Egress).
+	MoveDistinctNodes = "DistinctNodes"
 )
 
 // Why a Node cannot hold egress IPs: the part after "NodeIneligible/" of

@@ -67,6 +67,37 @@ func egress(name, poolName, ip string) *v1.Egress {
 	}
 }
 
+// multi is an Egress with spec.ips.
+func multi(name string, srcs ...v1.EgressIPSource) *v1.Egress {
+	return withIPs(egress(name, "", ""), srcs...)
+}
+
+func withIPs(e *v1.Egress, srcs ...v1.EgressIPSource) *v1.Egress {
+	if srcs == nil {
+		srcs = []v1.EgressIPSource{}
+	}
+	e.Spec.IPs = srcs
+	return e
+}
+
+// src asks for count IPs of pool (no count field when count is 0).
+func src(pool string, count int32) v1.EgressIPSource {
+	s := v1.EgressIPSource{Pool: pool}
+	if count > 0 {
+		s.Count = &count
+	}
+	return s
+}
+
+func zoned(s v1.EgressIPSource, zone string) v1.EgressIPSource { s.Zone = zone; return s }
+
+func named(s v1.EgressIPSource, addrs ...string) v1.EgressIPSource {
+	for _, a := range addrs {
+		s.Addresses = append(s.Addresses, v1.EgressIPAddress(a))
+	}
+	return s
+}
+
 func manyLabels(n int) map[string]string {
 	m := make(map[string]string, n)
 	for i := range n {
@@ -280,6 +311,34 @@ func TestValidation(t *testing.T) {
 			s.NodeSelector = &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "egress.example/off", Operator: metav1.LabelSelectorOpDoesNotExist}}}
 		}, cidr("192.0.2.16/28")), ""},
 
+		// Several IPs per Egress (spec.ips).
+		{"ips: 3 from one pool", multi("ok-multi-count", src("office-egress", 3)), ""},
+		{"ips: one per zone", multi("ok-multi-zones", zoned(src("pool-a", 1), "zone-a"), zoned(src("pool-b", 1), "zone-b")), ""},
+		{"ips: one pool, two zones", multi("ok-multi-pool-zones", zoned(src("office-egress", 2), "zone-a"), zoned(src("office-egress", 2), "zone-b")), ""},
+		{"ips: named", multi("ok-multi-named", named(src("office-egress", 0), "192.0.2.5", "192.0.2.6")), ""},
+		{"ips: named and allocated", multi("ok-multi-mixed", named(src("office-egress", 3), "192.0.2.5")), ""},
+		{"ips: 8 in all", multi("ok-multi-8", src("pool-a", 4), src("pool-b", 4)), ""},
+		{"ips: ipv6 named", multi("ok-multi-v6", named(src("v6-pool", 0), "2001:db8::5", "2001:db8::6")), ""},
+		{"ips with externalIPPool", withIPs(egress("bad-multi-both", "office-egress", ""), src("pool-a", 2)), "give exactly one of externalIPPool (one IP) and ips (several IPs)"},
+		{"ips with egressIP", withIPs(egress("bad-multi-egressip", "", "192.0.2.5"), src("pool-a", 2)), "egressIP goes with externalIPPool; with ips, name addresses in ips[].addresses"},
+		{"ips empty list", withIPs(egress("bad-multi-empty", "", "")), "give exactly one of externalIPPool"},
+		{"ips count 0", multi("bad-multi-count0", v1.EgressIPSource{Pool: "pool-a", Count: new(int32(0))}), "spec.ips[0].count: Invalid value"},
+		{"ips count 9", multi("bad-multi-count9", src("pool-a", 9)), "spec.ips[0].count: Invalid value"},
+		{"ips 9 in all", multi("bad-multi-sum", src("pool-a", 5), src("pool-b", 4)), "ips asks for more than 8 IPs in all (the sum of ips[].count)"},
+		{"ips 9 entries", multi("bad-multi-entries", src("p1", 1), src("p2", 1), src("p3", 1), src("p4", 1), src("p5", 1), src("p6", 1), src("p7", 1), src("p8", 1), src("p9", 1)), "spec.ips: Too many"},
+		{"ips same pool twice", multi("bad-multi-pool-twice", src("pool-a", 1), src("pool-a", 2)), "ips lists the same pool and zone twice; raise that entry's count instead"},
+		{"ips same pool and zone twice", multi("bad-multi-zone-twice", zoned(src("pool-a", 1), "z"), zoned(src("pool-a", 1), "z")), "ips lists the same pool and zone twice"},
+		{"ips duplicate address in an entry", multi("bad-multi-dup", named(src("pool-a", 0), "192.0.2.5", "192.0.2.5")), "spec.ips[0].addresses[1]: Duplicate value"},
+		{"ips duplicate address across entries", multi("bad-multi-dup2", named(src("pool-a", 0), "192.0.2.5"), named(src("pool-b", 0), "192.0.2.5")), "ips names the same address in two entries"},
+		{"ips count below the named addresses", multi("bad-multi-fewer", named(src("pool-a", 1), "192.0.2.5", "192.0.2.6")), "ips[].count must be at least the number of ips[].addresses"},
+		{"ips mixed families", multi("bad-multi-family", named(src("pool-a", 0), "192.0.2.5"), named(src("v6-pool", 0), "2001:db8::5")), "ips names addresses of both families"},
+		{"ips address not canonical", multi("bad-multi-canon", named(src("pool-a", 0), "2001:DB8::5")), "ips[].addresses must be written in canonical form"},
+		{"ips address not an ip", multi("bad-multi-notip", named(src("pool-a", 0), "192.0.2")), "ips[].addresses must be IPv4 or IPv6 addresses"},
+		{"ips address link-local", multi("bad-multi-ll", named(src("pool-a", 0), "fe80::1")), "ips[].addresses must be unicast addresses"},
+		{"ips pool name invalid", multi("bad-multi-pool", src("Pool_A", 1)), "ips[].pool must be the name of an ExternalIPPool"},
+		{"ips zone invalid", multi("bad-multi-zone", zoned(src("pool-a", 1), "zone a")), "ips[].zone must be a label value"},
+		{"ips zone too long", multi("bad-multi-zone-len", zoned(src("pool-a", 1), strings.Repeat("z", 64))), "spec.ips[0].zone: Too long"},
+
 		// Rejected: Egress.
 		{"egressIP not an ip", egress("bad-ip", "office-egress", "not-an-ip"), "egressIP must be an IPv4 or IPv6 address"},
 		{"egressIP upper case", egress("bad-upper", "office-egress", "2001:DB8::5"), "spec.egressIP: Invalid value: \"2001:DB8::5\": egressIP must be written in canonical form (RFC 5952 for IPv6: lower case, no leading zeros, :: for the longest run of two or more zero groups but never for a single one, as in 2001:db8::5 or 2001:db8:0:1:1:1:1:1)"},
@@ -289,7 +348,7 @@ func TestValidation(t *testing.T) {
 		{"egressIP too long", egress("bad-ip-len", "office-egress", "2001:0db8:0000:0000:0000:0000:0000:00001"), "spec.egressIP: Too long"},
 		{"pool name invalid", egress("bad-pool-name", "Office_Egress", ""), "externalIPPool must be the name of an ExternalIPPool"},
 		{"pool name too long", egress("bad-pool-len", strings.Repeat("a", 254), ""), "spec.externalIPPool: Too long"},
-		{"pool name empty", egress("bad-pool-empty", "", ""), "spec.externalIPPool"},
+		{"pool name empty", egress("bad-pool-empty", "", ""), "give exactly one of externalIPPool (one IP) and ips (several IPs)"},
 		{"appliedTo empty", &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "bad-applied"}, Spec: v1.EgressSpec{ExternalIPPool: "office-egress"}}, "appliedTo needs a namespaceSelector, a podSelector, or both"},
 		{"egress name too long", egress(strings.Repeat("e", 254), "office-egress", ""), "metadata.name: Invalid value"},
 		{"selector operator unknown", withPodExpr(egress("bad-op", "office-egress", ""), metav1.LabelSelectorRequirement{Key: "app", Operator: "Near", Values: []string{"x"}}), "podSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist"},

@@ -19,6 +19,11 @@ func (p *pass) allocate() {
 		e := &p.egs[i]
 		ps := p.pools[e.Spec.ExternalIPPool]
 		switch {
+		case len(e.Spec.IPs) > 0:
+			// The scheduler places several IPs per Egress; allocating them,
+			// the status list and the agents' part are not built yet.
+			p.alloc[i].cond = allocatedCond(false, v1.ReasonMultiIPNotImplemented,
+				"spec.ips (several IPs per Egress) is not implemented by this controller yet; give externalIPPool instead")
 		case ps == nil:
 			p.alloc[i].cond = allocatedCond(false, v1.ReasonPoolNotFound, fmt.Sprintf("ExternalIPPool %q does not exist; create it or fix spec.externalIPPool", e.Spec.ExternalIPPool))
 		case ps.err != nil:

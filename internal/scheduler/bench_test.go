@@ -12,15 +12,19 @@ import (
 type benchScenario struct {
 	name                      string
 	egresses, nodes, capacity int
+	// ips is the number of IPs per Egress: 0 or 1 for single-IP Egresses,
+	// more for multi-IP ones (Egress.Slots), each slot of the one pool.
+	ips int
 }
 
 // The reference figures (cold, on the reference design) are in the comments.
 var benchScenarios = []benchScenario{
-	{"1kEgress_1kNode_cap10", 1000, 1000, 10},   // ~1.9 ms, 9,200 allocs
-	{"1kEgress_100Node_cap5", 1000, 100, 5},     // ~15.5 ms; half cannot be placed
-	{"10kEgress_1kNode_cap10", 10000, 1000, 10}, // ~72 ms; exactly full
-	{"10kEgress_5kNode_cap10", 10000, 5000, 10}, // two IPs per Node on average
-	{"50kEgress_5kNode_cap10", 50000, 5000, 10}, // exactly full
+	{"1kEgress_1kNode_cap10", 1000, 1000, 10, 0},    // ~1.9 ms, 9,200 allocs
+	{"1kEgress_100Node_cap5", 1000, 100, 5, 0},      // ~15.5 ms; half cannot be placed
+	{"10kEgress_1kNode_cap10", 10000, 1000, 10, 0},  // ~72 ms; exactly full
+	{"10kEgress_5kNode_cap10", 10000, 5000, 10, 0},  // two IPs per Node on average
+	{"50kEgress_5kNode_cap10", 50000, 5000, 10, 0},  // exactly full
+	{"1kEgress3IP_1kNode_cap10", 1000, 1000, 10, 3}, // 3,000 IPs, each Egress's on 3 distinct Nodes
 }
 
 // benchInput builds a scenario: one IPv4 pool over all Nodes, every Node
@@ -42,12 +46,26 @@ func benchInput(sc benchScenario) Input {
 			ip = rng.Uint32()
 		}
 		seen[ip] = true
-		in.Egresses = append(in.Egresses, Egress{
+		e := Egress{
 			Name:    fmt.Sprintf("egress-%06d", i),
 			Created: epoch.Add(time.Duration(i) * time.Second),
 			Pool:    "bench",
 			IP:      netip.AddrFrom4([4]byte{byte(ip >> 24), byte(ip >> 16), byte(ip >> 8), byte(ip)}),
-		})
+		}
+		for k := 0; sc.ips > 1 && k < sc.ips; k++ {
+			if k > 0 {
+				for ip == 0 || seen[ip] {
+					ip = rng.Uint32()
+				}
+				seen[ip] = true
+			}
+			e.Slots = append(e.Slots, Slot{Pool: "bench",
+				IP: netip.AddrFrom4([4]byte{byte(ip >> 24), byte(ip >> 16), byte(ip >> 8), byte(ip)})})
+		}
+		if e.Slots != nil {
+			e.Pool, e.IP = "", netip.Addr{}
+		}
+		in.Egresses = append(in.Egresses, e)
 	}
 	rng.Shuffle(len(in.Nodes), func(i, j int) { in.Nodes[i], in.Nodes[j] = in.Nodes[j], in.Nodes[i] })
 	rng.Shuffle(len(in.Pools[0].EligibleNodes), func(i, j int) {
@@ -58,15 +76,22 @@ func benchInput(sc benchScenario) Input {
 }
 
 // maxLoadRatio is the busiest Node's IP count over the average count per
-// eligible Node, counting placed Egresses (each IP is distinct here).
+// eligible Node, counting placed IPs (each IP is distinct here).
 func maxLoadRatio(r Result, nodes int) float64 {
 	load := map[string]int{}
 	placed, busiest := 0, 0
 	for _, p := range r.Placements {
-		if p.Node != "" {
+		if _, multi := r.Slots[p.Egress]; !multi && p.Node != "" {
 			placed++
 			load[p.Node]++
 			busiest = max(busiest, load[p.Node])
+		}
+		for _, s := range r.Slots[p.Egress] {
+			if s.Node != "" {
+				placed++
+				load[s.Node]++
+				busiest = max(busiest, load[s.Node])
+			}
 		}
 	}
 	if placed == 0 {

@@ -60,6 +60,10 @@ type checker struct {
 	unitOf    map[int]*checkUnit // Egress index -> unit
 	load      map[string]int     // Node -> units held
 	c         float64
+	// grpOf is, for a flattened multi-IP input (see checkMulti), the
+	// index of the multi-IP Egress each entry is a slot of, -1 for the
+	// others; nil for an input without multi-IP Egresses.
+	grpOf []int
 }
 
 func newChecker(in Input, out Result) *checker {
@@ -142,7 +146,34 @@ func (ck *checker) staticReason(e *Egress) string {
 func (ck *checker) fitFor(name, pool string) bool { return ck.fit[pool][name] }
 
 func checkResult(in Input, out Result) error {
+	for _, e := range in.Egresses {
+		if len(e.Slots) > 0 {
+			return checkMulti(in, out)
+		}
+	}
 	return newChecker(in, out).run()
+}
+
+// siblingNodes is the set of Nodes that hold, in the Result, other units of
+// the multi-IP Egresses that u's members are slots of; if only is not nil,
+// only the units for which it is true count.
+func (ck *checker) siblingNodes(u *checkUnit, only func(*checkUnit) bool) map[string]bool {
+	set := map[string]bool{}
+	if ck.grpOf == nil {
+		return set
+	}
+	for _, i := range u.members {
+		if ck.grpOf[i] < 0 {
+			continue
+		}
+		for j, g := range ck.grpOf {
+			w := ck.unitOf[j]
+			if g == ck.grpOf[i] && w != nil && w != u && w.node != "" && (only == nil || only(w)) {
+				set[w.node] = true
+			}
+		}
+	}
+	return set
 }
 
 func (ck *checker) run() error {
@@ -191,6 +222,9 @@ func (ck *checker) checkPlacements() error {
 		want := v1.ReasonCapacityExhausted
 		if len(ck.fit[e.Pool]) == 0 {
 			want = v1.ReasonNoEligibleNode
+		}
+		if ck.grpOf != nil && ck.grpOf[i] >= 0 && p.Reason == v1.ReasonFewerNodesThanIPs && want != v1.ReasonNoEligibleNode {
+			want = p.Reason // checked against the Nodes in checkMaximal
 		}
 		if p.Reason != want || p.Message == "" {
 			return fmt.Errorf("Egress %q: want unplaced with %s and a message, got %+v", e.Name, want, p)
@@ -257,8 +291,12 @@ func (ck *checker) checkMaximal() error {
 		if u.node != "" {
 			continue
 		}
+		sib := ck.siblingNodes(u, nil)
+		if u.reason == v1.ReasonFewerNodesThanIPs && len(sib) == 0 {
+			return fmt.Errorf("unit %v unplaced with %s, but no other IP of its Egress has a Node", u.id, u.reason)
+		}
 		for n := range ck.fit[u.id.pool] {
-			if ck.load[n] < ck.nodes[n].capacity {
+			if ck.load[n] < ck.nodes[n].capacity && !sib[n] {
 				return fmt.Errorf("unit %v unplaced (%s) while Node %q of its pool has room (%d of %d)",
 					u.id, u.reason, n, ck.load[n], ck.nodes[n].capacity)
 			}
@@ -321,6 +359,8 @@ func (ck *checker) moveReason(i int) string {
 		return v1.MoveCapacityReduced
 	case !ck.fitFor(e.CurrentNode, e.Pool):
 		return v1.MoveNodeNotInPool
+	case ck.unitOf[i].cand == e.CurrentNode && ck.siblingNodes(ck.unitOf[i], func(w *checkUnit) bool { return w.kept })[e.CurrentNode]:
+		return v1.MoveDistinctNodes
 	case ck.unitOf[i].cand == e.CurrentNode:
 		return v1.MoveCapacityReduced
 	}
@@ -333,6 +373,10 @@ func (ck *checker) checkKeep() error {
 	for _, u := range ck.units {
 		if u.cand == "" || u.kept {
 			continue
+		}
+		me0 := &ck.in.Egresses[u.members[0]]
+		if ck.siblingNodes(u, func(w *checkUnit) bool { return w.kept && older(&ck.in.Egresses[w.members[0]], me0) })[u.cand] {
+			continue // an older IP of its Egress keeps that Node
 		}
 		if ck.load[u.cand] != ck.nodes[u.cand].capacity {
 			return fmt.Errorf("unit %v left its Node %q, which is not full (%d of %d)",
@@ -359,8 +403,9 @@ func (ck *checker) checkPriority() error {
 			continue
 		}
 		me := &ck.in.Egresses[u.members[0]]
+		sib := ck.siblingNodes(u, nil)
 		for _, w := range ck.units {
-			if w.node == "" || w.kept || !ck.fitFor(w.node, u.id.pool) {
+			if w.node == "" || w.kept || !ck.fitFor(w.node, u.id.pool) || sib[w.node] {
 				continue
 			}
 			if !older(&ck.in.Egresses[w.members[0]], me) {
@@ -382,11 +427,13 @@ func (ck *checker) checkBalance() error {
 	poolLoad := map[poolNode]int{}
 	key := func(pool, node string) poolNode { return poolNode{pool, node} }
 	placed := map[string]int{}
+	replayed := map[*checkUnit]bool{}
 	for _, u := range ck.units {
 		if u.kept {
 			load[u.node]++
 			poolLoad[key(u.id.pool, u.node)]++
 			placed[u.id.pool]++
+			replayed[u] = true
 		}
 	}
 	for _, u := range ck.units {
@@ -402,12 +449,19 @@ func (ck *checker) checkBalance() error {
 		if b := math.Ceil(ck.c * float64(k) / float64(len(ck.fit[p]))); b < float64(k) {
 			bound = int(b)
 		}
+		// Nodes that hold another IP of the unit's Egress so far are not
+		// candidates (multi-IP Egresses).
+		sib := ck.siblingNodes(u, func(w *checkUnit) bool { return replayed[w] })
+		if sib[u.node] {
+			return fmt.Errorf("replay: unit %v placed on %q, which holds another IP of its Egress", u.id, u.node)
+		}
+		replayed[u] = true
 		if at := poolLoad[key(p, u.node)]; at >= bound {
 			// Past the bound: only onto a Node with the fewest units of
 			// the pool among those with room (so none of them is below
 			// the bound).
 			for n := range ck.fit[p] {
-				if load[n] < ck.nodes[n].capacity && poolLoad[key(p, n)] < at {
+				if load[n] < ck.nodes[n].capacity && !sib[n] && poolLoad[key(p, n)] < at {
 					return fmt.Errorf("replay: unit %v went to %q at %d units of pool %q (bound %d) while %q had %d and room",
 						u.id, u.node, at, p, bound, n, poolLoad[key(p, n)])
 				}
@@ -444,6 +498,9 @@ func cloneInput(in Input) Input {
 	}
 	out.Nodes = slices.Clone(in.Nodes)
 	out.Egresses = slices.Clone(in.Egresses)
+	for i := range out.Egresses {
+		out.Egresses[i].Slots = slices.Clone(in.Egresses[i].Slots)
+	}
 	return out
 }
 
@@ -452,11 +509,19 @@ func cloneInput(in Input) Input {
 func applyResult(in Input, r Result) Input {
 	out := cloneInput(in)
 	node := map[string]string{}
+	slots := r.Slots
 	for _, p := range r.Placements {
 		node[p.Egress] = p.Node
 	}
 	for i := range out.Egresses {
-		out.Egresses[i].CurrentNode = node[out.Egresses[i].Name]
+		e := &out.Egresses[i]
+		e.CurrentNode = node[e.Name]
+		for k := range e.Slots {
+			e.Slots[k].CurrentNode = ""
+			if sp := slots[e.Name]; k < len(sp) {
+				e.Slots[k].CurrentNode = sp[k].Node
+			}
+		}
 	}
 	return out
 }

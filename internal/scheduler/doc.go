@@ -44,6 +44,21 @@
 // unplaced; that check is a counter per pool, so a full pool costs O(1) per
 // unit, not a walk around the ring.
 //
+// # Multi-IP Egresses
+//
+// An Egress with [Egress.Slots] asks for several IPs. Each slot is a unit
+// as above (slots and single-IP Egresses that name the same pool and IP
+// share one), with the Egress's priority and, within the Egress, slot
+// order, and every rule above holds per IP: keep, place, the bound and the
+// capacity count IPs. One rule is added: a Node holds at most one IP of
+// any one Egress. In phase 1 a unit does not keep a Node that a unit of the
+// same Egress keeps already (v1alpha1.MoveDistinctNodes); in phase 2 the
+// Nodes of the units of its Egresses placed so far are closed to it, and
+// when they are the only Nodes of its pool with room it stays unplaced
+// with v1alpha1.ReasonFewerNodesThanIPs. The answers per slot are in
+// [Result.Slots]. multi.go flattens such Egresses into one entry per slot
+// and folds the Result back; an input without Slots skips it entirely.
+//
 // # Determinism
 //
 // The result depends only on the input values, never on the order of any

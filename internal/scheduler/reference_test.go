@@ -55,6 +55,7 @@ type refUnit struct {
 	pref    string // fit Preferred Node of the oldest member naming one
 	node    string // Node after the pass, "" if none
 	reason  string // why node is "", when it is
+	keepSib bool   // keep was not kept because a sibling holds it
 }
 
 // refPass is the state of one reference pass.
@@ -66,12 +67,23 @@ type refPass struct {
 	count  map[string]int      // entries per Egress name
 	units  []*refUnit          // in priority order
 	unitOf map[int]*refUnit    // by Egress index; none if unschedulable
+	grp    []int32             // Egress index -> its group (see expand), nil if none
 }
 
 // referenceSchedule is Schedule, restated plainly.
 func referenceSchedule(in Input) Result {
+	if hasSlots(in.Egresses) {
+		ex, grp := expand(in)
+		return collapse(in, refSchedule(ex, grp))
+	}
+	return refSchedule(in, nil)
+}
+
+// refSchedule is one reference pass over Egresses without Slots, grp
+// giving their groups (nil when there is none).
+func refSchedule(in Input, grp []int32) Result {
 	r := &refPass{in: in, c: in.BalanceFactor, nodes: map[string]*refNode{}, pools: map[string]*refPool{},
-		count: map[string]int{}, unitOf: map[int]*refUnit{}}
+		count: map[string]int{}, unitOf: map[int]*refUnit{}, grp: grp}
 	if !(r.c >= 1) {
 		r.c = DefaultBalanceFactor
 	}
@@ -192,11 +204,35 @@ func (r *refPass) assign(u *refUnit, node string) {
 	r.pools[u.pool].placed++
 }
 
+// siblingNodes is the set of Nodes holding the other units of the groups
+// of u's members: a Node holds at most one IP of a multi-IP Egress.
+func (r *refPass) siblingNodes(u *refUnit) map[string]bool {
+	sib := map[string]bool{}
+	if r.grp == nil {
+		return sib
+	}
+	for _, i := range u.members {
+		for j, g := range r.grp {
+			if g >= 0 && g == r.grp[i] && r.unitOf[j] != nil && r.unitOf[j] != u && r.unitOf[j].node != "" {
+				sib[r.unitOf[j].node] = true
+			}
+		}
+	}
+	return sib
+}
+
 // keep is phase 1: in priority order, a unit stays on its fit current Node
-// while that Node has room.
+// while that Node has room and holds no sibling of the unit.
 func (r *refPass) keep() {
 	for _, u := range r.units {
-		if u.keep != "" && r.hasRoom(u.keep) {
+		if u.keep == "" {
+			continue
+		}
+		if r.siblingNodes(u)[u.keep] {
+			u.keepSib = true
+			continue
+		}
+		if r.hasRoom(u.keep) {
 			r.assign(u, u.keep)
 		}
 	}
@@ -210,11 +246,12 @@ func (r *refPass) place() {
 			continue
 		}
 		p := r.pools[u.pool]
-		room := false
+		sib := r.siblingNodes(u)
+		room, free := false, false
 		for name := range p.members {
 			if r.hasRoom(name) {
 				room = true
-				break
+				free = free || !sib[name]
 			}
 		}
 		if !room {
@@ -224,13 +261,17 @@ func (r *refPass) place() {
 			}
 			continue
 		}
+		if !free {
+			u.reason = v1.ReasonFewerNodesThanIPs
+			continue
+		}
 		// The bound ceil(c·k/n), k counting the kept units and this one.
 		k := p.placed + 1
 		bound := k
 		if b := math.Ceil(r.c * float64(k) / float64(len(p.members))); b < float64(k) {
 			bound = int(b)
 		}
-		below := func(name string) bool { return r.hasRoom(name) && p.load[name] < bound }
+		below := func(name string) bool { return r.hasRoom(name) && !sib[name] && p.load[name] < bound }
 		ip := r.in.Egresses[u.members[0]].IP
 		node := ""
 		if u.pref != "" && below(u.pref) {
@@ -243,11 +284,13 @@ func (r *refPass) place() {
 			// clockwise among those holding the fewest units of the pool.
 			least := math.MaxInt
 			for name := range p.members {
-				if r.hasRoom(name) {
+				if r.hasRoom(name) && !sib[name] {
 					least = min(least, p.load[name])
 				}
 			}
-			node = refPick(p, u.pool, ip, func(name string) bool { return r.hasRoom(name) && p.load[name] == least })
+			node = refPick(p, u.pool, ip, func(name string) bool {
+				return r.hasRoom(name) && !sib[name] && p.load[name] == least
+			})
 		}
 		r.assign(u, node)
 	}
@@ -296,6 +339,8 @@ func (r *refPass) moveReason(i int, pl Placement) string {
 		return v1.MoveCapacityReduced
 	case !r.pools[e.Pool].members[e.CurrentNode]:
 		return v1.MoveNodeNotInPool
+	case r.unitOf[i].keep == e.CurrentNode && r.unitOf[i].keepSib: // a sibling holds it
+		return v1.MoveDistinctNodes
 	case r.unitOf[i].keep == e.CurrentNode: // the unit's Node to keep, full
 		return v1.MoveCapacityReduced
 	}
@@ -330,6 +375,9 @@ func refPick(p *refPool, pool string, ip netip.Addr, takes func(node string) boo
 // refPoolMessage is the message of an unplaced unit's reason.
 func refPoolMessage(reason, pool string, members int) string {
 	switch {
+	case reason == v1.ReasonFewerNodesThanIPs:
+		return fmt.Sprintf("every eligible Node of pool %q with room holds another IP of this Egress "+
+			"(a Node holds at most one IP of an Egress)", pool)
 	case reason == v1.ReasonNoEligibleNode:
 		return fmt.Sprintf("no Node of pool %q is eligible with a capacity above 0", pool)
 	case reason != v1.ReasonCapacityExhausted:

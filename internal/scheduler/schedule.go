@@ -70,6 +70,7 @@ type unitRec struct {
 	node    int32 // node index after the pass, or -1
 	reason  uint8 // placement reason code when node < 0
 	candOut bool  // cand had no room left
+	candSib bool  // cand was taken by a sibling (multi-IP Egresses)
 }
 
 // Placement reason codes, indexing reasonNames.
@@ -82,6 +83,7 @@ const (
 	rIPInvalid
 	rNoEligibleNode
 	rCapacityExhausted
+	rFewerNodes
 )
 
 var reasonNames = [...]string{
@@ -93,6 +95,7 @@ var reasonNames = [...]string{
 	rIPInvalid:         v1.ReasonIPInvalid,
 	rNoEligibleNode:    v1.ReasonNoEligibleNode,
 	rCapacityExhausted: v1.ReasonCapacityExhausted,
+	rFewerNodes:        v1.ReasonFewerNodesThanIPs,
 }
 
 // state is the working memory of one pass.
@@ -149,6 +152,16 @@ type state struct {
 	ringCrowded []int32
 	// ringsBuilt counts the rings of rings in use by this pass.
 	ringsBuilt int
+
+	// Multi-IP Egresses (multi.go), nil in a pass without them: grp[i] is
+	// the first entry of Egress i's group or -1; a unit u's groups are
+	// unitGrp[unitGrpOff[u]:unitGrpOff[u+1]]; excl and exclSlots are
+	// scratch for the Nodes and pool slots a unit's siblings hold.
+	grp        []int32
+	unitGrpOff []int32
+	unitGrp    []int32
+	excl       []int32
+	exclSlots  []int32
 }
 
 // statePool recycles the working memory of passes: a pass allocates only
@@ -183,8 +196,18 @@ func reuse[T any](b []T, n int) []T {
 // working memory (a sync.Pool), so a pass allocates about its Result only:
 // two allocations, whatever the cluster's size.
 func Schedule(in Input) Result {
+	if hasSlots(in.Egresses) {
+		ex, grp := expand(in)
+		return collapse(in, schedulePass(ex, grp))
+	}
+	return schedulePass(in, nil)
+}
+
+// schedulePass is one pass over in, whose Egresses carry no Slots; grp is nil,
+// or gives each Egress's group (see expand).
+func schedulePass(in Input, grp []int32) Result {
 	s := statePool.Get().(*state)
-	s.in, s.c, s.ringsBuilt = &in, in.BalanceFactor, 0
+	s.in, s.c, s.ringsBuilt, s.grp = &in, in.BalanceFactor, 0, grp
 	if !(s.c >= 1) { // 0, NaN, below 1
 		s.c = DefaultBalanceFactor
 	}
@@ -202,7 +225,7 @@ func Schedule(in Input) Result {
 // release drops the state's references to the pass's input (names, the
 // Input itself) and returns it to statePool.
 func (s *state) release() {
-	s.in = nil
+	s.in, s.grp = nil, nil
 	clear(s.moveReasons)
 	clear(s.poolIdx)
 	clear(s.pools[:cap(s.pools)]) // names and rings
@@ -558,6 +581,47 @@ func (s *state) buildUnits(byName []int32) {
 	tblBits := bits.Len(uint(2 * len(order)))
 	s.unitTab = reuse(s.unitTab, 1<<tblBits)
 	s.units = groupUnits(order, keys, s.eg, s.unitTab, uint(tblBits), grow(s.units, len(order))[:0])
+	if s.grp != nil {
+		s.indexGroups()
+	}
+}
+
+// indexGroups lists each unit's groups (unitGrpOff, unitGrp): a counting
+// sort of the (unit, group) pairs of the Egresses in groups.
+func (s *state) indexGroups() {
+	s.unitGrpOff = reuse(s.unitGrpOff, len(s.units)+1)
+	for i, g := range s.grp {
+		if u := s.eg[i].unit; g >= 0 && u >= 0 {
+			s.unitGrpOff[u+1]++
+		}
+	}
+	prefixSum(s.unitGrpOff)
+	s.unitGrp = grow(s.unitGrp, int(s.unitGrpOff[len(s.units)]))
+	next := append(s.excl[:0], s.unitGrpOff...)
+	for i, g := range s.grp {
+		if u := s.eg[i].unit; g >= 0 && u >= 0 {
+			s.unitGrp[next[u]] = g
+			next[u]++
+		}
+	}
+	s.excl = next[:0]
+}
+
+// siblingNodes sets s.excl to the Nodes that hold units of unit u's groups
+// other than u (repeats removed).
+func (s *state) siblingNodes(u int32) {
+	s.excl = s.excl[:0]
+	for _, g := range s.unitGrp[s.unitGrpOff[u]:s.unitGrpOff[u+1]] {
+		for j := g; int(j) < len(s.grp) && s.grp[j] == g; j++ {
+			uj := s.eg[j].unit
+			if uj < 0 || uj == u {
+				continue
+			}
+			if n := s.units[uj].node; n >= 0 && !slices.Contains(s.excl, n) {
+				s.excl = append(s.excl, n)
+			}
+		}
+	}
 }
 
 // priorityKeys appends to order, for each scheduled Egress in name order
@@ -639,6 +703,12 @@ func (s *state) keep() {
 		}
 		n := s.slotNode[ur.cand]
 		nr := &s.nodes[n]
+		if s.grp != nil {
+			if s.siblingNodes(int32(u)); slices.Contains(s.excl, n) {
+				ur.candSib = true
+				continue
+			}
+		}
 		if nr.load >= nr.capacity {
 			ur.candOut = true
 			continue
@@ -675,16 +745,28 @@ func (s *state) place() {
 			}
 			continue
 		}
+		s.exclSlots = s.exclSlots[:0]
+		if s.grp != nil && !s.excludeSiblings(int32(u), pl) {
+			ur.reason = rFewerNodes
+			continue
+		}
 		if pl.ring == nil {
 			pl.ring = s.buildRing(ur.pool)
 		}
 		pl.placed++
 		b := s.bound(pl)
 		var sl int32
-		if p := ur.pref; p >= 0 && s.poolLoad[p] < b && s.nodes[s.slotNode[p]].load < s.nodes[s.slotNode[p]].capacity {
+		if p := ur.pref; p >= 0 && s.poolLoad[p] < b && s.nodes[s.slotNode[p]].load < s.nodes[s.slotNode[p]].capacity &&
+			!slices.Contains(s.exclSlots, p) {
 			sl = p
 		} else {
+			for _, x := range s.exclSlots {
+				pl.ring.set(x-pl.off, full)
+			}
 			sl = pl.ring.pick(ur.hash, b)
+			for _, x := range s.exclSlots {
+				pl.ring.set(x-pl.off, s.poolLoad[x])
+			}
 		}
 		n := s.slotNode[sl]
 		ur.node = n
@@ -705,6 +787,25 @@ func (s *state) place() {
 			}
 		}
 	}
+}
+
+// excludeSiblings sets s.exclSlots to the slots of pool pl, with room, of
+// the Nodes that hold unit u's siblings, and reports whether pl has a
+// member with room besides them.
+func (s *state) excludeSiblings(u int32, pl *poolRec) bool {
+	s.siblingNodes(u)
+	if len(s.excl) == 0 {
+		return true
+	}
+	pi := s.units[u].pool
+	for _, n := range s.excl {
+		if nr := &s.nodes[n]; nr.load < nr.capacity {
+			if sl := s.slotOf(n, pi); sl >= 0 {
+				s.exclSlots = append(s.exclSlots, sl)
+			}
+		}
+	}
+	return pl.room > int32(len(s.exclSlots))
 }
 
 // bound is the most units of pool pl a Node may hold before the next
@@ -826,6 +927,8 @@ func (s *state) result(byName []int32) Result {
 				p.Message = "no IP has been allocated to the Egress yet"
 			case rIPInvalid:
 				p.Message = ipInvalidMessage(in, s.pools[s.poolIdx[in.Pool]].family)
+			case rFewerNodes:
+				p.Message = fewerNodesMessage(in.Pool)
 			default:
 				p.Message = s.poolMessage(in.Pool, code)
 			}
@@ -914,6 +1017,9 @@ func (s *state) moveReason(r *egRec) string {
 	// curValid: the unit's kept Node was this one but had no room, or the
 	// unit followed an older member to another Node.
 	ur := &s.units[r.unit]
+	if ur.candSib && s.slotNode[ur.cand] == r.cur {
+		return v1.MoveDistinctNodes
+	}
 	if ur.candOut && s.slotNode[ur.cand] == r.cur {
 		return v1.MoveCapacityReduced
 	}

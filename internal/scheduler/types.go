@@ -90,6 +90,33 @@ type Egress struct {
 	// IP (a warm IP), so that placing it costs no cloud call. "" means no
 	// preference.
 	Preferred string
+	// Slots, when not empty, makes the Egress a multi-IP Egress (spec.ips):
+	// one slot per IP, in status order, and Pool, IP, CurrentNode and
+	// Preferred above are ignored. Each slot is scheduled like the IP of a
+	// single-IP Egress with the Egress's priority (slots of one Egress in
+	// slot order), with one more rule: a Node holds at most one slot of any
+	// one Egress. Slots whose pool and IP equal another Egress's are one
+	// unit with it, as above; the unit then keeps every Egress's rule. The
+	// Egress's name must contain no NUL byte (Kubernetes names never do).
+	// At most 255 slots are scheduled; the others get ReasonIPInvalid.
+	Slots []Slot
+}
+
+// Slot is one IP of a multi-IP Egress: the same fields as a single-IP
+// Egress's, with the same meaning.
+type Slot struct {
+	Pool        string
+	IP          netip.Addr
+	CurrentNode string
+	Preferred   string
+}
+
+// SlotPlacement is the scheduling decision for one slot of a multi-IP
+// Egress; Node, Reason and Message mean what they mean in Placement.
+type SlotPlacement struct {
+	Node    string
+	Reason  string
+	Message string
 }
 
 // DefaultBalanceFactor is the balance factor c used when
@@ -137,14 +164,28 @@ type Move struct {
 	To string
 	// Reason is why the Egress left From: one of the Move* constants, or
 	// v1alpha1.MoveNodeIneligible + "/" + Node.Reason, or, when the Egress cannot
-	// be scheduled at all, its Placement.Reason.
+	// be scheduled at all, its Placement.Reason; for a slot of a multi-IP
+	// Egress also v1alpha1.MoveDistinctNodes.
 	Reason string
+	// Slot is the index in Egress.Slots of the slot that moves, for a
+	// multi-IP Egress; 0 for a single-IP one. Moves are sorted by Egress
+	// name, then Slot.
+	Slot int
 }
 
 // Result is the outcome of one pass.
 type Result struct {
 	// Placements has one entry per distinct Egress name, sorted by name.
+	// For a multi-IP Egress, Node is the Node of its first slot that has
+	// one ("" when none has), and Reason and Message are those of its
+	// first slot without a Node ("" when every slot has one): unlike a
+	// single-IP Egress's, they can be set with Node.
 	Placements []Placement
+	// Slots has, for each multi-IP Egress (one with Egress.Slots and a
+	// name given once), one SlotPlacement per slot; nil when the input has
+	// none. It is beside Placements, not in them, so that a single-IP
+	// pass returns what it returned before multi-IP Egresses existed.
+	Slots map[string][]SlotPlacement
 	// Moves has one entry per Egress whose CurrentNode is set and differs
 	// from its new Node (including no Node), sorted by Egress name; nil
 	// when nothing moves. Egresses with a duplicated name get no Move.

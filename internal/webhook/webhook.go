@@ -190,6 +190,9 @@ func specErrors(err error) field.ErrorList {
 	return out
 }
 
+// errNoPool stands for the pool of an Egress that names none (spec.ips).
+var errNoPool = errors.New("no spec.externalIPPool")
+
 // EgressValidator checks an Egress's selectors, and its named IP against
 // its pool.
 type EgressValidator struct {
@@ -200,7 +203,10 @@ type EgressValidator struct {
 // of a pool that is being deleted.
 func (v *EgressValidator) ValidateCreate(ctx context.Context, e *v1.Egress) (admission.Warnings, error) {
 	var p v1.ExternalIPPool
-	err := v.Reader.Get(ctx, client.ObjectKey{Name: e.Spec.ExternalIPPool}, &p)
+	err := errNoPool
+	if e.Spec.ExternalIPPool != "" { // an Egress with spec.ips: validateIPs checks its pools
+		err = v.Reader.Get(ctx, client.ObjectKey{Name: e.Spec.ExternalIPPool}, &p)
+	}
 	if err == nil && p.DeletionTimestamp != nil {
 		// A new Egress would only hold up the deletion (the pool's
 		// finalizer waits for its Egresses) and lose its IP with the pool.
@@ -251,6 +257,9 @@ func (v *EgressValidator) validate(ctx context.Context, e *v1.Egress) (admission
 	}
 	if len(errs) > 0 {
 		return nil, apierrors.NewInvalid(egressGK, e.Name, errs)
+	}
+	if len(e.Spec.IPs) > 0 {
+		return v.validateIPs(ctx, e)
 	}
 	var p v1.ExternalIPPool
 	if err := v.Reader.Get(ctx, client.ObjectKey{Name: e.Spec.ExternalIPPool}, &p); err != nil {
