@@ -116,6 +116,13 @@ func newClockLiveness(t *testing.T, a *clockAgent, cfg LivenessConfig) (*Livenes
 	return NewLiveness(reader, cfg), clk
 }
 
+// inFlight reports whether node's round poll has not ended yet.
+func inFlight(l *Liveness, node string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inFlight[node]
+}
+
 // signalled reports whether the poller asked for a pass since the last call.
 func signalled(l *Liveness) bool {
 	select {
@@ -188,11 +195,12 @@ func TestLivenessPollsOnInterval(t *testing.T) {
 		}
 	})
 	for want := 1; want <= 3; want++ {
-		// The round's ticker always waits on the clock; the count says
-		// that poll want is done.
+		// The agent's count says poll want reached it; the poll has ended
+		// once the agent is no longer in flight (else the next round
+		// would skip it).
 		poll.Until(t, 20*time.Second, fmt.Sprintf("poll %d done and the poller waiting on its clock", want), func() error {
-			if n := a.count(); n != want || !clk.HasWaiters() {
-				return fmt.Errorf("%d polls, clock waiters %d", n, clk.Waiters())
+			if n := a.count(); n != want || !clk.HasWaiters() || inFlight(l, "n1") {
+				return fmt.Errorf("%d polls, clock waiters %d, in flight %v", n, clk.Waiters(), inFlight(l, "n1"))
 			}
 			return nil
 		})
@@ -342,8 +350,9 @@ func TestLivenessSilentAgentHoldsUpNoRound(t *testing.T) {
 	})
 	for want := 1; want <= 3; want++ {
 		poll.Until(t, 20*time.Second, fmt.Sprintf("round %d polled the answering agent, the silent one polled once", want), func() error {
-			if n, m := fast.count(), slow.count(); n != want || m != 1 {
-				return fmt.Errorf("%d polls of the answering agent, %d of the silent one", n, m)
+			if n, m := fast.count(), slow.count(); n != want || m != 1 || inFlight(l, "fast") || !inFlight(l, "slow") {
+				return fmt.Errorf("%d polls of the answering agent, %d of the silent one, in flight: %v, %v",
+					n, m, inFlight(l, "fast"), inFlight(l, "slow"))
 			}
 			return nil
 		})
