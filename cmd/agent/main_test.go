@@ -226,9 +226,10 @@ func TestFenceTimingsRefused(t *testing.T) {
 		want []string
 	}{
 		{[]string{"--fence-timeout=3s"}, []string{"--fence-timeout", "--controller-dead-after"}},
-		{[]string{"--controller-dead-after=2s", "--address-lifetime=2s"}, []string{"--fence-timeout", "--controller-dead-after"}},
+		{[]string{"--controller-dead-after=1500ms", "--address-lifetime=1s"}, []string{"--fence-timeout", "--controller-dead-after"}},
 		{[]string{"--peer-probe-interval=1s"}, []string{"--fence-timeout", "--peer-probe-interval"}},
 		{[]string{"--fence-timeout=1200ms"}, []string{"--fence-timeout", "--controller-poll-interval"}},
+		{[]string{"--controller-poll-interval=1s", "--controller-dead-after=3s", "--address-lifetime=2s"}, []string{"--fence-timeout 1.4s is less than twice --controller-poll-interval 1s"}},
 		{[]string{"--peers=0"}, []string{"--peers"}},
 		{[]string{"--peer-node-selector=a b"}, []string{"--peer-node-selector"}},
 	} {

@@ -123,17 +123,19 @@ func bindFlags(fs *flag.FlagSet) *controllerFlags {
 	fs.Float64Var(&f.ctrlOpts.Pass.BalanceFactor, "balance-factor", 1.25,
 		"Bounded-load factor c of the scheduler: no Node receives new IPs beyond ceil(c x average) of its pool "+
 			"while another eligible Node has room.")
-	fs.DurationVar(&f.ctrlOpts.Liveness.Interval, "agent-poll-interval", time.Second,
-		"Interval between two polls of each agent's report.")
-	fs.DurationVar(&f.ctrlOpts.Liveness.Timeout, "agent-poll-timeout", 500*time.Millisecond, "Timeout of one agent poll.")
-	fs.DurationVar(&f.ctrlOpts.Liveness.DeadAfter, "agent-dead-after", 3*time.Second,
+	fs.DurationVar(&f.ctrlOpts.Liveness.Interval, "agent-poll-interval", controller.DefaultPollInterval,
+		"Interval between two rounds of polls of the agents' reports (a fixed rate); the agents' "+
+			"--controller-poll-interval must be the same.")
+	fs.DurationVar(&f.ctrlOpts.Liveness.Timeout, "agent-poll-timeout", controller.DefaultPollTimeout,
+		"Timeout of one agent poll; less than --agent-poll-interval.")
+	fs.DurationVar(&f.ctrlOpts.Liveness.DeadAfter, "agent-dead-after", controller.DefaultDeadAfter,
 		"An agent that has not answered for this long (and failed --agent-failure-threshold polls in a row) "+
-			"is dead and its IPs move.")
+			"is dead and its IPs move; the agents' --controller-dead-after must be the same.")
 	fs.DurationVar(&f.ctrlOpts.Pass.ReleaseTimeout, "release-timeout", controller.DefaultReleaseTimeout,
 		"How long a planned move waits for the old Node to release an IP (its agent is told to in every poll) "+
 			"before that Node counts as not releasing it and the IP moves as from a dead Node; "+
 			"at least twice --agent-poll-interval.")
-	fs.IntVar(&f.ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", 3,
+	fs.IntVar(&f.ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", controller.DefaultFailureThreshold,
 		"Failed polls in a row before an agent can be declared dead.")
 	fs.IntVar(&f.ctrlOpts.Liveness.Port, "agent-report-port", 9445,
 		"TCP port of the agents' report endpoint on every Node's InternalIP.")

@@ -108,13 +108,16 @@ type Config struct {
 // Defaults of the address lifetime (docs/failover.md, "Agent gone").
 const (
 	// DefaultAddressLifetime is the default valid lifetime of egress
-	// addresses (--address-lifetime).
-	DefaultAddressLifetime = 3 * time.Second
-	// DefaultRenewInterval is the default of --address-renew-interval.
-	DefaultRenewInterval = time.Second
+	// addresses (--address-lifetime): the controller's default
+	// --agent-dead-after (2 s), the longest it may be.
+	DefaultAddressLifetime = 2 * time.Second
+	// DefaultRenewInterval is the default of --address-renew-interval:
+	// a quarter of the lifetime, so three renewals in a row may be late
+	// or lost before an address expires on a live agent.
+	DefaultRenewInterval = 500 * time.Millisecond
 	// DefaultControllerDeadAfter is the controller's default
-	// --agent-dead-after.
-	DefaultControllerDeadAfter = 3 * time.Second
+	// --agent-dead-after (controller.DefaultDeadAfter).
+	DefaultControllerDeadAfter = 2 * time.Second
 )
 
 // CheckLifetime checks the address lifetime against the renew interval

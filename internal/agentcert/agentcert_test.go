@@ -33,7 +33,7 @@ const agentUser = "system:serviceaccount:egressip-system:egressip-agent"
 
 // csrFor is a request as an agent's token for tokenNode would send it,
 // asking for the identity in tmpl.
-func csrFor(t *testing.T, tokenNode string, tmpl *x509.CertificateRequest) (*certificatesv1.CertificateSigningRequest, *ecdsa.PrivateKey) {
+func csrFor(t testing.TB, tokenNode string, tmpl *x509.CertificateRequest) (*certificatesv1.CertificateSigningRequest, *ecdsa.PrivateKey) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -104,7 +104,7 @@ func TestCheckRequest(t *testing.T) {
 
 // issued returns node's agent certificate from ca, valid for an hour from
 // now.
-func issued(t *testing.T, ca *agentcert.CA, node string, now time.Time) tls.Certificate {
+func issued(t testing.TB, ca *agentcert.CA, node string, now time.Time) tls.Certificate {
 	t.Helper()
 	csr, key := csrFor(t, node, agentcert.Template(node))
 	req, err := agentcert.Check(csr, agentUser)

@@ -3,6 +3,8 @@ package controller
 import (
 	"context"
 	"crypto/tls"
+	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -24,17 +26,37 @@ import (
 	"github.com/egressip/egressip/internal/report"
 )
 
+// Defaults of the liveness flags (docs/failover.md, "The channel"). They
+// are chosen together: a poll ends before the next is due (400 ms <
+// 500 ms), so a silent agent fails DefaultFailureThreshold polls within
+// 3 × 500 ms + 400 ms = 1.9 s of its last answer and DefaultDeadAfter
+// alone decides when it is dead; the agent's fencing defaults
+// (internal/agent/fence) finish unbinding a cut-off Node 1.85 s after its
+// last poll, before 2 s.
+const (
+	DefaultPollInterval     = 500 * time.Millisecond
+	DefaultPollTimeout      = 400 * time.Millisecond
+	DefaultDeadAfter        = 2 * time.Second
+	DefaultFailureThreshold = 3
+)
+
 // LivenessConfig sets how the controller polls agents.
 type LivenessConfig struct {
-	// Interval between two polls of one agent. Default 1 s.
+	// Interval between two rounds of polls: a round starts every Interval
+	// (a fixed rate, whatever the previous round's polls still wait for),
+	// and polls every agent whose previous poll has ended. Default
+	// DefaultPollInterval (500 ms).
 	Interval time.Duration
-	// Timeout of one poll. Default 500 ms.
+	// Timeout of one poll; less than Interval (Check). Default
+	// DefaultPollTimeout (400 ms).
 	Timeout time.Duration
 	// DeadAfter: an agent that has not answered for this long, and failed at
-	// least FailureThreshold polls in a row, is dead. Default 3 s.
+	// least FailureThreshold polls in a row, is dead; it is declared dead
+	// at that instant, not at its next failed poll. Default
+	// DefaultDeadAfter (2 s).
 	DeadAfter time.Duration
 	// FailureThreshold is the number of failed polls in a row needed before
-	// an agent is declared dead. Default 3.
+	// an agent is declared dead. Default DefaultFailureThreshold (3).
 	FailureThreshold int
 	// Port is the agent's report port. Default report.DefaultPort.
 	Port int
@@ -58,16 +80,16 @@ type LivenessConfig struct {
 
 func (c *LivenessConfig) defaults() {
 	if c.Interval <= 0 {
-		c.Interval = time.Second
+		c.Interval = DefaultPollInterval
 	}
 	if c.Timeout <= 0 {
-		c.Timeout = 500 * time.Millisecond
+		c.Timeout = DefaultPollTimeout
 	}
 	if c.DeadAfter <= 0 {
-		c.DeadAfter = 3 * time.Second
+		c.DeadAfter = DefaultDeadAfter
 	}
 	if c.FailureThreshold <= 0 {
-		c.FailureThreshold = 3
+		c.FailureThreshold = DefaultFailureThreshold
 	}
 	if c.Port == 0 {
 		c.Port = report.DefaultPort
@@ -83,6 +105,34 @@ func (c *LivenessConfig) defaults() {
 	}
 }
 
+// Check refuses liveness flags that cannot work together, naming them
+// (egressip-controller exits with code 2, see CheckFlags): every duration
+// and the threshold must be positive (0 would silently mean the default),
+// and a poll must time out before the next round is due
+// (--agent-poll-timeout < --agent-poll-interval): otherwise a silent agent
+// is still in its last poll when the next round comes, skips it, and fails
+// one poll every two intervals instead of one per interval.
+func (c LivenessConfig) Check() error {
+	var errs []error
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--agent-poll-interval", c.Interval}, {"--agent-poll-timeout", c.Timeout}, {"--agent-dead-after", c.DeadAfter}} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s %v: want a positive duration", d.flag, d.v))
+		}
+	}
+	if c.FailureThreshold < 1 {
+		errs = append(errs, fmt.Errorf("--agent-failure-threshold %d: want at least 1", c.FailureThreshold))
+	}
+	if len(errs) == 0 && c.Timeout >= c.Interval {
+		errs = append(errs, fmt.Errorf("--agent-poll-timeout %v must be less than --agent-poll-interval %v: "+
+			"a poll that does not answer would still wait when the next round is due, and a silent agent would "+
+			"fail one poll every two intervals", c.Timeout, c.Interval))
+	}
+	return errors.Join(errs...)
+}
+
 // refusedReports counts polls refused because the server on a Node's
 // report port is not that Node's agent.
 var refusedReports = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -92,11 +142,22 @@ var refusedReports = prometheus.NewCounterVec(prometheus.CounterOpts{
 		"InvalidCertificate (expired, not yet valid, wrong usage), WrongIdentity (another Node's agent), HandshakeFailed (other TLS failures).",
 }, []string{labelRefusedReason})
 
+// agentPolls counts the polls of the agents by outcome: ok (a report of
+// the polled Node came back in time) or failed (timeout, refused,
+// anything else). Failed polls of agents that answer are what a false
+// failover would be made of; TestNoFalseFailover reads it.
+var agentPolls = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "egressip_controller_agent_polls_total",
+	Help: "Agent polls by result: ok (the Node's report came back within --agent-poll-timeout) or failed.",
+}, []string{labelResult})
+
 // labelRefusedReason labels refusals by agentcert reason.
 const labelRefusedReason = "reason"
 
 func init() {
-	metrics.Registry.MustRegister(refusedReports)
+	metrics.Registry.MustRegister(refusedReports, agentPolls)
+	agentPolls.WithLabelValues("ok")
+	agentPolls.WithLabelValues("failed")
 	for _, r := range agentcert.RefusedReasons {
 		refusedReports.WithLabelValues(r)
 	}
@@ -116,6 +177,9 @@ type AgentState struct {
 	LastSeen time.Time
 
 	failures int
+	// deadCheck is true while a timer waits for LastSeen + DeadAfter to
+	// declare the agent dead then (see scheduleDeadCheck).
+	deadCheck bool
 }
 
 // Liveness polls every Node's agent and keeps their last reports. It runs
@@ -131,7 +195,13 @@ type Liveness struct {
 	mu        sync.Mutex
 	agents    map[string]*AgentState
 	expedited map[string]bool
-	runCtx    context.Context // the context Start runs with
+	// inFlight holds the Nodes whose round poll has not ended yet: the
+	// next round skips them (an expedited poll does not count).
+	inFlight map[string]bool
+	// slots bounds the polls of all rounds running at once to
+	// Parallelism.
+	slots  chan struct{}
+	runCtx context.Context // the context Start runs with
 	// releases are, per Node, the Releases its next polls carry (set by
 	// the pass, see SetReleases).
 	releases map[string][]report.Release
@@ -277,6 +347,8 @@ func NewLiveness(reader client.Reader, cfg LivenessConfig) *Liveness {
 		Events:       make(chan event.GenericEvent, 1),
 		agents:       map[string]*AgentState{},
 		expedited:    map[string]bool{},
+		inFlight:     map[string]bool{},
+		slots:        make(chan struct{}, cfg.Parallelism),
 		refusedEvent: map[string]time.Time{},
 	}
 }
@@ -294,24 +366,36 @@ func (l *Liveness) State(node string) AgentState {
 	return AgentState{}
 }
 
-// Start polls until ctx ends.
+// Start polls until ctx ends: a round at once, then one every Interval of
+// the configured clock, at a fixed rate. A round does not hold up the
+// next: an agent that does not answer keeps only its own poll waiting
+// (up to Timeout), and the next round polls every other agent on time
+// and skips it while that poll waits. Before, a round waited for its
+// slowest poll and the next began Interval after it, so one silent agent
+// stretched every agent's period by the timeout; the fencing rule of the
+// agents (internal/agent/fence, PolledMargin) counts on rounds coming on
+// time for the Nodes that answer.
 func (l *Liveness) Start(ctx context.Context) error {
 	l.mu.Lock()
 	l.runCtx = ctx
 	l.mu.Unlock()
-	// A sliding period without jitter, as wait.UntilWithContext, on the
-	// configured clock: the next round starts Interval after this one
-	// ended.
-	for ctx.Err() == nil {
-		l.pollAll(ctx)
+	tick := l.cfg.Clock.NewTicker(l.cfg.Interval)
+	defer tick.Stop()
+	var rounds sync.WaitGroup
+	defer rounds.Wait()
+	for {
+		rounds.Go(func() { l.pollAll(ctx) })
 		select {
 		case <-ctx.Done():
-		case <-l.cfg.Clock.After(l.cfg.Interval):
+			return nil
+		case <-tick.C():
 		}
 	}
-	return nil
 }
 
+// pollAll runs one round: it polls every Node's agent whose previous round
+// poll has ended, at most Parallelism polls at once over all rounds, and
+// returns when its own polls have ended.
 func (l *Liveness) pollAll(ctx context.Context) {
 	logger := log.FromContext(ctx).WithName("liveness")
 	var nodes corev1.NodeList
@@ -321,15 +405,43 @@ func (l *Liveness) pollAll(ctx context.Context) {
 	}
 	present := make(map[string]bool, len(nodes.Items))
 	pieces := make([]func(context.Context), 0, len(nodes.Items))
+	marked := make([]string, 0, len(nodes.Items))
+	l.mu.Lock()
 	for i := range nodes.Items {
 		n := &nodes.Items[i]
 		present[n.Name] = true
+		if l.inFlight[n.Name] {
+			continue
+		}
+		l.inFlight[n.Name] = true
+		marked = append(marked, n.Name)
 		addr, ok := nodeAddress(n)
 		name := n.Name
-		pieces = append(pieces, func(ctx context.Context) { l.poll(ctx, name, addr, ok) })
+		pieces = append(pieces, func(ctx context.Context) {
+			defer func() {
+				l.mu.Lock()
+				delete(l.inFlight, name)
+				l.mu.Unlock()
+			}()
+			select {
+			case l.slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			defer func() { <-l.slots }()
+			l.poll(ctx, name, addr, ok)
+		})
 	}
+	l.mu.Unlock()
 	workqueue.ParallelizeUntil(ctx, l.cfg.Parallelism, len(pieces), func(i int) { pieces[i](ctx) })
 	l.mu.Lock()
+	if ctx.Err() != nil {
+		// ParallelizeUntil stops handing out pieces once ctx ends: the
+		// ones it never ran still hold their mark.
+		for _, name := range marked {
+			delete(l.inFlight, name)
+		}
+	}
 	for name := range l.agents {
 		if !present[name] {
 			delete(l.agents, name)
@@ -357,7 +469,13 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 		l.agents[node] = s
 	}
 	changed, dpChanged := false, false
-	if hasAddr && err == nil && rep.Node == node {
+	answered := hasAddr && err == nil && rep.Node == node
+	if answered {
+		agentPolls.WithLabelValues("ok").Inc()
+	} else {
+		agentPolls.WithLabelValues("failed").Inc()
+	}
+	if answered {
 		changed = !s.Known || s.Dead || !sameBound(s.Report, rep)
 		dpChanged = !s.Known || s.Dead || !sameDatapath(s.Report.Datapath, rep.Datapath) || !sameOwnership(s.Report.Ownership, rep.Ownership) ||
 			!s.Report.Kernel.Equal(rep.Kernel) || !s.Report.Fence.Equal(rep.Fence) ||
@@ -365,22 +483,67 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 		s.Known, s.Dead, s.failures, s.LastSeen, s.Report = true, false, 0, now, rep
 	} else {
 		s.failures++
-		if !s.Dead && s.failures >= l.cfg.FailureThreshold && now.Sub(s.LastSeen) >= l.cfg.DeadAfter {
-			s.Dead, changed, dpChanged = true, true, s.Known
-			log.FromContext(ctx).Info("agent declared dead", "node", klog.KRef("", node), "failures", s.failures, "lastSeen", s.LastSeen, "err", err)
+		if !s.Dead && s.failures >= l.cfg.FailureThreshold {
+			if now.Sub(s.LastSeen) >= l.cfg.DeadAfter {
+				s.Dead, changed, dpChanged = true, true, s.Known
+				log.FromContext(ctx).Info("agent declared dead", "node", klog.KRef("", node), "failures", s.failures, "lastSeen", s.LastSeen, "err", err)
+			} else {
+				l.scheduleDeadCheck(ctx, node, s, now)
+			}
 		}
 	}
 	hook, nicHook := l.dpHook, l.nicHook
 	l.mu.Unlock()
+	l.signalDead(node, changed, dpChanged, hook)
+	if nicHook != nil && answered && len(rep.NICs) > 0 {
+		nicHook(node, rep.NICs)
+	}
+}
+
+// signalDead asks for a pass when changed, and calls hook (the datapath
+// hook) for node when dpChanged.
+func (l *Liveness) signalDead(node string, changed, dpChanged bool, hook func(string)) {
 	if changed {
 		l.notify()
 	}
 	if dpChanged && hook != nil {
 		hook(node)
 	}
-	if nicHook != nil && hasAddr && err == nil && rep.Node == node && len(rep.NICs) > 0 {
-		nicHook(node, rep.NICs)
+}
+
+// scheduleDeadCheck declares the agent of node dead at s.LastSeen +
+// DeadAfter if it has not answered by then: it has already failed
+// FailureThreshold polls, so waiting for the next failed poll would add up
+// to a poll interval plus a timeout to every crash failover. One timer
+// per agent at a time; l.mu is held.
+func (l *Liveness) scheduleDeadCheck(ctx context.Context, node string, s *AgentState, now time.Time) {
+	if s.deadCheck {
+		return
 	}
+	s.deadCheck = true
+	wait := s.LastSeen.Add(l.cfg.DeadAfter).Sub(now)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-l.cfg.Clock.After(wait):
+		}
+		now := l.cfg.Clock.Now()
+		l.mu.Lock()
+		s, ok := l.agents[node]
+		if !ok {
+			l.mu.Unlock()
+			return
+		}
+		s.deadCheck = false
+		changed, dpChanged := false, false
+		if ctx.Err() == nil && !s.Dead && s.failures >= l.cfg.FailureThreshold && now.Sub(s.LastSeen) >= l.cfg.DeadAfter {
+			s.Dead, changed, dpChanged = true, true, s.Known
+			log.FromContext(ctx).Info("agent declared dead", "node", klog.KRef("", node), "failures", s.failures, "lastSeen", s.LastSeen)
+		}
+		hook := l.dpHook
+		l.mu.Unlock()
+		l.signalDead(node, changed, dpChanged, hook)
+	}()
 }
 
 // noteRefused counts a poll of node refused because the server is not

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"github.com/egressip/egressip/internal/report"
@@ -28,10 +29,22 @@ type clockAgent struct {
 	node string
 	addr string // host:port
 
+	// hold, when set, makes every poll wait until release (an agent
+	// that accepts the connection and does not answer).
+	hold chan struct{}
+	once sync.Once
+
 	mu    sync.Mutex
 	polls int
 	bound []report.BoundIP
 	srv   *http.Server
+}
+
+// release lets the held polls of a answer.
+func (a *clockAgent) release() {
+	if a.hold != nil {
+		a.once.Do(func() { close(a.hold) })
+	}
 }
 
 func newClockAgent(t *testing.T, node string) *clockAgent {
@@ -55,9 +68,13 @@ func (a *clockAgent) start() {
 	}
 	srv := &http.Server{Handler: report.PollHandler(func(report.Poll) report.Report {
 		a.mu.Lock()
-		defer a.mu.Unlock()
 		a.polls++
-		return report.Report{Node: a.node, Instance: "i1", Bound: append([]report.BoundIP(nil), a.bound...)}
+		r := report.Report{Node: a.node, Instance: "i1", Bound: append([]report.BoundIP(nil), a.bound...)}
+		a.mu.Unlock()
+		if a.hold != nil {
+			<-a.hold
+		}
+		return r
 	}), ReadHeaderTimeout: time.Second}
 	a.mu.Lock()
 	a.srv = srv
@@ -97,6 +114,13 @@ func newClockLiveness(t *testing.T, a *clockAgent, cfg LivenessConfig) (*Livenes
 	reader := fake.NewClientBuilder().WithScheme(env.Scheme).WithObjects(n).Build()
 	cfg.Port, cfg.Clock = a.port(), clk
 	return NewLiveness(reader, cfg), clk
+}
+
+// inFlight reports whether node's round poll has not ended yet.
+func inFlight(l *Liveness, node string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.inFlight[node]
 }
 
 // signalled reports whether the poller asked for a pass since the last call.
@@ -156,8 +180,8 @@ func TestLivenessDeadAfterOnClock(t *testing.T) {
 }
 
 // TestLivenessPollsOnInterval: Start polls at once, then once per
-// Interval of its clock: stepping the fake clock short of the interval
-// brings no poll, stepping to it brings one.
+// Interval of its clock (a fixed rate): stepping the fake clock short of
+// the interval brings no poll, stepping to it brings one.
 func TestLivenessPollsOnInterval(t *testing.T) {
 	a := newClockAgent(t, "n1")
 	l, clk := newClockLiveness(t, a, LivenessConfig{Interval: time.Second, Timeout: 5 * time.Second})
@@ -171,11 +195,12 @@ func TestLivenessPollsOnInterval(t *testing.T) {
 		}
 	})
 	for want := 1; want <= 3; want++ {
-		// The poller waits on the clock only after a poll completed
-		// (a sliding interval), so a waiter means poll want is done.
+		// The agent's count says poll want reached it; the poll has ended
+		// once the agent is no longer in flight (else the next round
+		// would skip it).
 		poll.Until(t, 20*time.Second, fmt.Sprintf("poll %d done and the poller waiting on its clock", want), func() error {
-			if n := a.count(); n != want || !clk.HasWaiters() {
-				return fmt.Errorf("%d polls, clock waiters %d", n, clk.Waiters())
+			if n := a.count(); n != want || !clk.HasWaiters() || inFlight(l, "n1") {
+				return fmt.Errorf("%d polls, clock waiters %d, in flight %v", n, clk.Waiters(), inFlight(l, "n1"))
 			}
 			return nil
 		})
@@ -241,5 +266,96 @@ func TestLivenessExpediteOnClock(t *testing.T) {
 	}
 	if n := a.count(); n != 54 {
 		t.Fatalf("%d polls, want 54 (4, then 50 in 5 s at 100 ms)", n)
+	}
+}
+
+// TestLivenessDeadAtDeadlineOnClock: an agent that has failed
+// FailureThreshold polls before DeadAfter has passed is declared dead when
+// DeadAfter runs out, by the poller's timer, without waiting for another
+// failed poll; one that answers before then is not.
+func TestLivenessDeadAtDeadlineOnClock(t *testing.T) {
+	a := newClockAgent(t, "n1")
+	l, clk := newClockLiveness(t, a, LivenessConfig{DeadAfter: 2 * time.Second, FailureThreshold: 3, Timeout: 5 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	l.pollAll(ctx)
+	signalled(l)
+	seen := clk.Now()
+	a.stop()
+	for range 3 {
+		l.pollAll(ctx)
+	}
+	poll.Until(t, 20*time.Second, "the dead-after timer waiting on the clock", poll.Cond(clk.HasWaiters))
+	clk.Step(2*time.Second - time.Millisecond)
+	if st := l.State("n1"); st.Dead || signalled(l) {
+		t.Fatalf("%v after the last answer: %+v, want alive and no pass", clk.Since(seen), st)
+	}
+	clk.Step(time.Millisecond)
+	poll.Until(t, 20*time.Second, "the agent declared dead at dead-after, with no further poll", func() error {
+		if st := l.State("n1"); !st.Dead {
+			return fmt.Errorf("state %+v", st)
+		}
+		return nil
+	})
+	if !signalled(l) {
+		t.Fatal("no pass asked for when the timer declared the agent dead")
+	}
+
+	// Answering before the deadline cancels it.
+	a.start()
+	l.pollAll(ctx)
+	signalled(l)
+	a.stop()
+	for range 3 {
+		l.pollAll(ctx)
+	}
+	poll.Until(t, 20*time.Second, "the second dead-after timer waiting on the clock", poll.Cond(clk.HasWaiters))
+	a.start()
+	l.pollAll(ctx)
+	clk.Step(2 * time.Second)
+	poll.Until(t, 20*time.Second, "the timer to have run", poll.Cond(func() bool { return !clk.HasWaiters() }))
+	if st := l.State("n1"); st.Dead || st.failures != 0 {
+		t.Fatalf("an agent that answered before dead-after: %+v, want alive", st)
+	}
+}
+
+// TestLivenessSilentAgentHoldsUpNoRound: a poll that waits for an agent
+// that does not answer keeps only that agent waiting. The next round
+// comes on time and polls the other agents, and skips the silent one
+// while its poll waits (one poll at a time per agent).
+func TestLivenessSilentAgentHoldsUpNoRound(t *testing.T) {
+	fast := newClockAgent(t, "fast")
+	slow := &clockAgent{t: t, node: "slow", addr: net.JoinHostPort("127.0.0.2", strconv.Itoa(fast.port())), hold: make(chan struct{})}
+	slow.start()
+	t.Cleanup(slow.stop)
+	t.Cleanup(slow.release)
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	var objs []client.Object
+	for name, ip := range map[string]string{"fast": "127.0.0.1", "slow": "127.0.0.2"} {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+		objs = append(objs, n)
+	}
+	reader := fake.NewClientBuilder().WithScheme(env.Scheme).WithObjects(objs...).Build()
+	l := NewLiveness(reader, LivenessConfig{Interval: time.Second, Timeout: 30 * time.Second, Port: fast.port(), Clock: clk})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Start(ctx) }()
+	t.Cleanup(func() {
+		slow.release()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	})
+	for want := 1; want <= 3; want++ {
+		poll.Until(t, 20*time.Second, fmt.Sprintf("round %d polled the answering agent, the silent one polled once", want), func() error {
+			if n, m := fast.count(), slow.count(); n != want || m != 1 || inFlight(l, "fast") || !inFlight(l, "slow") {
+				return fmt.Errorf("%d polls of the answering agent, %d of the silent one, in flight: %v, %v",
+					n, m, inFlight(l, "fast"), inFlight(l, "slow"))
+			}
+			return nil
+		})
+		clk.Step(time.Second)
 	}
 }

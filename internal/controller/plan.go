@@ -39,7 +39,7 @@ type PassConfig struct {
 // crashed Node's IPs take to move (--agent-dead-after), so that a Node
 // that answers polls but does not release is never waited for longer than
 // a dead one.
-const DefaultReleaseTimeout = 3 * time.Second
+const DefaultReleaseTimeout = DefaultDeadAfter
 
 // releaseKey names one wait: Node must release IP.
 type releaseKey struct {

@@ -132,7 +132,7 @@ func TestReleaseWaitBoundedTimeout(t *testing.T) {
 }
 
 func TestReleaseTimeoutFlagChecks(t *testing.T) {
-	lc := LivenessConfig{Interval: time.Second}
+	lc := LivenessConfig{Interval: time.Second, Timeout: 400 * time.Millisecond, DeadAfter: 2 * time.Second, FailureThreshold: 3}
 	for _, tc := range []struct {
 		timeout time.Duration
 		want    string

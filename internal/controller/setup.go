@@ -64,6 +64,9 @@ func checkReleaseTimeout(t time.Duration, lc LivenessConfig) error {
 // against each other, as Setup does, and also refuses a release timeout of
 // 0 (the wait for a release must end). The error names both flags.
 func CheckFlags(o Options) error {
+	if err := o.Liveness.Check(); err != nil {
+		return err
+	}
 	if o.Pass.ReleaseTimeout <= 0 {
 		return fmt.Errorf("--release-timeout %v must be positive (at least twice --agent-poll-interval)", o.Pass.ReleaseTimeout)
 	}

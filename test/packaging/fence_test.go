@@ -61,8 +61,8 @@ func TestFenceTimingsFollowTheController(t *testing.T) {
 			if set != nil && flagValue(ag, "fence-timeout") != "4500ms" {
 				t.Errorf("%s: agent.fence.timeout not passed: %v", name, ag)
 			}
-			if !slices.Contains(ag, "--fence-timeout=2s") && set == nil {
-				t.Errorf("%s: default fence timeout is not 2s: %v", name, ag)
+			if !slices.Contains(ag, "--fence-timeout=1400ms") && set == nil {
+				t.Errorf("%s: default fence timeout is not 1400ms (fence.DefaultTimeout): %v", name, ag)
 			}
 		}
 	}

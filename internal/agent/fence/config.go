@@ -7,16 +7,20 @@ import (
 )
 
 // Defaults of the agent's fencing flags. They fit the controller's defaults
-// (--agent-poll-interval 1 s, --agent-dead-after 3 s): a cut-off Node
-// decides 2 s after its last poll, at most one probe interval later it has
-// unbound, well before the controller can declare it dead (3 s after the
-// last answer at the earliest).
+// (--agent-poll-interval 500 ms, --agent-dead-after 2 s, issue 22): a
+// cut-off Node decides 1.4 s after its last poll (its peers have been
+// polled in the two rounds since, at 0.5 and 1 s), at most one probe
+// interval and the unbind allowance later (1.85 s) it has unbound, before
+// the controller can declare it dead (2 s after the last answer at the
+// earliest). The probes start 650 ms after the last poll, 1.3 poll
+// intervals (1.25 with the former 1 s / 2 s), so a round a little late
+// starts none.
 const (
-	DefaultTimeout                = 2 * time.Second
+	DefaultTimeout                = 1400 * time.Millisecond
 	DefaultProbeInterval          = 250 * time.Millisecond
 	DefaultPeers                  = 5
-	DefaultControllerPollInterval = time.Second
-	DefaultControllerDeadAfter    = 3 * time.Second
+	DefaultControllerPollInterval = 500 * time.Millisecond
+	DefaultControllerDeadAfter    = 2 * time.Second
 )
 
 // UnbindAllowance is the time the agent allows itself, in the start-up

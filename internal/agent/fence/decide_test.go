@@ -8,8 +8,12 @@ import (
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 )
 
+// TestDecide checks the rule on one set of timings, written out: a 2 s
+// fence timeout, 1 s polls (a 1.5 s polled margin) and a 3 s dead-after,
+// the defaults before issue 22; TestDecideDefaults checks the defaults.
 func TestDecide(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := Config{Timeout: 2 * time.Second, ProbeInterval: 250 * time.Millisecond, Peers: 5,
+		ControllerPollInterval: time.Second, ControllerDeadAfter: 3 * time.Second}
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
 	// The last poll of this Node is at t0; decisions at t0 + 2.1 s.
@@ -58,6 +62,42 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// TestDecideDefaults: with the defaults (1.4 s fence timeout, 500 ms
+// polls, so a 750 ms polled margin) a Node whose last poll was at 0 and
+// whose peers were polled in the two rounds since (at 500 ms and 1 s)
+// fences at 1.4 s, not before; peers polled in one round since only (a
+// controller that stopped mid-round) fence nothing.
+func TestDecideDefaults(t *testing.T) {
+	cfg := DefaultConfig()
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	apiLost := APIState{LastFailed: ms(1300)}
+	peers := func(pollAt int) []Peer {
+		return []Peer{{Node: "a", Reached: true, At: ms(1350), LastPoll: ms(pollAt)}, {Node: "b", Reached: true, At: ms(1350), LastPoll: ms(pollAt + 3)}}
+	}
+	for _, tc := range []struct {
+		name   string
+		now    int
+		pollAt int
+		fence  bool
+		reason string
+	}{
+		{"before the fence timeout", 1399, 1000, false, v1.ReasonPolled},
+		{"at the fence timeout, peers polled two rounds later", 1400, 1000, true, v1.ReasonControllerPollsOthers},
+		{"peers polled one round later only", 1400, 500, false, v1.ReasonControllerGone},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Decide(cfg, Input{Now: ms(tc.now), LastPoll: t0, API: apiLost, Peers: peers(tc.pollAt)})
+			if d.Fence != tc.fence || d.Reason != tc.reason {
+				t.Fatalf("Decide = %+v, want fence %v reason %s", d, tc.fence, tc.reason)
+			}
+		})
+	}
+	if sum := cfg.Timeout + cfg.ProbeInterval + UnbindAllowance; sum >= cfg.ControllerDeadAfter {
+		t.Fatalf("defaults: the fence ends %v after the last poll, not before the controller's dead-after %v", sum, cfg.ControllerDeadAfter)
+	}
+}
+
 func TestValidate(t *testing.T) {
 	ok := DefaultConfig()
 	if err := ok.Validate(); err != nil {
@@ -73,7 +113,7 @@ func TestValidate(t *testing.T) {
 		want []string // substrings of the error: the flags it names
 	}{
 		{"timeout too close to dead-after", mod(func(c *Config) { c.Timeout = 2700 * time.Millisecond }), []string{FlagTimeout, FlagControllerDeadAfter}},
-		{"dead-after lowered", mod(func(c *Config) { c.ControllerDeadAfter = 2 * time.Second }), []string{FlagTimeout, FlagControllerDeadAfter}},
+		{"dead-after lowered", mod(func(c *Config) { c.ControllerDeadAfter = 1500 * time.Millisecond }), []string{FlagTimeout, FlagControllerDeadAfter}},
 		{"probe interval too long", mod(func(c *Config) { c.ProbeInterval = time.Second }), []string{FlagTimeout, FlagProbeInterval}},
 		{"timeout within a poll gap", mod(func(c *Config) {
 			c.Timeout, c.ControllerDeadAfter = 1200*time.Millisecond, 3*time.Second
