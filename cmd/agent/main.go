@@ -121,6 +121,10 @@ func startDatapath(d *datapathFlags, o *agent.RunOptions, kc *agent.KernelCheck,
 			"egressip-agent: --datapath-reject-queue %d: want 1..65535, or -1 for none\n", d.rejectQueue)
 		return closeAll, 2
 	}
+	if d.cniSocket != "" && d.cniTimeout < time.Second {
+		_, _ = fmt.Fprintf(stderr, "egressip-agent: --cni-timeout %s: want at least 1s\n", d.cniTimeout)
+		return closeAll, 2
+	}
 	dc.RejectQueue = d.rejectQueue
 	dc.DrainTimeout = d.drainTimeout
 	if d.drainTimeout == 0 {
@@ -148,10 +152,6 @@ func startDatapath(d *datapathFlags, o *agent.RunOptions, kc *agent.KernelCheck,
 	o.CIDRs = datapathsync.CIDRs{ClusterCIDRs: d.clusterCIDRs.list, ServiceCIDRs: d.serviceCIDRs.list,
 		ExcludeCIDRs: d.excludeCIDRs.list}
 	if d.cniSocket != "" {
-		if d.cniTimeout < time.Second {
-			_, _ = fmt.Fprintf(stderr, "egressip-agent: --cni-timeout %s: want at least 1s\n", d.cniTimeout)
-			return closeAll, 2
-		}
 		o.PodStart = &podstart.Options{Socket: d.cniSocket, ConfDir: d.cniConfDir, Keep: d.cniKeep,
 			Timeout: d.cniTimeout}
 	}

@@ -542,9 +542,14 @@ type runListeners struct {
 
 // openListeners opens the report and health listeners of o (none of the
 // host-network ones in a surge), and the health socket. The error names
-// the listener that failed; the ones opened before it are left open.
-func openListeners(ctx context.Context, o RunOptions) (*runListeners, error) {
+// the listener that failed; the ones opened before it are closed again.
+func openListeners(ctx context.Context, o RunOptions) (_ *runListeners, err error) {
 	ls := &runListeners{reportAddr: o.ReportBindAddress, healthAddr: o.HealthProbeBindAddress}
+	defer func() {
+		if err != nil {
+			ls.close() // what opened before the failure (and o.ReportListener, as on success)
+		}
+	}()
 	if ls.reportAddr == "" {
 		ls.reportAddr = fmt.Sprintf(":%d", report.DefaultPort)
 	}
@@ -553,7 +558,6 @@ func openListeners(ctx context.Context, o RunOptions) (*runListeners, error) {
 	}
 	ls.surge = o.ReportListener == nil && portTaken(ls.reportAddr)
 	ls.report = o.ReportListener
-	var err error
 	if !ls.surge {
 		if ls.report == nil {
 			if ls.report, err = listenShared(ctx, ls.reportAddr); err != nil {

@@ -189,6 +189,10 @@ type CloudActuator struct {
 	subnetErr map[string]string
 	creating  map[string]bool
 	poolError map[string]string
+	// createFailed marks the pools whose poolError came from a create or
+	// an attach: it is dropped once a pass wants no interface for the
+	// pool any more (dropStaleCreateErrors).
+	createFailed map[string]bool
 	// lateAsked are the late facts a re-read was asked for (askLate).
 	lateAsked map[string]bool
 	// nicAsked is, per Node, the NIC list its agent reported that differs
@@ -227,6 +231,7 @@ func NewCloudActuator(reader client.Reader, cfg CloudConfig) *CloudActuator {
 		subnetErr:     map[string]string{},
 		creating:      map[string]bool{},
 		poolError:     map[string]string{},
+		createFailed:  map[string]bool{},
 		lateAsked:     map[string]bool{},
 		nicAsked:      map[string]nicAsk{},
 		nicPending:    map[string]bool{},

@@ -112,3 +112,46 @@ func TestCloudBackoffOnClock(t *testing.T) {
 		t.Fatalf("a success did not lift the block: blocked %v, last error %q", blocked(), c.lastError["eni-1"])
 	}
 }
+
+// TestCloudStaleCreateErrorDropped: a pool's create or attach error (its
+// CloudInterfaces condition reads InterfaceFailed with it) stays while a
+// pass still wants an interface for the pool or one is being created, and
+// is dropped once no pass wants one: the need that failed was met another
+// way (in CI, an attach lost the race for a device index to a create that
+// succeeded, and the condition stayed failed until the test gave up). An
+// error of a delete is not dropped that way.
+func TestCloudStaleCreateErrorDropped(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	c := NewCloudActuator(nil, CloudConfig{Provider: nil, BackoffInitial: time.Second, BackoffMax: time.Minute, Clock: clk})
+	ctx := context.Background()
+	poolErr := func(pool string) string { return c.input(clk.Now()).PoolError[pool] }
+	c.poolFailed(ctx, "p1", backoffKey{backoffCreate, "p1"}, errors.New("attach at device index 2: in use"))
+	c.poolFailed(ctx, "p2", backoffKey{backoffDelete, "eni-9"}, errors.New("delete eni-9: denied"))
+	drop := func(wanted ...eniCreate) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.dropStaleCreateErrors(wanted)
+	}
+
+	drop(eniCreate{Pool: "p1", Node: "n1"})
+	if poolErr("p1") == "" {
+		t.Fatal("p1's create error dropped while a pass still wants an interface for p1")
+	}
+	c.mu.Lock()
+	c.creating["n1/p1"] = true
+	c.mu.Unlock()
+	drop()
+	if poolErr("p1") == "" {
+		t.Fatal("p1's create error dropped while an interface for p1 is being created")
+	}
+	c.mu.Lock()
+	delete(c.creating, "n1/p1")
+	c.mu.Unlock()
+	drop()
+	if got := poolErr("p1"); got != "" {
+		t.Fatalf("p1's create error %q kept although no pass wants an interface for p1", got)
+	}
+	if poolErr("p2") == "" {
+		t.Fatal("p2's delete error dropped by the create rule")
+	}
+}

@@ -152,6 +152,7 @@ func (c *CloudActuator) runENIJobs(ctx context.Context, out *cloudOutput) {
 		return
 	}
 	c.mu.Lock()
+	c.dropStaleCreateErrors(out.CreateENIs)
 	var creates []eniCreate
 	now := c.cfg.Clock.Now()
 	for _, cr := range out.CreateENIs {
@@ -187,6 +188,23 @@ func (c *CloudActuator) runENIJobs(ctx context.Context, out *cloudOutput) {
 	}
 	for _, d := range deletes {
 		go c.deleteENI(ctx, im, d)
+	}
+}
+
+// dropStaleCreateErrors forgets the create or attach error of every pool
+// that this pass wants no interface for and that has none being created:
+// the need that failed is gone (another create met it, or the Egresses
+// left), so the error no longer describes the pool. Without this, an
+// attach that lost a race for a device index to a create that succeeded
+// kept the pool's CloudInterfaces condition at InterfaceFailed until the
+// next successful create, which may never come. Called with c.mu held.
+func (c *CloudActuator) dropStaleCreateErrors(wanted []eniCreate) {
+	for pool := range c.createFailed {
+		if slices.ContainsFunc(wanted, func(cr eniCreate) bool { return cr.Pool == pool }) || creatingFor(c.creating, pool) {
+			continue
+		}
+		delete(c.createFailed, pool)
+		delete(c.poolError, pool)
 	}
 }
 
@@ -244,6 +262,7 @@ func (c *CloudActuator) createENI(ctx context.Context, im cloud.InterfaceManager
 	c.succeeded(backoffKey{backoffCreate, cr.Pool})
 	c.mu.Lock()
 	delete(c.poolError, cr.Pool)
+	delete(c.createFailed, cr.Pool)
 	// In the view at once, so that the next create on this instance picks
 	// another device index and the next pass can use it before a re-read.
 	eni.InstanceID, eni.DeviceIndex, eni.Tags = cr.InstanceID, device, spec.Tags
@@ -285,6 +304,10 @@ func (c *CloudActuator) poolFailed(ctx context.Context, pool string, key backoff
 	now := c.cfg.Clock.Now()
 	c.mu.Lock()
 	c.poolError[pool] = msg
+	c.createFailed[pool] = key.kind == backoffCreate
+	if !c.createFailed[pool] {
+		delete(c.createFailed, pool)
+	}
 	c.backoff.Next(key.String(), now)
 	until := now.Add(c.backoff.Get(key.String()))
 	c.backoffUntil[key] = until

@@ -264,19 +264,13 @@ func TestNodeOwnershipProblemNamedInReady(t *testing.T) {
 	cl.waitReady("ownrdy-e")
 }
 
-// nodeCondition returns the condition typ of Node node, and whether it has
-// one.
 // nodeWarnings returns the Warning Events with reason recorded on Node
 // node, failing the test when they cannot be listed.
 func nodeWarnings(t *testing.T, cl *cluster, node, reason string) []eventsv1.Event {
 	t.Helper()
-	var evs eventsv1.EventList
-	if err := cl.c.List(cl.ctx, &evs); err != nil {
-		t.Fatal(err)
-	}
 	var out []eventsv1.Event
-	for _, ev := range evs.Items {
-		if ev.Regarding.Name == node && ev.Reason == reason && ev.Type == corev1.EventTypeWarning {
+	for _, ev := range nodeEvents(t, cl, node, reason) {
+		if ev.Type == corev1.EventTypeWarning {
 			out = append(out, ev)
 		}
 	}

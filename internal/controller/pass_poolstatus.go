@@ -18,7 +18,18 @@ import (
 func (p *pass) poolStatuses() {
 	users := map[string][]string{}
 	for i := range p.egs {
-		users[p.egs[i].Spec.ExternalIPPool] = append(users[p.egs[i].Spec.ExternalIPPool], p.egs[i].Name)
+		e := &p.egs[i]
+		if e.Spec.ExternalIPPool != "" {
+			users[e.Spec.ExternalIPPool] = append(users[e.Spec.ExternalIPPool], e.Name)
+		}
+		// A multi-IP Egress (spec.ips) uses every pool it names, once.
+		named := map[string]bool{}
+		for _, src := range e.Spec.IPs {
+			if !named[src.Pool] {
+				named[src.Pool] = true
+				users[src.Pool] = append(users[src.Pool], e.Name)
+			}
+		}
 	}
 	p.out.Finalize = map[string]bool{}
 	for i := range p.in.Pools {

@@ -440,3 +440,25 @@ func TestPlanL2ReleaseTimeout(t *testing.T) {
 }
 
 func other(e v1.Egress, pool string) v1.Egress { e.Spec.ExternalIPPool = pool; return e }
+
+// TestPlanPoolDeletionWaitsForMultiIPEgresses: a pool being deleted keeps
+// its finalizer, and says which Egresses wait on it, while a multi-IP
+// Egress names it in spec.ips, as it does for one naming it in
+// externalIPPool; each Egress is named once however many entries name the
+// pool.
+func TestPlanPoolDeletionWaitsForMultiIPEgresses(t *testing.T) {
+	pool := l2PoolOf("198.51.100.0/29", 0)
+	pool.DeletionTimestamp = &metav1.Time{Time: time.Unix(1000, 0)}
+	multi := l2Egress("multi", 1, "", "")
+	multi.Spec.ExternalIPPool = ""
+	multi.Spec.IPs = []v1.EgressIPSource{{Pool: pool.Name, Count: new(int32(1)), Zone: "a"}, {Pool: pool.Name, Count: new(int32(1)), Zone: "b"}}
+	out := plan(passInput{Pools: []v1.ExternalIPPool{pool}, Egresses: []v1.Egress{multi}, Nodes: []corev1.Node{planNode("n1")}, Agents: agents(nil),
+		Config: PassConfig{DefaultCapacity: 10}})
+	if !out.Finalize[pool.Name] {
+		t.Fatalf("pool %s may lose its finalizer while Egress multi names it in spec.ips", pool.Name)
+	}
+	c := meta.FindStatusCondition(out.Pools[pool.Name].Conditions, v1.ConditionReady)
+	if c == nil || c.Reason != v1.ReasonInUse || !strings.Contains(c.Message, "Egresses multi still use this pool") {
+		t.Fatalf("pool Ready condition %+v, want InUse naming multi once", c)
+	}
+}

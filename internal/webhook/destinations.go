@@ -20,8 +20,9 @@ import (
 // either list changes: entries of the other IP family than the Egress's
 // (its egressIP or its pool's, which CEL cannot read), which it never
 // uses, and a list left with none of its own family, which makes it carry
-// no traffic at all; and destinations that its own excludedCIDRs cover
-// entirely. A pool that cannot be read drops only the family warnings.
+// no traffic at all; destinations that its own excludedCIDRs cover
+// entirely; and an excluded /0 with no destinations, which leaves nothing
+// of that family to carry. A pool that cannot be read drops only the family warnings.
 func (v *EgressValidator) destinationWarnings(ctx context.Context, old, e *v1.Egress) admission.Warnings {
 	if old != nil && slices.Equal(old.Spec.DestinationCIDRs, e.Spec.DestinationCIDRs) && slices.Equal(old.Spec.ExcludedCIDRs, e.Spec.ExcludedCIDRs) {
 		return nil
@@ -45,6 +46,15 @@ func (v *EgressValidator) destinationWarnings(ctx context.Context, old, e *v1.Eg
 			ws = append(ws, fmt.Sprintf("spec.destinationCIDRs lists no IPv%d network, the family of this Egress: it carries no traffic at all (leave destinationCIDRs empty to carry every destination)", fam))
 		case len(other) > 0:
 			ws = append(ws, fmt.Sprintf("%s: not IPv%d, the family of this Egress, so it never uses them (a dual-stack workload needs one Egress per family)", strings.Join(other, ", "), fam))
+		}
+	}
+	if len(dst) == 0 {
+		fam := selection.EgressFamily(e, pools)
+		for _, x := range exc {
+			if x.Bits() == 0 && (fam == selection.Any || fam.Matches(x.Addr())) {
+				ws = append(ws, fmt.Sprintf("spec.excludedCIDRs %s excludes every destination of its family and spec.destinationCIDRs is empty: "+
+					"this Egress carries no traffic of that family", x))
+			}
 		}
 	}
 	for _, d := range dst {

@@ -26,6 +26,7 @@ func TestDestinationsWebhookWarnings(t *testing.T) {
 		{"dwarn-v6-only", []v1.DestinationCIDR{"2001:db8::/32"}, nil, "spec.destinationCIDRs lists no IPv4 network, the family of this Egress: it carries no traffic at all"},
 		{"dwarn-mixed", []v1.DestinationCIDR{"198.51.100.0/24", "2001:db8::/32"}, []v1.DestinationCIDR{"2001:db8:1::/48"}, "2001:db8::/32, 2001:db8:1::/48: not IPv4, the family of this Egress, so it never uses them"},
 		{"dwarn-excluded", []v1.DestinationCIDR{"198.51.100.0/25"}, []v1.DestinationCIDR{"198.51.100.0/24"}, "spec.destinationCIDRs 198.51.100.0/25 lies inside spec.excludedCIDRs 198.51.100.0/24 of the same Egress"},
+		{"dwarn-exclude-all", nil, []v1.DestinationCIDR{"0.0.0.0/0"}, "spec.excludedCIDRs 0.0.0.0/0 excludes every destination of its family and spec.destinationCIDRs is empty"},
 		{"dwarn-plain", []v1.DestinationCIDR{"198.51.100.0/24"}, []v1.DestinationCIDR{"198.51.100.128/25"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -3,11 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"net/netip"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,25 +129,18 @@ func hasEvent(ctx context.Context, name, reason, sub string) bool {
 	return false
 }
 
-// scrapeMetric returns the value of the series name{family="fam"} (fam
-// empty: the series without labels) served at url, 0 when absent.
+// scrapeMetric returns the sum of the samples of name{family="fam"}
+// (fam empty: every sample of name) served at url, 0 when absent.
 func scrapeMetric(t *testing.T, url, name, fam string) float64 {
 	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatalf("scrape %s: %v", url, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	b, _ := io.ReadAll(resp.Body)
-	sel := regexp.QuoteMeta(name) + ` `
+	var want map[string]string
 	if fam != "" {
-		sel = regexp.QuoteMeta(name) + `\{family="` + fam + `"\} `
+		want = map[string]string{"family": fam}
 	}
-	m := regexp.MustCompile(`(?m)^` + sel + `(\S+)$`).FindStringSubmatch(string(b))
-	if m == nil {
-		return 0
+	v, _, err := harness.ScrapeMetric(context.Background(), url, name, want, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
-	v, _ := strconv.ParseFloat(m[1], 64)
 	return v
 }
 

@@ -135,11 +135,28 @@ func SelectInterface(src LinkSource, ip netip.Addr, hint Hint) (netlink.Link, er
 		}
 	}
 	if found == nil {
-		return nil, fmt.Errorf("find interface for %s: no VLAN %d sub-interface of %s (%s): %w",
-			ip, hint.VLAN, base.Attrs().Name, how, ErrNoInterface)
+		return nil, fmt.Errorf("find interface for %s: %w", ip, &noVLANLinkError{vlan: hint.VLAN, parent: base.Attrs().Name, how: how})
 	}
 	return found, nil
 }
+
+// noVLANLinkError: the pool's subnetInfo.vlan has no sub-interface on the
+// parent interface selection found. It is an ErrNoInterface (errors.Is),
+// with a message of its own: the parent was found, only the VLAN link is
+// missing, and the fix is to create it or let the agent do so.
+type noVLANLinkError struct {
+	vlan   int
+	parent string
+	how    string // how the parent was chosen, e.g. "default route"
+}
+
+func (e *noVLANLinkError) Error() string {
+	return fmt.Sprintf("no VLAN %d sub-interface of %s (%s): create it, or let the agent create it with --create-vlans "+
+		"(chart value agent.createVLANs)", e.vlan, e.parent, e.how)
+}
+
+// Is makes errors.Is(err, ErrNoInterface) true.
+func (e *noVLANLinkError) Is(target error) bool { return target == ErrNoInterface }
 
 func isBond(l netlink.Link) bool {
 	_, ok := l.(*netlink.Bond)

@@ -1,20 +1,14 @@
 package harness
 
 import (
-	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -245,48 +239,4 @@ func (c *Cluster) RestartControllerIfExited() (bool, error) {
 	}
 	c.StopController() // reaps the exited process
 	return true, c.StartController()
-}
-
-// AgentMetric scrapes Node n's agent metrics and returns the sum of the
-// samples of metric name whose labels include every pair of want.
-func (c *Cluster) AgentMetric(ctx context.Context, n *Node, name string, want map[string]string) (float64, error) {
-	u := fmt.Sprintf("http://%s/metrics", net.JoinHostPort(n.IPv4.String(), strconv.Itoa(AgentMetricsPort)))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return 0, err
-	}
-	hc := &http.Client{Timeout: 2 * time.Second}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("scrape %s: %w", u, err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("parse %s: %w", u, err)
-	}
-	f, ok := fams[name]
-	if !ok {
-		return 0, fmt.Errorf("%s does not serve %s", u, name)
-	}
-	sum := 0.0
-	for _, m := range f.GetMetric() {
-		match := 0
-		for _, l := range m.GetLabel() {
-			if v, ok := want[l.GetName()]; ok && v == l.GetValue() {
-				match++
-			}
-		}
-		if match != len(want) {
-			continue
-		}
-		switch {
-		case m.Counter != nil:
-			sum += m.GetCounter().GetValue()
-		case m.Gauge != nil:
-			sum += m.GetGauge().GetValue()
-		}
-	}
-	return sum, nil
 }

@@ -4,12 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
-	"strconv"
-	"strings"
-	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -71,81 +66,6 @@ func (c *Cluster) RedirectPort(n *Node, from, to uint16) (func() error, error) {
 		conn.DelTable(t)
 		return conn.Flush()
 	}, nil
-}
-
-// ControllerMetric returns the value of the sample of metric whose labels
-// include every label in labels (name="value" pairs), as the controller
-// serves it on ControllerMetricsAddr; 0 when there is no such sample.
-func (c *Cluster) ControllerMetric(ctx context.Context, metric string, labels ...string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ControllerMetricsAddr+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	hc := &http.Client{Timeout: 5 * time.Second}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("scrape the controller: %w", err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	for line := range strings.SplitSeq(string(body), "\n") {
-		name, rest, ok := strings.Cut(line, "{")
-		if !ok || name != metric {
-			continue
-		}
-		lbls, val, _ := strings.Cut(rest, "} ")
-		match := true
-		for _, l := range labels {
-			if !strings.Contains(lbls, l) {
-				match = false
-			}
-		}
-		if match {
-			return strconv.ParseFloat(strings.TrimSpace(val), 64)
-		}
-	}
-	return 0, nil
-}
-
-// ControllerMetricSum returns the sum of every sample of metric (all its
-// label values) the controller serves on ControllerMetricsAddr; 0 when it
-// has none.
-func (c *Cluster) ControllerMetricSum(ctx context.Context, metric string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ControllerMetricsAddr+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	hc := &http.Client{Timeout: 5 * time.Second}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("scrape the controller: %w", err)
-	}
-	defer func() { _ = resp.Body.Close() }()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	var sum float64
-	for line := range strings.SplitSeq(string(body), "\n") {
-		name, rest, ok := strings.Cut(line, "{")
-		if ok {
-			_, rest, ok = strings.Cut(rest, "} ")
-		} else {
-			name, rest, ok = strings.Cut(line, " ")
-		}
-		if !ok || name != metric {
-			continue
-		}
-		v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		if err != nil {
-			return 0, fmt.Errorf("sample of %s: %w", metric, err)
-		}
-		sum += v
-	}
-	return sum, nil
 }
 
 // NodeEvents returns the events.k8s.io Events about Node node with reason.
