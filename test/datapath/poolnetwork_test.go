@@ -216,6 +216,29 @@ func newPoolNet(t *testing.T) *poolNet {
 	return p
 }
 
+// programOnSecondLink programs, through a pool router of the first Node
+// n1, Egress e4 (poolEIPv4) and e6 (poolEIPv6) held by n1 for members,
+// and fails unless both egress IPs are routed through eth1 with a pool
+// table. It returns the router and its result.
+func (p *poolNet) programOnSecondLink(t *testing.T, members ...*dp.Pod) (*poolroute.Router, poolroute.Result) {
+	t.Helper()
+	n1 := p.f.c.Nodes[0]
+	r, err := poolroute.New(p.nl, poolroute.Config{IDMask: p.f.dps[n1].Config().IDMask})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := p.program(t, r, []spec{
+		{name: "e4", ip: poolEIPv4, node: n1, members: members},
+		{name: "e6", ip: poolEIPv6, node: n1, members: members},
+	})
+	for _, x := range res.Routes {
+		if x.Link != "eth1" || x.Table == 0 {
+			t.Fatalf("egress IP %s: link %q table %d, want eth1 and a pool table", x.IP, x.Link, x.Table)
+		}
+	}
+	return r, res
+}
+
 // program applies the datapath on every Node for specs (without the
 // fixture's binding on the uplink), binds the egress IPs held by n1
 // with the agent's binder, and syncs n1's pool routing.
@@ -393,20 +416,7 @@ func TestPoolNetworkRouting(t *testing.T) {
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	local, remote, unselected := n1.Pods[0], n2.Pods[0], n1.Pods[1]
 	mainBefore := ipOut(t, &n1.NS, "route", "show", "table", "main") + ipOut(t, &n1.NS, "-6", "route", "show", "table", "main")
-	r, err := poolroute.New(p.nl, poolroute.Config{IDMask: p.f.dps[n1].Config().IDMask})
-	if err != nil {
-		t.Fatal(err)
-	}
-	specs := []spec{
-		{name: "e4", ip: poolEIPv4, node: n1, members: []*dp.Pod{local, remote}},
-		{name: "e6", ip: poolEIPv6, node: n1, members: []*dp.Pod{local, remote}},
-	}
-	res := p.program(t, r, specs)
-	for _, x := range res.Routes {
-		if x.Link != "eth1" || x.Table == 0 {
-			t.Fatalf("egress IP %s: link %q table %d, want eth1 and a pool table", x.IP, x.Link, x.Table)
-		}
-	}
+	r, res := p.programOnSecondLink(t, local, remote)
 	t.Logf("pool routing: %s\n%s%s", res, ipOut(t, &n1.NS, "rule"), ipOut(t, &n1.NS, "-6", "rule"))
 	p.capture(t)
 
