@@ -133,6 +133,17 @@ func signalled(l *Liveness) bool {
 	}
 }
 
+// signalledWithin reports whether the poller asks for a pass within d of
+// real time (for signals sent from the poller's own goroutines).
+func signalledWithin(l *Liveness, d time.Duration) bool {
+	select {
+	case <-l.Events:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
 // TestLivenessDeadAfterOnClock: an agent that stops answering is declared
 // dead only once it failed FailureThreshold polls in a row and DeadAfter
 // has passed on the poller's clock since its last answer; it is alive
@@ -166,7 +177,9 @@ func TestLivenessDeadAfterOnClock(t *testing.T) {
 	if st := l.State("n1"); !st.Dead || !st.LastSeen.Equal(seen) {
 		t.Fatalf("3s after the last answer and 7 failures: %+v, want dead, last seen %v", st, seen)
 	}
-	if !signalled(l) {
+	// The death timer's goroutine sets Dead, then asks for the pass after
+	// releasing the lock: wait for the signal rather than race it.
+	if !signalledWithin(l, 10*time.Second) {
 		t.Fatal("no pass asked for when the agent died")
 	}
 	a.start()
