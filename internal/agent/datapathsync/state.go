@@ -126,6 +126,7 @@ func computeState(in stateInput) datapath.State {
 		slicesOf[s.Egress] = append(slicesOf[s.Egress], s)
 	}
 
+	zone := nodeZone(in.Nodes, in.Node)
 	for i := range in.Egresses {
 		e := &in.Egresses[i]
 		eg := datapath.Egress{Name: e.Name, FailurePolicy: datapath.FailurePolicyFail}
@@ -143,6 +144,16 @@ func computeState(in stateInput) datapath.State {
 			}
 		}
 		held := eg.IP.IsValid() && e.Status.EgressNode == in.Node
+		if len(e.Spec.IPs) > 0 {
+			// Several IPs: status.ips, not the repeated egressIP/egressNode.
+			eg.IP, held = netip.Addr{}, false
+			eg.IPs = multiIPs(e, in.Node, zone)
+			for _, x := range eg.IPs {
+				if x.Held {
+					eg.IP, held = x.IP, true
+				}
+			}
+		}
 		switch {
 		case held:
 			eg.Role = datapath.RoleEgress
@@ -164,6 +175,11 @@ func computeState(in stateInput) datapath.State {
 			}
 		case len(eg.Local) == 0:
 			continue // RoleNone
+		case len(e.Spec.IPs) > 0 && slices.ContainsFunc(eg.IPs, func(x datapath.EgressIP) bool { return x.Usable }):
+			eg.Role = datapath.RoleSource
+		case len(e.Spec.IPs) > 0:
+			eg.Role = datapath.RoleFailed
+			eg.Assigning = len(eg.IPs) == 0 && meta.FindStatusCondition(e.Status.Conditions, v1alpha1.ConditionAssigned) == nil
 		case eg.IP.IsValid() && e.Status.EgressNode != "":
 			eg.Role = datapath.RoleSource
 		default:
@@ -184,6 +200,50 @@ func computeState(in stateInput) datapath.State {
 	}
 	st.Splits = splitsOf(sel, st.Egresses, byName)
 	return st
+}
+
+// ZoneLabel is the Node label whose value is its zone
+// (topology.kubernetes.io/zone): a source Node prefers the IPs of an
+// Egress held in its own zone.
+const ZoneLabel = "topology.kubernetes.io/zone"
+
+// nodeZone is the zone label of Node name among nodes ("" when it has
+// none or is not among them).
+func nodeZone(nodes []corev1.Node, name string) string {
+	for i := range nodes {
+		if nodes[i].Name == name {
+			return nodes[i].Labels[ZoneLabel]
+		}
+	}
+	return ""
+}
+
+// multiIPs lists the allocated IPs of an Egress with spec.ips as node sees
+// them, sorted by IP: Held when status.ips names node, Usable when the
+// entry is Ready with a Node and, while some Ready entry's zone is zone
+// (node's, non-empty), only the Ready entries of that zone (issue 20:
+// "the Pod uses only the IPs in its zone while one is Ready there").
+func multiIPs(e *v1alpha1.Egress, node, zone string) []datapath.EgressIP {
+	inZone := false
+	for _, x := range e.Status.IPs {
+		if x.Ready && x.Node != "" && zone != "" && x.Zone == zone {
+			inZone = true
+		}
+	}
+	var out []datapath.EgressIP
+	seen := map[netip.Addr]bool{}
+	for _, x := range e.Status.IPs {
+		ip, err := netip.ParseAddr(x.IP)
+		if err != nil || ip.Zone() != "" || seen[ip.Unmap()] {
+			continue
+		}
+		ip = ip.Unmap()
+		seen[ip] = true
+		out = append(out, datapath.EgressIP{IP: ip, Held: x.Node == node,
+			Usable: x.Ready && x.Node != "" && (!inZone || x.Zone == zone)})
+	}
+	slices.SortFunc(out, func(a, b datapath.EgressIP) int { return a.IP.Compare(b.IP) })
+	return out
 }
 
 // podsOf lists the IPs of the running Pods among pods (host-network and
@@ -231,6 +291,6 @@ func stateEqual(a, b datapath.State) bool {
 		slices.EqualFunc(a.Peers, b.Peers, func(x, y datapath.Peer) bool { return x.IP == y.IP && slices.Equal(x.PodCIDRs, y.PodCIDRs) }) &&
 		slices.EqualFunc(a.Egresses, b.Egresses, func(x, y datapath.Egress) bool {
 			return x.Name == y.Name && x.IP == y.IP && x.Role == y.Role && x.FailurePolicy == y.FailurePolicy && x.Assigning == y.Assigning &&
-				slices.Equal(x.Local, y.Local) && slices.Equal(x.Remote, y.Remote)
+				slices.Equal(x.Local, y.Local) && slices.Equal(x.Remote, y.Remote) && slices.Equal(x.IPs, y.IPs)
 		}) && splitsEqual(a.Splits, b.Splits)
 }
