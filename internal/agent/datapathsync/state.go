@@ -147,7 +147,7 @@ func computeState(in stateInput) datapath.State {
 		if len(e.Spec.IPs) > 0 {
 			// Several IPs: status.ips, not the repeated egressIP/egressNode.
 			eg.IP, held = netip.Addr{}, false
-			eg.IPs = multiIPs(e, in.Node, zone)
+			eg.IPs = MultiIPs(e, in.Node, zone)
 			for _, x := range eg.IPs {
 				if x.Held {
 					eg.IP, held = x.IP, true
@@ -218,12 +218,12 @@ func nodeZone(nodes []corev1.Node, name string) string {
 	return ""
 }
 
-// multiIPs lists the allocated IPs of an Egress with spec.ips as node sees
+// MultiIPs lists the allocated IPs of an Egress with spec.ips as node sees
 // them, sorted by IP: Held when status.ips names node, Usable when the
 // entry is Ready with a Node and, while some Ready entry's zone is zone
 // (node's, non-empty), only the Ready entries of that zone (issue 20:
 // "the Pod uses only the IPs in its zone while one is Ready there").
-func multiIPs(e *v1alpha1.Egress, node, zone string) []datapath.EgressIP {
+func MultiIPs(e *v1alpha1.Egress, node, zone string) []datapath.EgressIP {
 	inZone := false
 	for _, x := range e.Status.IPs {
 		if x.Ready && x.Node != "" && zone != "" && x.Zone == zone {
