@@ -157,37 +157,11 @@ func computeState(in stateInput) datapath.State {
 		switch {
 		case held:
 			eg.Role = datapath.RoleEgress
-			seen := map[netip.Addr]bool{}
-			for _, s := range slicesOf[e.Name] {
-				for _, m := range s.Members {
-					pod, err1 := netip.ParseAddr(m.PodIP)
-					host, err2 := netip.ParseAddr(m.HostIP)
-					if err1 != nil || err2 != nil {
-						continue
-					}
-					pod, host = pod.Unmap(), host.Unmap()
-					if localSet[pod] || myIPs[host] || seen[pod] || pod.Is4() != eg.IP.Is4() || host.Is4() != pod.Is4() {
-						continue
-					}
-					seen[pod] = true
-					eg.Remote = append(eg.Remote, datapath.Member{IP: pod, HostIP: host})
-				}
-			}
+			eg.Remote = remoteMembers(slicesOf[e.Name], localSet, myIPs, eg.IP.Is4())
 		case len(eg.Local) == 0:
 			continue // RoleNone
-		case len(e.Spec.IPs) > 0 && slices.ContainsFunc(eg.IPs, func(x datapath.EgressIP) bool { return x.Usable }):
-			eg.Role = datapath.RoleSource
-		case len(e.Spec.IPs) > 0:
-			eg.Role = datapath.RoleFailed
-			eg.Assigning = len(eg.IPs) == 0 && meta.FindStatusCondition(e.Status.Conditions, v1alpha1.ConditionAssigned) == nil
-		case eg.IP.IsValid() && e.Status.EgressNode != "":
-			eg.Role = datapath.RoleSource
 		default:
-			eg.Role = datapath.RoleFailed
-			// Until the controller has written an IP or the Assigned
-			// condition once, the Egress is being assigned for the
-			// first time.
-			eg.Assigning = e.Status.EgressIP == "" && meta.FindStatusCondition(e.Status.Conditions, v1alpha1.ConditionAssigned) == nil
+			eg.Role, eg.Assigning = memberRole(e, eg.IPs, eg.IP)
 		}
 		slices.SortFunc(eg.Local, netip.Addr.Compare)
 		slices.SortFunc(eg.Remote, func(a, b datapath.Member) int { return a.IP.Compare(b.IP) })
@@ -200,6 +174,51 @@ func computeState(in stateInput) datapath.State {
 	}
 	st.Splits = splitsOf(sel, st.Egresses, byName)
 	return st
+}
+
+// remoteMembers are the members of an Egress held here from its slices:
+// parsable, of the Egress's family (v4), not running here (localSet, or a
+// host IP of this Node, myIPs), each once.
+func remoteMembers(slices []*v1alpha1.EgressMemberSlice, localSet, myIPs map[netip.Addr]bool, v4 bool) []datapath.Member {
+	var out []datapath.Member
+	seen := map[netip.Addr]bool{}
+	for _, s := range slices {
+		for _, m := range s.Members {
+			pod, err1 := netip.ParseAddr(m.PodIP)
+			host, err2 := netip.ParseAddr(m.HostIP)
+			if err1 != nil || err2 != nil {
+				continue
+			}
+			pod, host = pod.Unmap(), host.Unmap()
+			if localSet[pod] || myIPs[host] || seen[pod] || pod.Is4() != v4 || host.Is4() != pod.Is4() {
+				continue
+			}
+			seen[pod] = true
+			out = append(out, datapath.Member{IP: pod, HostIP: host})
+		}
+	}
+	return out
+}
+
+// memberRole is the role of an Egress on a Node where members run and
+// which holds none of its IPs (ip: status.egressIP of a single-IP Egress;
+// ips: the IPs of one with spec.ips), and whether it waits for its first
+// assignment: RoleSource while another Node holds the IP (a usable one,
+// for several IPs), else RoleFailed. Until the controller has written an
+// IP or the Assigned condition once, the Egress is being assigned for the
+// first time.
+func memberRole(e *v1alpha1.Egress, ips []datapath.EgressIP, ip netip.Addr) (datapath.Role, bool) {
+	first := meta.FindStatusCondition(e.Status.Conditions, v1alpha1.ConditionAssigned) == nil
+	switch {
+	case len(e.Spec.IPs) > 0 && slices.ContainsFunc(ips, func(x datapath.EgressIP) bool { return x.Usable }):
+		return datapath.RoleSource, false
+	case len(e.Spec.IPs) > 0:
+		return datapath.RoleFailed, len(ips) == 0 && first
+	case ip.IsValid() && e.Status.EgressNode != "":
+		return datapath.RoleSource, false
+	default:
+		return datapath.RoleFailed, e.Status.EgressIP == "" && first
+	}
 }
 
 // ZoneLabel is the Node label whose value is its zone
