@@ -179,10 +179,10 @@ func computeState(in stateInput) datapath.State {
 // remoteMembers are the members of an Egress held here from its slices:
 // parsable, of the Egress's family (v4), not running here (localSet, or a
 // host IP of this Node, myIPs), each once.
-func remoteMembers(slices []*v1alpha1.EgressMemberSlice, localSet, myIPs map[netip.Addr]bool, v4 bool) []datapath.Member {
+func remoteMembers(ems []*v1alpha1.EgressMemberSlice, localSet, myIPs map[netip.Addr]bool, v4 bool) []datapath.Member {
 	var out []datapath.Member
 	seen := map[netip.Addr]bool{}
-	for _, s := range slices {
+	for _, s := range ems {
 		for _, m := range s.Members {
 			pod, err1 := netip.ParseAddr(m.PodIP)
 			host, err2 := netip.ParseAddr(m.HostIP)
