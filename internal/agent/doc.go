@@ -30,8 +30,11 @@
 //
 // One reconcile:
 //
-//  1. lists the cached Egresses; desired = the set of their status.egressIP
-//     (duplicates shared by several Egresses are bound once). An Egress being
+//  1. lists the cached Egresses holding an IP here (HolderIndex); desired =
+//     the status.egressIP of the single-IP ones whose status.egressNode is
+//     this Node and every status.ips[i].ip naming this Node of those with
+//     spec.ips, each checked against its own pool (duplicates shared by
+//     several Egresses are bound once). An Egress being
 //     deleted that still names this Node stays bound until the controller
 //     clears or changes its status: the controller, not the agent, decides
 //     when an IP leaves a Node;
