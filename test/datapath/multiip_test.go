@@ -3,6 +3,7 @@ package datapath_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
@@ -35,6 +37,7 @@ type multiSpec struct {
 	ips     []mip
 	members []*dp.Pod
 	zones   map[*dp.Node]string
+	policy  datapath.FailurePolicy // "" is Fail
 }
 
 // egress is the Egress object whose status.ips the controller would write
@@ -59,6 +62,9 @@ func (f *fixture) multiStateFor(n *dp.Node, s multiSpec) datapath.State {
 	st := f.stateFor(n, nil)
 	v6 := s.ips[0].ip.Is6()
 	e := datapath.Egress{Name: s.name, FailurePolicy: datapath.FailurePolicyFail, IPs: datapathsync.MultiIPs(s.egress(), n.Name, s.zones[n])}
+	if s.policy != "" {
+		e.FailurePolicy = s.policy
+	}
 	held := false
 	for _, x := range e.IPs {
 		if x.Held {
@@ -287,6 +293,61 @@ func TestMultiIPZone(t *testing.T) {
 			echoAll(t, fallback, "stay") // they keep the zone-b IP
 			echoAll(t, inZone, "zone-a")
 		})
+	}
+}
+
+// TestMultiIPNoneReadyFailurePolicy: with no IP of the Egress Ready, its
+// failurePolicy applies as for a single-IP Egress without a Node: Fail
+// rejects a member's new connection (EHOSTUNREACH), Ignore lets it leave
+// with its Node's IP; once an IP is Ready again, new connections use it.
+func TestMultiIPNoneReadyFailurePolicy(t *testing.T) {
+	fm := multiFams[0]
+	f := newMultiFixture(t)
+	n := f.c.Nodes
+	failPod, ignPod := n[2].Pods[0], n[2].Pods[1]
+	fail := multiSpec{name: "mfail", members: []*dp.Pod{failPod}, ips: []mip{{fm.ips[0], n[0], false}, {fm.ips[1], n[1], false}}}
+	ign := multiSpec{name: "mign", members: []*dp.Pod{ignPod}, policy: datapath.FailurePolicyIgnore,
+		ips: []mip{{netip.MustParseAddr("192.0.2.211"), n[0], false}}}
+	apply := func() {
+		for _, nd := range n {
+			st := f.multiStateFor(nd, fail)
+			st.Egresses = append(st.Egresses, f.multiStateFor(nd, ign).Egresses...)
+			if err := f.dps[nd].Apply(context.Background(), st); err != nil {
+				t.Fatalf("Apply on %s: %v", nd.Name, err)
+			}
+		}
+	}
+	for _, x := range []mip{fail.ips[0], fail.ips[1], ign.ips[0]} {
+		if err := f.c.BindEIP(x.node, x.ip); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.c.PointNeighbours(x.node, x.ip); err != nil {
+			t.Fatal(err)
+		}
+	}
+	apply()
+	ctx := ctxT(t, 60*time.Second)
+	// Warm the Pod's gateway neighbour entry in-cluster first (see
+	// TestFailurePolicy).
+	peer, err := dp.StartServer(&n[0].Pods[0].NS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(peer.Close)
+	if _, err := dp.TCPWho(ctx, &failPod.NS, n[0].Pods[0].IPv4); err != nil {
+		t.Fatalf("in-cluster warm-up: %v", err)
+	}
+	if _, err := dp.TCPWho(ctx, &failPod.NS, fm.ext); !errors.Is(err, unix.EHOSTUNREACH) {
+		t.Errorf("Fail with no IP Ready: connect error %v, want EHOSTUNREACH", err)
+	}
+	if got, err := dp.TCPWho(ctx, &ignPod.NS, fm.ext); err != nil || got != n[2].IPv4 {
+		t.Errorf("Ignore with no IP Ready: server saw %v (err %v), want the Node IP %s", got, err, n[2].IPv4)
+	}
+	fail.ips[1].ready = true
+	apply()
+	ss := openSessions(ctx, t, []*dp.Pod{failPod}, fm.ext, 5)
+	if got := countBySource(ss); got[fm.ips[1]] != 5 {
+		t.Errorf("one IP Ready again: sources %v, want 5 of 5 on %s", got, fm.ips[1])
 	}
 }
 
