@@ -50,8 +50,10 @@ const (
 )
 
 // EgressNodeField is the field path of the egress Node, selectable in list
-// and watch requests (a field selector such as status.egressNode=worker-3),
-// so an agent can watch only the Egresses assigned to its own Node.
+// and watch requests (a field selector such as status.egressNode=worker-3).
+// The agent does not select by it (the Nodes of an Egress with spec.ips are
+// in status.ips, which no field selector reaches; see internal/agent's
+// HolderIndex); tools may list by it.
 const EgressNodeField = "status.egressNode"
 
 // AppliedTo selects the Pods whose outbound traffic uses an Egress. At least

@@ -172,6 +172,11 @@ type Agent struct {
 	log   logr.Logger
 
 	reader client.Reader // the manager's cache, set by SetupWithManager
+	// indexer adds HolderIndex to the cache (set by SetupWithManager; nil:
+	// list every Egress); indexed says it was added.
+	indexer client.FieldIndexer
+	indexMu sync.Mutex
+	indexed atomic.Bool
 
 	hintsMu sync.Mutex
 	hints   map[netip.Addr]bind.Hint
@@ -338,7 +343,7 @@ func (a *Agent) withoutReleased(log logr.Logger, egs []v1alpha1.Egress) []v1alph
 			out = append(out, *eg)
 			continue
 		}
-		if eg.Status.EgressNode == a.cfg.NodeName {
+		if slices.Contains(holderNodes(eg), a.cfg.NodeName) {
 			log.Info("not binding: the controller asked this Node to release the IP, and this cache's copy of the Egress is older than the controller's",
 				"egress", klog.KObj(eg), "ip", h.IP, "cachedVersion", eg.ResourceVersion, "controllerVersion", h.ResourceVersion)
 		}
@@ -775,8 +780,8 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if a.reader == nil {
 		return reconcile.Result{}, errors.New("agent: SetupWithManager was not called")
 	}
-	var egs v1alpha1.EgressList
-	if err := a.reader.List(ctx, &egs); err != nil {
+	held, err := a.listHeld(ctx)
+	if err != nil {
 		// The desired state is unknown: leave every address as it is.
 		return reconcile.Result{}, fmt.Errorf("list Egresses assigned to node %s: %w", a.cfg.NodeName, err)
 	}
@@ -784,7 +789,7 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err := a.reader.List(ctx, &pools); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list ExternalIPPools: %w", err)
 	}
-	d := computeDesired(a.cfg.NodeName, a.withoutReleased(log, egs.Items), pools.Items)
+	d := computeDesired(a.cfg.NodeName, a.withoutReleased(log, held), pools.Items)
 	for _, s := range d.skipped {
 		log.Info("ignoring Egress assigned to this node", "egress", klog.KRef("", s.name), "reason", s.reason)
 	}
@@ -799,7 +804,7 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 		}
 	}
 
-	err := a.apply(ctx, d)
+	err = a.apply(ctx, d)
 	a.synced.Store(true)
 	if err != nil {
 		return reconcile.Result{}, err
@@ -815,9 +820,9 @@ const rejoinRetry = time.Second
 // the informers may not have caught up with the moves made while the Node
 // was fenced (a watch re-established after an outage can lag by its
 // backoff, up to 30 s), so an IP that moved to another Node could still
-// look assigned here. It reads the Egresses assigned to this Node from the
-// API server (a consistent list with the status.egressNode field selector)
-// and desires only the IPs both that read and the cache (cached) ask for.
+// look assigned here. It reads the Egresses from the API server (a
+// consistent list of all of them: the IPs of an Egress with spec.ips are
+// not selectable by a field selector, see HolderIndex) and desires only the IPs both that read and the cache (cached) ask for.
 // Once both agree the rejoin ends and the cache alone is followed again.
 // When the read fails nothing is desired (the agent stays as fenced).
 func (a *Agent) rejoin(ctx context.Context, cached desiredState, pools []v1alpha1.ExternalIPPool) desiredState {
@@ -827,7 +832,7 @@ func (a *Agent) rejoin(ctx context.Context, cached desiredState, pools []v1alpha
 		return none
 	}
 	var live v1alpha1.EgressList
-	if err := a.apiReader.List(ctx, &live, client.MatchingFields{v1alpha1.EgressNodeField: a.cfg.NodeName}); err != nil {
+	if err := a.apiReader.List(ctx, &live); err != nil {
 		log.Info("rejoining after a fence: cannot read the Egresses assigned to this Node from the API server yet; binding nothing", "err", err)
 		return none
 	}

@@ -85,9 +85,9 @@ func TestAgentBindsOnlyItsOwnEgresses(t *testing.T) {
 		}
 	}
 
-	// The cache was filled through the field selector: only our Egresses.
+	// The holder index of the cache lists only our Egresses.
 	var cached v1alpha1.EgressList
-	if err := r.mgr.GetCache().List(ctx, &cached); err != nil {
+	if err := r.mgr.GetCache().List(ctx, &cached, client.MatchingFields{agent.HolderIndex: n.name}); err != nil {
 		t.Fatal(err)
 	}
 	var names []string

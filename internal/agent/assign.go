@@ -35,10 +35,23 @@ import (
 // here without a gap bumps nothing.
 
 // assignedIP returns the egress IP e's status assigns to node, and whether
-// it assigns one (a parsable status.egressIP and status.egressNode = node).
-// A nil e assigns nothing.
+// it assigns one: for a single-IP Egress a parsable status.egressIP with
+// status.egressNode = node, for an Egress with spec.ips the first parsable
+// status.ips entry naming node (the scheduler puts at most one IP of an
+// Egress on a Node). A nil e assigns nothing.
 func assignedIP(node string, e *v1alpha1.Egress) (netip.Addr, bool) {
-	if e == nil || e.Status.EgressNode != node || e.Status.EgressIP == "" {
+	if e == nil {
+		return netip.Addr{}, false
+	}
+	if len(e.Spec.IPs) > 0 {
+		for _, i := range heldEntries(node, e) {
+			if ip, err := netip.ParseAddr(e.Status.IPs[i].IP); err == nil && ip.Zone() == "" {
+				return ip.Unmap(), true
+			}
+		}
+		return netip.Addr{}, false
+	}
+	if e.Status.EgressNode != node || e.Status.EgressIP == "" {
 		return netip.Addr{}, false
 	}
 	ip, err := netip.ParseAddr(e.Status.EgressIP)

@@ -40,7 +40,9 @@ type skippedEgress struct {
 }
 
 // computeDesired returns the egress IPs the Egresses assigned to node ask
-// for. Egresses naming another Node are ignored (the cache should not hold
+// for: status.egressIP of single-IP Egresses whose status.egressNode is
+// node, and every status.ips[i].ip whose node is node of Egresses with
+// spec.ips (candidates). Egresses naming another Node are ignored (the cache should not hold
 // them; this is a second line of defence). An Egress being deleted still
 // counts while its status names node. An Egress whose status.egressIP is
 // not what its allocation allows (statusAllowed: in its pool, equal to a
@@ -62,39 +64,74 @@ func computeDesired(node string, egs []v1alpha1.Egress, pools []v1alpha1.Externa
 
 	d := desiredState{want: map[netip.Addr]bool{}, hints: map[netip.Addr]bind.Hint{}}
 	for _, eg := range sorted {
-		if eg.Status.EgressNode != node || eg.Status.EgressIP == "" {
-			continue
-		}
-		ip, err := netip.ParseAddr(eg.Status.EgressIP)
-		if err != nil || ip.Zone() != "" {
-			d.skipped = append(d.skipped, skippedEgress{name: eg.Name, reason: fmt.Sprintf("status.egressIP %q is not an IP address", eg.Status.EgressIP)})
-			continue
-		}
-		ip = ip.Unmap()
-		if why := statusAllowed(eg, ip, byName[eg.Spec.ExternalIPPool], parsed); why != "" {
-			d.skipped = append(d.skipped, skippedEgress{eg.Name, ip, why})
-			continue
-		}
-		if !d.want[ip] {
-			d.want[ip] = true
-			d.ips = append(d.ips, ip)
-		}
-		if _, ok := d.hints[ip]; ok {
-			continue
-		}
-		h, ok := poolHint(byName[eg.Spec.ExternalIPPool], ip)
-		if mac, err := net.ParseMAC(eg.Status.InterfaceMAC); err == nil && eg.Status.InterfaceMAC != "" {
-			// A cloud-backed address: the cloud delivers it only to the
-			// interface it is attached to.
-			h.MAC, ok = mac.String(), true
-		}
-		if ok {
-			d.hints[ip] = h
+		for _, c := range candidates(node, eg, byName, parsed) {
+			if c.why != "" {
+				d.skipped = append(d.skipped, skippedEgress{eg.Name, c.ip, c.why})
+				continue
+			}
+			ip := c.ip
+			if !d.want[ip] {
+				d.want[ip] = true
+				d.ips = append(d.ips, ip)
+			}
+			if _, ok := d.hints[ip]; ok {
+				continue
+			}
+			h, ok := poolHint(byName[c.pool], ip)
+			if mac, err := net.ParseMAC(c.mac); err == nil && c.mac != "" {
+				// A cloud-backed address: the cloud delivers it only to the
+				// interface it is attached to.
+				h.MAC, ok = mac.String(), true
+			}
+			if ok {
+				d.hints[ip] = h
+			}
 		}
 	}
 	slices.SortFunc(d.ips, netip.Addr.Compare)
 	d.refused = refusals(d.skipped, d.want)
 	return d
+}
+
+// candidate is one IP an Egress's status assigns to a Node: its pool and
+// interface MAC (cloud pools), and why it is refused ("" when allowed; ip
+// is zero when the status does not hold an address).
+type candidate struct {
+	ip       netip.Addr
+	pool     string
+	mac, why string
+}
+
+// candidates returns the IPs eg's status assigns to node. A single-IP
+// Egress (no spec.ips) assigns status.egressIP when status.egressNode is
+// node, checked by statusAllowed; an Egress with spec.ips assigns every
+// status.ips entry whose node is node, each checked against its own pool
+// (multiEntryAllowed); its status.egressIP/egressNode only repeat one
+// entry and are not read.
+func candidates(node string, eg *v1alpha1.Egress, byName map[string]*v1alpha1.ExternalIPPool, parsed map[string]parsedPool) []candidate {
+	if len(eg.Spec.IPs) > 0 {
+		var out []candidate
+		for _, i := range heldEntries(node, eg) {
+			e := eg.Status.IPs[i]
+			ip, err := netip.ParseAddr(e.IP)
+			if err != nil || ip.Zone() != "" {
+				out = append(out, candidate{why: fmt.Sprintf("status.ips[%d].ip %q is not an IP address", i, e.IP)})
+				continue
+			}
+			ip = ip.Unmap()
+			out = append(out, candidate{ip: ip, pool: e.Pool, mac: e.InterfaceMAC, why: multiEntryAllowed(eg, i, ip, byName, parsed)})
+		}
+		return out
+	}
+	if eg.Status.EgressNode != node || eg.Status.EgressIP == "" {
+		return nil
+	}
+	ip, err := netip.ParseAddr(eg.Status.EgressIP)
+	if err != nil || ip.Zone() != "" {
+		return []candidate{{why: fmt.Sprintf("status.egressIP %q is not an IP address", eg.Status.EgressIP)}}
+	}
+	ip = ip.Unmap()
+	return []candidate{{ip: ip, pool: eg.Spec.ExternalIPPool, mac: eg.Status.InterfaceMAC, why: statusAllowed(eg, ip, byName[eg.Spec.ExternalIPPool], parsed)}}
 }
 
 // parsedPool is a pool's spec as ipam reads it, parsed once per reconcile.
@@ -125,22 +162,35 @@ func statusAllowed(eg *v1alpha1.Egress, ip netip.Addr, pool *v1alpha1.ExternalIP
 			return fmt.Sprintf("status.egressIP %s is not the address spec.egressIP names (%s)", ip, eg.Spec.EgressIP)
 		}
 	}
+	if why := poolAllows(pool, ip, eg.Status.InterfaceMAC, parsed); why != "" {
+		return "status.egressIP " + why
+	}
+	return ""
+}
+
+// poolAllows returns "" when ip is one of pool's allocatable addresses
+// (ipam.Pool.Check: in its ranges, not reserved, not special-purpose), or,
+// for a cloud-backed pool without ranges, when mac (the interfaceMAC the
+// controller writes once the cloud attached ip to this Node's interface)
+// is set; else why not, a phrase starting with the IP. parsed caches each
+// pool's parse for one reconcile.
+func poolAllows(pool *v1alpha1.ExternalIPPool, ip netip.Addr, mac string, parsed map[string]parsedPool) string {
 	pp, ok := parsed[pool.Name]
 	if !ok {
-		if pool.Spec.Cloud == nil || len(pool.Spec.IPRanges) > 0 {
+		if !isCloudOnly(pool) {
 			pp.pool, pp.err = poolspec.Parse(pool)
 		}
 		parsed[pool.Name] = pp
 	}
 	switch {
 	case pp.err != nil:
-		return fmt.Sprintf("ExternalIPPool %q is invalid (%v), so status.egressIP %s cannot be checked against it", pool.Name, pp.err, ip)
+		return fmt.Sprintf("%s cannot be checked against ExternalIPPool %q: the pool is invalid (%v)", ip, pool.Name, pp.err)
 	case pp.pool != nil:
 		if err := pp.pool.Check(ip); err != nil {
-			return fmt.Sprintf("status.egressIP %s cannot come from ExternalIPPool %q: %v", ip, pool.Name, err)
+			return fmt.Sprintf("%s cannot come from ExternalIPPool %q: %v", ip, pool.Name, err)
 		}
-	case eg.Status.InterfaceMAC == "":
-		return fmt.Sprintf("status.egressIP %s of cloud-backed ExternalIPPool %q has no status.interfaceMAC: the cloud has not attached it to this Node", ip, pool.Name)
+	case mac == "":
+		return fmt.Sprintf("%s of cloud-backed ExternalIPPool %q has no interfaceMAC: the cloud has not attached it to this Node", ip, pool.Name)
 	}
 	return ""
 }

@@ -265,28 +265,25 @@ func TestResolveNodeName(t *testing.T) {
 	}
 }
 
-func TestCacheOptionsSelectOnlyThisNode(t *testing.T) {
+// TestCacheOptionsEveryEgress: the binding agent caches every Egress
+// (the holders of a multi-IP Egress are in status.ips, which no field
+// selector selects; the holder index picks this Node's), the Nodes
+// stripped, managedFields dropped everywhere.
+func TestCacheOptionsEveryEgress(t *testing.T) {
 	o := CacheOptions("worker-3")
-	if len(o.ByObject) != 2 {
-		t.Fatalf("ByObject has %d entries, want 2 (Egress, Node)", len(o.ByObject))
+	if len(o.ByObject) != 1 {
+		t.Fatalf("ByObject has %d entries, want 1 (Node)", len(o.ByObject))
 	}
 	for obj, by := range o.ByObject {
-		if _, ok := obj.(*corev1.Node); ok {
-			// The fencer's peer candidates: stripped, all of them.
-			if by.Transform == nil || by.Field != nil || by.Label != nil {
-				t.Errorf("Node cache entry %+v, want a transform and no selector", by)
-			}
-			continue
+		if _, ok := obj.(*corev1.Node); !ok {
+			t.Fatalf("ByObject restricts %T, want only *Node", obj)
 		}
-		if _, ok := obj.(*v1alpha1.Egress); !ok {
-			t.Fatalf("ByObject restricts %T, want *Egress", obj)
+		if by.Transform == nil || by.Field != nil || by.Label != nil {
+			t.Errorf("Node cache entry %+v, want a transform and no selector", by)
 		}
-		if by.Field == nil || by.Field.String() != "status.egressNode=worker-3" {
-			t.Fatalf("Egress field selector = %v, want status.egressNode=worker-3", by.Field)
-		}
-		if by.Label != nil {
-			t.Errorf("unexpected label selector %v", by.Label)
-		}
+	}
+	if o.DefaultTransform == nil {
+		t.Error("no default transform: managedFields would be cached")
 	}
 	if !o.ReaderFailOnMissingInformer {
 		t.Error("reads of uncached types must fail, not start a cluster-wide informer")

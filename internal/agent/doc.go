@@ -1,22 +1,26 @@
 // Package agent is the egressip node agent's reconcile loop: it reads the
-// Egresses whose status.egressNode names this Node, binds their egress IPs
-// with package bind, announces them with package announce and serves what it
+// Egresses that hold an IP on this Node (status.egressNode, or an entry of
+// status.ips of an Egress with spec.ips), binds those egress IPs with
+// package bind, announces them with package announce and serves what it
 // holds to the controller with package report.
 //
 // # Watching
 //
-// The agent's cache holds only the Egresses assigned to its own Node: the
-// informer lists and watches with the field selector
-// status.egressNode=<node> (a selectable field of the CRD), so the API server
-// sends it nothing about the rest of the cluster. It also caches every
-// ExternalIPPool, which are few, for the subnetInfo hints used to choose an
-// interface. Every event maps to one work key, the Node, so any number of
+// The agent's cache holds every Egress (managedFields dropped): the IPs of
+// an Egress with spec.ips name their Nodes in status.ips[*].node, which no
+// field selector can select (a CRD selectable field is a scalar), so the
+// binding loop reads the cache through an index by holder Node
+// (HolderIndex, over status.egressNode and status.ips[*].node) instead of
+// asking the API server for a filtered watch (docs/architecture.md, "How
+// an agent finds its IPs"). It also caches every ExternalIPPool, which are
+// few, for the subnetInfo hints used to choose an interface. Every event maps to one work key, the Node, so any number of
 // changes coalesce into one reconcile that recomputes the whole desired set.
 //
-// With the datapath (RunOptions.Datapath, --datapath=true) the cache holds
-// every Egress instead (DatapathCacheOptions), since each Node's role for an
-// Egress depends on which Node holds it; the binding reconcile still binds
-// only the IPs whose status names this Node (computeDesired filters). A
+// With the datapath (RunOptions.Datapath, --datapath=true) the cache
+// (DatapathCacheOptions) also holds this Node's Pods, the Namespaces, the
+// Nodes and the EgressMemberSlices, since each Node's role for an Egress
+// depends on which Node holds it; the binding reconcile still binds only
+// the IPs whose status names this Node (HolderIndex, computeDesired). A
 // second controller, package datapathsync's Reconciler, computes the Node's
 // datapath.State from the Egresses, pools, this Node's Pods, the
 // Namespaces, the Nodes and the EgressMemberSlices, and applies it when it
@@ -26,8 +30,11 @@
 //
 // One reconcile:
 //
-//  1. lists the cached Egresses; desired = the set of their status.egressIP
-//     (duplicates shared by several Egresses are bound once). An Egress being
+//  1. lists the cached Egresses holding an IP here (HolderIndex); desired =
+//     the status.egressIP of the single-IP ones whose status.egressNode is
+//     this Node and every status.ips[i].ip naming this Node of those with
+//     spec.ips, each checked against its own pool (duplicates shared by
+//     several Egresses are bound once). An Egress being
 //     deleted that still names this Node stays bound until the controller
 //     clears or changes its status: the controller, not the agent, decides
 //     when an IP leaves a Node;

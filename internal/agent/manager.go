@@ -89,16 +89,18 @@ func NewScheme() (*runtime.Scheme, error) {
 	return s, nil
 }
 
-// CacheOptions restricts the cache to what the agent of node may read: the
-// Egresses whose status.egressNode is node (listed and watched with that
-// field selector, so the API server sends nothing else) and, unrestricted,
-// the ExternalIPPools. Reading any type without a registered informer fails
-// instead of silently starting a cluster-wide informer. managedFields are
-// dropped from cached objects.
+// CacheOptions restricts the cache to what the agent of node may read:
+// every Egress (an Egress with spec.ips names its holders in
+// status.ips[*].node, which no field selector can select, so the binding
+// loop reads the cache through HolderIndex instead), unrestricted, the
+// ExternalIPPools, and the Nodes (stripped). Reading any type without a
+// registered informer fails instead of silently starting a cluster-wide
+// informer. managedFields are dropped from cached objects
+// (docs/architecture.md, "How an agent finds its IPs").
 func CacheOptions(node string) cache.Options {
+	_ = node // every Egress is cached; the holder index selects this Node's
 	return cache.Options{
 		ByObject: map[client.Object]cache.ByObject{
-			&v1alpha1.Egress{}: {Field: fields.OneTermEqualSelector(v1alpha1.EgressNodeField, node)},
 			// The fencer's peer candidates (started only with fencing on).
 			&corev1.Node{}: {Transform: stripNode},
 		},
@@ -239,6 +241,7 @@ func newManager(cfg *rest.Config, node string, withDatapath bool, opts manager.O
 // wait ends cleanly on cancellation.
 func (a *Agent) SetupWithManager(mgr manager.Manager) error {
 	a.reader = mgr.GetCache()
+	a.indexer = mgr.GetFieldIndexer()
 	a.apiReader = mgr.GetAPIReader()
 	a.log = mgr.GetLogger().WithName("agent").WithValues("node", klog.KRef("", a.cfg.NodeName))
 

@@ -62,8 +62,11 @@ func familyOf(a netip.Addr) Family {
 func (f Family) Matches(a netip.Addr) bool { return f == Any || familyOf(a.Unmap()) == f }
 
 // EgressFamily returns the IP family of e: that of status.egressIP, else of
-// spec.egressIP, else of the first range of its pool (pools are single
-// family, a CEL rule of ExternalIPPool), else Any. pools maps pool names to
+// spec.egressIP, else of the first status.ips entry with an IP, else of
+// the first range of its pool (spec.externalIPPool, or the pool of the
+// first spec.ips entry: pools are single family, a CEL rule of
+// ExternalIPPool, and the webhook keeps an Egress's pools of one family),
+// else Any. pools maps pool names to
 // pools; it may be nil.
 func EgressFamily(e *v1.Egress, pools map[string]*v1.ExternalIPPool) Family {
 	for _, s := range []string{e.Status.EgressIP, e.Spec.EgressIP} {
@@ -71,7 +74,16 @@ func EgressFamily(e *v1.Egress, pools map[string]*v1.ExternalIPPool) Family {
 			return familyOf(a.Unmap())
 		}
 	}
-	if p := pools[e.Spec.ExternalIPPool]; p != nil && len(p.Spec.IPRanges) > 0 {
+	for _, x := range e.Status.IPs { // an Egress with spec.ips: one family
+		if a, err := netip.ParseAddr(x.IP); err == nil {
+			return familyOf(a.Unmap())
+		}
+	}
+	poolName := e.Spec.ExternalIPPool
+	if len(e.Spec.IPs) > 0 {
+		poolName = e.Spec.IPs[0].Pool
+	}
+	if p := pools[poolName]; p != nil && len(p.Spec.IPRanges) > 0 {
 		r := p.Spec.IPRanges[0]
 		if pr, err := netip.ParsePrefix(r.CIDR); err == nil {
 			return familyOf(pr.Addr().Unmap())

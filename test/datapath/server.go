@@ -28,6 +28,7 @@ import (
 //
 //	WHO            -> the peer address, newline
 //	ECHO           -> echoes every line until the peer closes
+//	WHOECHO        -> the peer address, newline, then as ECHO
 //	SINK <n>       -> reads n bytes, replies "<n>\n"
 //	SOURCE <n>     -> writes n bytes, then closes
 //
@@ -141,6 +142,9 @@ func (s *Server) handle(c net.Conn) {
 	case "WHO":
 		_, _ = fmt.Fprintf(c, "%s\n", ip)
 	case "ECHO":
+		_, _ = io.Copy(c, r)
+	case "WHOECHO": // the source, then ECHO: a connection's source for its life
+		_, _ = fmt.Fprintf(c, "%s\n", ip)
 		_, _ = io.Copy(c, r)
 	case "SINK":
 		got, _ := io.CopyN(io.Discard, r, n)

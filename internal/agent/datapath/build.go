@@ -111,6 +111,11 @@ type egressPlan struct {
 	v6   bool
 	// drains are the flows of members that left it, still on its path.
 	drains []drain
+	// multi is set for the parts of an Egress with several IPs
+	// (expandMulti); picks are a picker's choices, the ID marks of its
+	// usable IPs' parts.
+	multi multiPart
+	picks []uint32
 }
 
 // family reports whether an Egress is IPv6, from its IP or else from its
@@ -118,6 +123,11 @@ type egressPlan struct {
 func family(e Egress) (v6, ok bool) {
 	if e.IP.IsValid() {
 		return e.IP.Unmap().Is6(), true
+	}
+	for _, x := range e.IPs {
+		if x.IP.IsValid() {
+			return x.IP.Unmap().Is6(), true
+		}
 	}
 	if len(e.Local) > 0 {
 		return e.Local[0].Unmap().Is6(), true
@@ -193,12 +203,22 @@ func buildPlan(cfg Config, st State, prev IDs, drains []drain) (Plan, error) {
 	}
 	egs := slices.Clone(st.Egresses)
 	slices.SortFunc(egs, func(a, b Egress) int { return cmp.Compare(a.Name, b.Name) })
-	var names []string
 	for i, e := range egs {
 		if i > 0 && egs[i-1].Name == e.Name {
 			return Plan{}, fmt.Errorf("build datapath: Egress %q listed twice", e.Name)
 		}
-		if _, ok := family(e); ok && effectiveRole(e) != RoleNone {
+	}
+	egs, parts := expandMulti(egs)
+	slices.SortFunc(egs, func(a, b Egress) int { return cmp.Compare(a.Name, b.Name) })
+	role := func(e Egress) Role {
+		if parts[e.Name].picker && e.Role == RoleSource {
+			return RolePick
+		}
+		return effectiveRole(e)
+	}
+	var names []string
+	for _, e := range egs {
+		if _, ok := family(e); ok && role(e) != RoleNone {
 			names = append(names, e.Name)
 		}
 	}
@@ -227,7 +247,20 @@ func buildPlan(cfg Config, st State, prev IDs, drains []drain) (Plan, error) {
 			continue
 		}
 		v6, _ := family(e)
-		plans = append(plans, egressPlan{Egress: e, id: id, role: effectiveRole(e), v6: v6, drains: drainsOf[e.Name]})
+		plans = append(plans, egressPlan{Egress: e, id: id, role: role(e), v6: v6, drains: drainsOf[e.Name], multi: parts[e.Name]})
+	}
+	for i := range plans {
+		if plans[i].role != RolePick {
+			continue
+		}
+		for _, n := range plans[i].multi.usable {
+			if id, ok := ids[n]; ok {
+				plans[i].picks = append(plans[i].picks, cfg.Mark(id))
+			}
+		}
+		if len(plans[i].picks) == 0 { // every usable part lacks an ID (IDs ran out)
+			plans[i].role = effectiveRole(Egress{Role: RoleFailed, FailurePolicy: plans[i].FailurePolicy})
+		}
 	}
 	for n, eip := range drainOnly {
 		if id, ok := ids[n]; ok {
@@ -264,7 +297,7 @@ func buildRouting(cfg Config, st State, plans []egressPlan) ([]EncapRoute, []Pol
 	for _, e := range plans {
 		switch e.role {
 		case RoleSource, RoleDrain:
-			if len(e.Local) == 0 && len(e.drains) == 0 {
+			if len(e.Local) == 0 && len(e.drains) == 0 && !e.multi.sub {
 				continue
 			}
 			r := EncapRoute{Table: cfg.SourceTable(e.id), Outer: e.IP.Unmap()}

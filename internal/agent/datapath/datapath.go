@@ -57,6 +57,8 @@ type Datapath struct {
 	// applied is the last Plan applied; nil until the first Apply, which
 	// then reconciles against the kernel rather than memory.
 	applied *Plan
+	// lastWrite is what the last program wrote to the table (LastWrite).
+	lastWrite PickWrite
 	// rejected holds the rejected-packet counts harvested from tables that
 	// a later Apply replaced, by Egress name.
 	rejected map[string]uint64
@@ -404,11 +406,28 @@ func (d *Datapath) program(ctx context.Context, plan Plan) error {
 		}
 	}
 	d.step(stepAdded, plan)
+	d.lastWrite = PickWrite{}
 	if d.applied == nil || !reflect.DeepEqual(d.applied.NFT, plan.NFT) {
-		if err := d.writeTable(plan); err != nil {
-			return err
+		// Only the usable IPs of Egresses with several IPs changed: their
+		// pick maps are rewritten in place, nothing else.
+		var prev Ruleset
+		if d.applied != nil {
+			prev = d.applied.NFT
 		}
-		logr.FromContextOrDiscard(ctx).WithName("datapath").V(1).Info("nftables table replaced", "table", d.cfg.TableName, "egresses", len(plan.IDs))
+		if picks, ok := picksOnly(prev, plan.NFT); ok && d.applied != nil {
+			w, err := d.writePicks(picks)
+			d.lastWrite = w
+			if err != nil {
+				return err
+			}
+			logr.FromContextOrDiscard(ctx).WithName("datapath").V(1).Info("pick maps rewritten", "table", d.cfg.TableName, "maps", w.Maps, "elements", w.Elements)
+		} else {
+			if err := d.writeTable(plan); err != nil {
+				return err
+			}
+			d.lastWrite = PickWrite{Table: true, Elements: plan.NFT.elementCount(), Messages: plan.NFT.messageCount()}
+			logr.FromContextOrDiscard(ctx).WithName("datapath").V(1).Info("nftables table replaced", "table", d.cfg.TableName, "egresses", len(plan.IDs))
+		}
 	}
 	d.step(stepTable, plan)
 	if err := d.delRules(staleRules); err != nil {

@@ -188,7 +188,7 @@ func newDrainView(st State) drainView {
 
 // member reports whether ip is a member (local or remote) of Egress name.
 func (v drainView) member(name string, ip netip.Addr) bool {
-	e := v.egs[name]
+	e := v.egs[BaseName(name)] // a per-IP part's members are its Egress's
 	if e == nil {
 		return false
 	}

@@ -206,21 +206,28 @@ func (d *Datapath) resolveKeys(st State) {
 	if !hasDigest {
 		return
 	}
+	var names []string
 	for _, e := range st.Egresses {
-		k := idKey(e.Name)
+		names = append(names, e.Name)
+		for _, x := range e.IPs { // the per-IP parts of an Egress with several IPs
+			names = append(names, SubName(e.Name, x.IP))
+		}
+	}
+	for _, name := range names {
+		k := idKey(name)
 		id, ok := d.ids[k]
 		if !isDigestKey(k) || !ok {
 			continue
 		}
 		delete(d.ids, k)
-		d.ids[e.Name] = id
+		d.ids[name] = id
 		if r, ok := d.roles[k]; ok {
 			delete(d.roles, k)
-			d.roles[e.Name] = r
+			d.roles[name] = r
 		}
 		if a, ok := d.eips[k]; ok {
 			delete(d.eips, k)
-			d.eips[e.Name] = a
+			d.eips[name] = a
 		}
 	}
 }

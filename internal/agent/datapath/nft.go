@@ -96,7 +96,7 @@ const (
 )
 
 // roleWord is the role as written in the ids set's comments.
-var roleWord = map[Role]string{RoleSource: "source", RoleEgress: "egress", RoleFailed: "failed", RoleDrain: "drain"}
+var roleWord = map[Role]string{RoleSource: "source", RoleEgress: "egress", RoleFailed: "failed", RoleDrain: "drain", RolePick: "pick"}
 
 // fam4/fam6 parameterise the IPv4 and IPv6 twins.
 type famSpec struct {
@@ -318,6 +318,11 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 		if e.role == RoleFailed {
 			elem(setFailed, native(mark), nil)
 		}
+		if e.role == RolePick {
+			ps := pickSet(e.id)
+			add(ps)
+			b.sets[ps.Name].Elements = pickElements(e.picks)
+		}
 		for _, ip := range e.Local {
 			ip = ip.Unmap()
 			if f.owns(ip) && !seenLocal[ip] && !splitLocal[ip] {
@@ -358,8 +363,10 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 			}
 		}
 		for _, e := range st.Egresses {
-			if f.owns(e.IP) {
-				nodes = append(nodes, e.IP.Unmap())
+			for _, ip := range allIPs(e) {
+				if f.owns(ip) {
+					nodes = append(nodes, ip)
+				}
 			}
 		}
 		slices.SortFunc(nodes, netip.Addr.Compare)
@@ -381,7 +388,7 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 // chains builds the chains (jump targets first) and lists the named
 // counters their rules use.
 func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
-	classify, setMark, forward := b.classifyRules(), b.setMarkRules(), b.forwardRules()
+	classify, setMark, forward := b.classifyRules(plans), b.setMarkRules(), b.forwardRules()
 	reject, counters := b.rejectRules(plans)
 	rejectQueue, snat, input, guard := b.rejectQueueRules(), b.snatRules(), b.inputRules(), b.eipGuardRules()
 	eipSource, sourceOut, sourcePost := b.sourceGuard()
@@ -409,7 +416,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 // classifyRules builds the chain classify: decide with the connection mark,
 // then set the packet mark for the routing decision (prerouting, after
 // kube-proxy's DNAT).
-func (b *builder) classifyRules() []Rule {
+func (b *builder) classifyRules(plans []egressPlan) []Rule {
 	cfg := b.cfg
 	tun := cfg.TunnelDevice
 	both := cfg.IDMask | cfg.FromTunnel
@@ -442,6 +449,9 @@ func (b *builder) classifyRules() []Rule {
 		classify = append(classify, rule(notIif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW), ctDir(dirOriginal),
 			one(payload(f.daddrOff, f.addrLen), b.lookup(setCluster+f.suffix, true)), b.splitLookup(mapLocalSplit, f)))
 	}
+	// Egresses with several IPs: a new connection of a local member
+	// takes one of the usable IPs' marks (multi.go).
+	classify = append(classify, b.pickRules(plans)...)
 	classify = append(classify,
 		rule(ctMarkMasked(both), one(eq(native(0)), verdict(expr.VerdictReturn, ""))),
 		// Every original-direction packet of a marked flow, tunnelled ones
@@ -701,8 +711,10 @@ func clusterPrefixes(f famSpec, st State) []netip.Prefix {
 		}
 	}
 	for _, e := range st.Egresses {
-		if f.owns(e.IP) {
-			ps = append(ps, host(e.IP))
+		for _, ip := range allIPs(e) {
+			if f.owns(ip) {
+				ps = append(ps, host(ip))
+			}
 		}
 	}
 	if f.v6 {

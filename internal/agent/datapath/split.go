@@ -47,8 +47,14 @@ type splitPlan struct {
 // remote Split's only those of Egresses held here, with FromTunnel.
 func planSplits(cfg Config, st State, plans []egressPlan) []splitPlan {
 	byName := make(map[string]*egressPlan, len(plans))
+	// heldPart names, for an Egress with several IPs, its part for the IP
+	// held here: the one its remote members' flows are SNATed by.
+	heldPart := map[string]string{}
 	for i := range plans {
 		byName[plans[i].Name] = &plans[i]
+		if plans[i].multi.sub && plans[i].role == RoleEgress {
+			heldPart[BaseName(plans[i].Name)] = plans[i].Name
+		}
 	}
 	var out []splitPlan
 	for _, s := range st.Splits {
@@ -76,6 +82,9 @@ func planSplits(cfg Config, st State, plans []egressPlan) []splitPlan {
 		var spans []destinations.Span
 		for _, s := range sp.Spans {
 			e := byName[s.Egress]
+			if h, ok := heldPart[s.Egress]; ok && sp.Remote {
+				e = byName[h]
+			}
 			if e == nil || !sp.f.owns(s.First) || !sp.f.owns(s.Last) {
 				continue
 			}
@@ -85,7 +94,7 @@ func planSplits(cfg Config, st State, plans []egressPlan) []splitPlan {
 				mark |= cfg.FromTunnel
 			case sp.Remote:
 				continue
-			case e.role != RoleSource && e.role != RoleEgress && e.role != RoleFailed:
+			case e.role != RoleSource && e.role != RoleEgress && e.role != RoleFailed && e.role != RolePick:
 				continue
 			}
 			spans = append(spans, s)

@@ -69,6 +69,27 @@ type Egress struct {
 	Local []netip.Addr
 	// Remote are members on other Nodes; set only when Role is RoleEgress.
 	Remote []Member
+	// IPs are, for an Egress with several IPs (spec.ips), every IP it has
+	// been allocated (status.ips entries with an IP), sorted by IP; empty
+	// for a single-IP Egress. For such an Egress Role is RoleEgress when
+	// this Node holds one of them (IP is that one: the distinct-Node rule
+	// of the scheduler gives a Node at most one), else RoleSource while
+	// one is Usable, else RoleFailed; the local members' new connections
+	// are spread over the Usable ones (docs/datapath.md, "Several IPs").
+	IPs []EgressIP
+}
+
+// EgressIP is one IP of an Egress with several IPs, as this Node sees it.
+type EgressIP struct {
+	// IP is the address (status.ips[].ip).
+	IP netip.Addr
+	// Held: this Node holds it (status.ips[].node): it SNATs the
+	// connections that chose it.
+	Held bool
+	// Usable: this Node's members' new connections may choose it: it is
+	// Ready, and it is in this Node's zone or no IP of the Egress that is
+	// Ready is.
+	Usable bool
 }
 
 // State is everything the datapath of one Node is programmed from. Applying

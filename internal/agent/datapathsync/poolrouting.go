@@ -106,6 +106,11 @@ func poolEgresses(eips map[string]netip.Addr, ids datapath.IDs, cfg datapath.Con
 	poolOf := map[string]string{}
 	for i := range egs {
 		poolOf[egs[i].Name] = egs[i].Spec.ExternalIPPool
+		for _, x := range egs[i].Status.IPs { // the per-IP parts of a multi-IP Egress
+			if ip, err := netip.ParseAddr(x.IP); err == nil {
+				poolOf[datapath.SubName(egs[i].Name, ip)] = x.Pool
+			}
+		}
 	}
 	subnet := map[string]*v1alpha1.SubnetInfo{}
 	for i := range pools {
@@ -141,7 +146,15 @@ func poolEgresses(eips map[string]netip.Addr, ids datapath.IDs, cfg datapath.Con
 func heldEIPs(st datapath.State) map[string]netip.Addr {
 	m := map[string]netip.Addr{}
 	for _, e := range st.Egresses {
-		if e.Role == datapath.RoleEgress && e.IP.IsValid() {
+		switch {
+		case e.Role == datapath.RoleEgress && len(e.IPs) > 0:
+			// Several IPs: the part of the IP held here SNATs.
+			for _, x := range e.IPs {
+				if x.Held {
+					m[datapath.SubName(e.Name, x.IP)] = x.IP.Unmap()
+				}
+			}
+		case e.Role == datapath.RoleEgress && e.IP.IsValid():
 			m[e.Name] = e.IP.Unmap()
 		}
 	}

@@ -126,6 +126,7 @@ func computeState(in stateInput) datapath.State {
 		slicesOf[s.Egress] = append(slicesOf[s.Egress], s)
 	}
 
+	zone := nodeZone(in.Nodes, in.Node)
 	for i := range in.Egresses {
 		e := &in.Egresses[i]
 		eg := datapath.Egress{Name: e.Name, FailurePolicy: datapath.FailurePolicyFail}
@@ -143,35 +144,24 @@ func computeState(in stateInput) datapath.State {
 			}
 		}
 		held := eg.IP.IsValid() && e.Status.EgressNode == in.Node
+		if len(e.Spec.IPs) > 0 {
+			// Several IPs: status.ips, not the repeated egressIP/egressNode.
+			eg.IP, held = netip.Addr{}, false
+			eg.IPs = MultiIPs(e, in.Node, zone)
+			for _, x := range eg.IPs {
+				if x.Held {
+					eg.IP, held = x.IP, true
+				}
+			}
+		}
 		switch {
 		case held:
 			eg.Role = datapath.RoleEgress
-			seen := map[netip.Addr]bool{}
-			for _, s := range slicesOf[e.Name] {
-				for _, m := range s.Members {
-					pod, err1 := netip.ParseAddr(m.PodIP)
-					host, err2 := netip.ParseAddr(m.HostIP)
-					if err1 != nil || err2 != nil {
-						continue
-					}
-					pod, host = pod.Unmap(), host.Unmap()
-					if localSet[pod] || myIPs[host] || seen[pod] || pod.Is4() != eg.IP.Is4() || host.Is4() != pod.Is4() {
-						continue
-					}
-					seen[pod] = true
-					eg.Remote = append(eg.Remote, datapath.Member{IP: pod, HostIP: host})
-				}
-			}
+			eg.Remote = remoteMembers(slicesOf[e.Name], localSet, myIPs, eg.IP.Is4())
 		case len(eg.Local) == 0:
 			continue // RoleNone
-		case eg.IP.IsValid() && e.Status.EgressNode != "":
-			eg.Role = datapath.RoleSource
 		default:
-			eg.Role = datapath.RoleFailed
-			// Until the controller has written an IP or the Assigned
-			// condition once, the Egress is being assigned for the
-			// first time.
-			eg.Assigning = e.Status.EgressIP == "" && meta.FindStatusCondition(e.Status.Conditions, v1alpha1.ConditionAssigned) == nil
+			eg.Role, eg.Assigning = memberRole(e, eg.IPs, eg.IP)
 		}
 		slices.SortFunc(eg.Local, netip.Addr.Compare)
 		slices.SortFunc(eg.Remote, func(a, b datapath.Member) int { return a.IP.Compare(b.IP) })
@@ -184,6 +174,95 @@ func computeState(in stateInput) datapath.State {
 	}
 	st.Splits = splitsOf(sel, st.Egresses, byName)
 	return st
+}
+
+// remoteMembers are the members of an Egress held here from its slices:
+// parsable, of the Egress's family (v4), not running here (localSet, or a
+// host IP of this Node, myIPs), each once.
+func remoteMembers(ems []*v1alpha1.EgressMemberSlice, localSet, myIPs map[netip.Addr]bool, v4 bool) []datapath.Member {
+	var out []datapath.Member
+	seen := map[netip.Addr]bool{}
+	for _, s := range ems {
+		for _, m := range s.Members {
+			pod, err1 := netip.ParseAddr(m.PodIP)
+			host, err2 := netip.ParseAddr(m.HostIP)
+			if err1 != nil || err2 != nil {
+				continue
+			}
+			pod, host = pod.Unmap(), host.Unmap()
+			if localSet[pod] || myIPs[host] || seen[pod] || pod.Is4() != v4 || host.Is4() != pod.Is4() {
+				continue
+			}
+			seen[pod] = true
+			out = append(out, datapath.Member{IP: pod, HostIP: host})
+		}
+	}
+	return out
+}
+
+// memberRole is the role of an Egress on a Node where members run and
+// which holds none of its IPs (ip: status.egressIP of a single-IP Egress;
+// ips: the IPs of one with spec.ips), and whether it waits for its first
+// assignment: RoleSource while another Node holds the IP (a usable one,
+// for several IPs), else RoleFailed. Until the controller has written an
+// IP or the Assigned condition once, the Egress is being assigned for the
+// first time.
+func memberRole(e *v1alpha1.Egress, ips []datapath.EgressIP, ip netip.Addr) (datapath.Role, bool) {
+	first := meta.FindStatusCondition(e.Status.Conditions, v1alpha1.ConditionAssigned) == nil
+	switch {
+	case len(e.Spec.IPs) > 0 && slices.ContainsFunc(ips, func(x datapath.EgressIP) bool { return x.Usable }):
+		return datapath.RoleSource, false
+	case len(e.Spec.IPs) > 0:
+		return datapath.RoleFailed, len(ips) == 0 && first
+	case ip.IsValid() && e.Status.EgressNode != "":
+		return datapath.RoleSource, false
+	default:
+		return datapath.RoleFailed, e.Status.EgressIP == "" && first
+	}
+}
+
+// ZoneLabel is the Node label whose value is its zone
+// (topology.kubernetes.io/zone): a source Node prefers the IPs of an
+// Egress held in its own zone.
+const ZoneLabel = "topology.kubernetes.io/zone"
+
+// nodeZone is the zone label of Node name among nodes ("" when it has
+// none or is not among them).
+func nodeZone(nodes []corev1.Node, name string) string {
+	for i := range nodes {
+		if nodes[i].Name == name {
+			return nodes[i].Labels[ZoneLabel]
+		}
+	}
+	return ""
+}
+
+// MultiIPs lists the allocated IPs of an Egress with spec.ips as node sees
+// them, sorted by IP: Held when status.ips names node, Usable when the
+// entry is Ready with a Node and, while some Ready entry's zone is zone
+// (node's, non-empty), only the Ready entries of that zone (issue 20:
+// "the Pod uses only the IPs in its zone while one is Ready there").
+func MultiIPs(e *v1alpha1.Egress, node, zone string) []datapath.EgressIP {
+	inZone := false
+	for _, x := range e.Status.IPs {
+		if x.Ready && x.Node != "" && zone != "" && x.Zone == zone {
+			inZone = true
+		}
+	}
+	var out []datapath.EgressIP
+	seen := map[netip.Addr]bool{}
+	for _, x := range e.Status.IPs {
+		ip, err := netip.ParseAddr(x.IP)
+		if err != nil || ip.Zone() != "" || seen[ip.Unmap()] {
+			continue
+		}
+		ip = ip.Unmap()
+		seen[ip] = true
+		out = append(out, datapath.EgressIP{IP: ip, Held: x.Node == node,
+			Usable: x.Ready && x.Node != "" && (!inZone || x.Zone == zone)})
+	}
+	slices.SortFunc(out, func(a, b datapath.EgressIP) int { return a.IP.Compare(b.IP) })
+	return out
 }
 
 // podsOf lists the IPs of the running Pods among pods (host-network and
@@ -231,6 +310,6 @@ func stateEqual(a, b datapath.State) bool {
 		slices.EqualFunc(a.Peers, b.Peers, func(x, y datapath.Peer) bool { return x.IP == y.IP && slices.Equal(x.PodCIDRs, y.PodCIDRs) }) &&
 		slices.EqualFunc(a.Egresses, b.Egresses, func(x, y datapath.Egress) bool {
 			return x.Name == y.Name && x.IP == y.IP && x.Role == y.Role && x.FailurePolicy == y.FailurePolicy && x.Assigning == y.Assigning &&
-				slices.Equal(x.Local, y.Local) && slices.Equal(x.Remote, y.Remote)
+				slices.Equal(x.Local, y.Local) && slices.Equal(x.Remote, y.Remote) && slices.Equal(x.IPs, y.IPs)
 		}) && splitsEqual(a.Splits, b.Splits)
 }
