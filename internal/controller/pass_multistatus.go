@@ -233,14 +233,21 @@ func (p *pass) multiReady(es *egressStatus, ready int) {
 // multiEvent picks the Event of multi-IP Egress es: one Event names every
 // IP whose Node changes in this pass with both Nodes (Warning Unassigned
 // when one is left without a Node, else Normal Moved, Releasing or
-// Assigned, the first that applies); else the Warning NamedIPConflict
-// when an IP lost its named address to an older Egress and IPAllocated
-// says so for the first time. The Ready condition's Events (NoEgressNode,
+// Assigned, the first that applies); the Warning NamedIPConflict instead
+// of a Normal one (its note then names the moves too), or alone, when an
+// IP lost its named address to an older Egress and IPAllocated says so
+// for the first time. The Ready condition's Events (NoEgressNode,
 // DatapathRefused) come only when neither applies. It also sets the Event note of a change of address
 // (IPChangedNote).
 func (p *pass) multiEvent(es *egressStatus, moves []ipMove, slots []ipSlot) {
 	e, ch := es.e, &es.ch
 	es.ch.IPChangedNote = multiIPChangedNote(e, es.st.IPs)
+	conflict := ""
+	if _, c := multiAllocCond(slots); c != "" {
+		if prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated); prev == nil || prev.Message != p.alloc[es.i].cond.Message {
+			conflict = c
+		}
+	}
 	if len(moves) > 0 {
 		typ, reason, notes := corev1.EventTypeNormal, v1.EventAssigned, make([]string, 0, len(moves))
 		rank := func(r string) int { return slices.Index([]string{v1.EventAssigned, v1.EventReleasing, v1.EventMoved, v1.EventUnassigned}, r) }
@@ -268,13 +275,14 @@ func (p *pass) multiEvent(es *egressStatus, moves []ipMove, slots []ipSlot) {
 			note += "; " + fmt.Sprintf("%s of this Egress's IPs are Ready", es.st.ReadyIPs)
 		}
 		ch.EventType, ch.EventReason, ch.EventNote = typ, reason, note
+		if conflict != "" && typ == corev1.EventTypeNormal {
+			// One Event per pass: the Warning, naming the moves too.
+			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonNamedIPConflict, conflict+"; "+note
+		}
 		return
 	}
-	if _, conflict := multiAllocCond(slots); conflict != "" && ch.EventReason == "" {
-		prev := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated)
-		if prev == nil || prev.Message != p.alloc[es.i].cond.Message {
-			ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonNamedIPConflict, conflict
-		}
+	if conflict != "" {
+		ch.EventType, ch.EventReason, ch.EventNote = corev1.EventTypeWarning, v1.ReasonNamedIPConflict, conflict
 	}
 }
 

@@ -344,8 +344,9 @@ func TestMultiIPPlanNamed(t *testing.T) {
 	if c := cond(young, v1.ConditionIPAllocated); c.Reason != v1.ReasonPartlyAllocated || c.Status != metav1.ConditionTrue || !strings.Contains(c.Message, "Egress old") {
 		t.Errorf("young IPAllocated %+v", c)
 	}
-	if ch := out.Egresses["young"]; ch.EventReason != v1.EventAssigned {
-		t.Errorf("young's first Event %s, want Assigned (the placed IP)", ch.EventReason)
+	if ch := out.Egresses["young"]; ch.EventReason != v1.ReasonNamedIPConflict || ch.EventType != corev1.EventTypeWarning ||
+		!strings.Contains(ch.EventNote, "already used by Egress old") || !strings.Contains(ch.EventNote, "198.51.100.2 assigned to Node") {
+		t.Errorf("young's first Event %s %s %q, want the Warning NamedIPConflict naming the placed IP too", ch.EventType, ch.EventReason, ch.EventNote)
 	}
 	if c := cond(r.status("single"), v1.ConditionIPAllocated); c.Reason != v1.ReasonNamedIPConflict || r.status("single").EgressIP != "" {
 		t.Errorf("single IPAllocated %+v ip %q, want NamedIPConflict and no address", c, r.status("single").EgressIP)
