@@ -250,7 +250,9 @@ func (p *pass) multiEvent(es *egressStatus, moves []ipMove, slots []ipSlot) {
 	}
 	if len(moves) > 0 {
 		typ, reason, notes := corev1.EventTypeNormal, v1.EventAssigned, make([]string, 0, len(moves))
-		rank := func(r string) int { return slices.Index([]string{v1.EventAssigned, v1.EventReleasing, v1.EventMoved, v1.EventUnassigned}, r) }
+		rank := func(r string) int {
+			return slices.Index([]string{v1.EventAssigned, v1.EventReleasing, v1.EventMoved, v1.EventUnassigned}, r)
+		}
 		for _, m := range moves {
 			r, note := v1.EventMoved, fmt.Sprintf("%s moved from Node %s to Node %s (%s)", m.ip, m.from, m.to, cmp.Or(m.reason, "rebalance"))
 			switch {
