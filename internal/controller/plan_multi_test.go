@@ -452,3 +452,24 @@ func TestMultiIPPlanRestartMovesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestMultiIPReleaseInstructions: the polls tell a Node to release an IP
+// of a multi-IP Egress that status.ips no longer gives it, and never one
+// that status.ips gives it, whichever entry it is.
+func TestMultiIPReleaseInstructions(t *testing.T) {
+	e := &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "m", UID: "u-m", ResourceVersion: "7"}, Status: v1.EgressStatus{
+		EgressIP: "192.0.2.1", EgressNode: "a",
+		IPs: []v1.EgressIPStatus{{IP: "192.0.2.1", Node: "a"}, {IP: "192.0.2.2", Node: "b"}, {IP: "192.0.2.3"}}}}
+	nodes := []corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "b"}}, {ObjectMeta: metav1.ObjectMeta{Name: "c"}}}
+	bound := map[string][]string{"a": {"192.0.2.1", "192.0.2.2"}, "b": {"192.0.2.2"}, "c": {"192.0.2.3"}}
+	got := releaseInstructions([]*v1.Egress{e}, nodes, agents(bound))
+	want := map[string]string{"a": "192.0.2.2,u-m,7,m", "c": "192.0.2.3,u-m,7,m"}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for n, w := range want {
+		if len(got[n]) != 1 || got[n][0].String() != w {
+			t.Errorf("Node %s: got %v, want [%s]", n, got[n], w)
+		}
+	}
+}
