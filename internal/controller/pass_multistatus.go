@@ -56,10 +56,7 @@ func (p *pass) multiStatus(i int) *egressStatus {
 		}
 	}
 	es.st.IPs = ips
-	first := slices.IndexFunc(ips, func(s v1.EgressIPStatus) bool { return s.Node != "" })
-	if first < 0 {
-		first = 0
-	}
+	first := max(0, slices.IndexFunc(ips, func(s v1.EgressIPStatus) bool { return s.Node != "" }))
 	es.st.EgressIP, es.st.EgressNode = ips[first].IP, ips[first].Node
 	es.st.InterfaceMAC, es.st.PublicIP = ips[first].InterfaceMAC, ips[first].PublicIP
 	ready := 0
