@@ -162,7 +162,7 @@ func (p *pass) claimNamed(i int, s *ipSlot) {
 		return
 	}
 	ip := s.named
-	if owner := p.ownerOf(i, ip); owner != "" {
+	if owner := p.ownerOf(i, ps, ip); owner != "" {
 		s.reason, s.msg = v1.ReasonNamedIPConflict, fmt.Sprintf("%s (spec.ips[%d].addresses) is already used by Egress %s, which is older; named addresses are not shared", ip, s.entry, owner)
 		return
 	}
@@ -178,11 +178,16 @@ func (p *pass) claimNamed(i int, s *ipSlot) {
 }
 
 // ownerOf names the older Egress (before i in allocation order) that
-// already uses ip: a multi-IP one that holds it, or a single-IP one
-// allocated it. "" when none does.
-func (p *pass) ownerOf(i int, ip netip.Addr) string {
+// already uses ip of pool ps: a multi-IP one that holds it, or a
+// single-IP one that was given it. "" when none does. Addresses are
+// reserved in age order, so one that ps has reserved is an older
+// Egress's; only then are the single-IP Egresses searched for its name.
+func (p *pass) ownerOf(i int, ps *poolState, ip netip.Addr) string {
 	if o := p.multiOwner[ip]; o != "" {
 		return o
+	}
+	if !ps.alloc.IsAllocated(ip) {
+		return ""
 	}
 	for j := range i {
 		if !p.isMulti(j) && p.alloc[j].ip == ip {

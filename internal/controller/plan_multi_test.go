@@ -473,3 +473,26 @@ func TestMultiIPReleaseInstructions(t *testing.T) {
 		}
 	}
 }
+
+// TestMultiIPPlanCloudPoolRefused: an entry of a cloud-backed pool gets
+// no address (CloudPoolNotSupported) while the L2 entry is placed, and the
+// cloud pool's own Egress is served as before.
+func TestMultiIPPlanCloudPoolRefused(t *testing.T) {
+	m := multiEgress("m", 1, ipsEntry("c", 1, ""), ipsEntry("l2", 1, ""))
+	out := plan(passInput{Pools: []v1.ExternalIPPool{planPool(), l2PoolOf("198.51.100.0/28", 0)}, Egresses: []v1.Egress{m, planEgress("single", "", "", 2)},
+		Nodes: []corev1.Node{planNode("a"), planNode("b")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10},
+		Cloud: cloudIn(iface("a", 1, 10), iface("b", 2, 10))})
+	st := out.Egresses["m"].Status
+	if s := st.IPs[0]; s.IP != "" || s.Reason != v1.ReasonCloudPoolNotSupported || s.Pool != "c" {
+		t.Errorf("cloud entry %+v, want no address, CloudPoolNotSupported", s)
+	}
+	if s := st.IPs[1]; s.IP != "198.51.100.1" || s.Node == "" {
+		t.Errorf("l2 entry %+v, want 198.51.100.1 on a Node", s)
+	}
+	if c := cond(st, v1.ConditionIPAllocated); c.Reason != v1.ReasonPartlyAllocated || !strings.Contains(c.Message, "cloud-backed") {
+		t.Errorf("IPAllocated %+v", c)
+	}
+	if c := cond(out.Egresses["single"].Status, v1.ConditionIPAllocated); c.Reason == v1.ReasonCloudPoolNotSupported {
+		t.Errorf("the single-IP Egress of the cloud pool got %+v", c)
+	}
+}
