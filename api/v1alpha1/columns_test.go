@@ -158,8 +158,7 @@ func TestPrinterColumns(t *testing.T) {
 		}
 	}
 	// A multi-IP Egress: EGRESS-IP and NODE show its first IP that has a
-	// Node, READY-IPS (-o wide until the controller places multi-IP
-	// Egresses) how many of its IPs are Ready. (The API server's table
+	// Node, READY-IPS how many of its IPs are Ready. (The API server's table
 	// prints only the first match of a JSONPath like .status.ips[*].ip, so
 	// no column lists them all; kubectl get -o yaml does.)
 	m := &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "columns-multi"}, Spec: v1.EgressSpec{
@@ -176,8 +175,8 @@ func TestPrinterColumns(t *testing.T) {
 	m.Status.ReadyIPs = "2/3"
 	setStatus(t, m, "192.0.2.5", "worker-1", metav1.ConditionTrue)
 
-	egressCols := []string{"Name", "Egress-IP", "Node", "Ready", "Age"}
-	egressWide := []string{"Ready-IPs", "Pool", "Failure-Policy", "Pods", "Destinations", "Public-IP"}
+	egressCols := []string{"Name", "Egress-IP", "Node", "Ready", "Ready-IPs", "Age"}
+	egressWide := []string{"Pool", "Failure-Policy", "Pods", "Destinations", "Public-IP"}
 	check("egresses", "columns-multi", egressCols, map[string]any{"Egress-IP": "192.0.2.5", "Node": "worker-1",
 		"Ready": "True", "Ready-IPs": "2/3", "Pool": nil}, egressWide)
 	check("egresses", "columns", egressCols,

@@ -407,8 +407,8 @@ type EgressIPStatus struct {
 // +kubebuilder:printcolumn:name="Egress-IP",type=string,JSONPath=`.status.egressIP`,description="Allocated egress IP"
 // +kubebuilder:printcolumn:name="Node",type=string,JSONPath=`.status.egressNode`,description="Node holding the egress IP"
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`,description="Bound and announced on the Node"
+// +kubebuilder:printcolumn:name="Ready-IPs",type=string,JSONPath=`.status.readyIPs`,description="Ready IPs of an Egress with spec.ips, n/N (empty for a single-IP Egress)"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
-// +kubebuilder:printcolumn:name="Ready-IPs",type=string,JSONPath=`.status.readyIPs`,priority=1,description="Ready IPs of an Egress with spec.ips, n/N (wide until the controller places multi-IP Egresses)"
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=`.spec.externalIPPool`,priority=1,description="ExternalIPPool"
 // +kubebuilder:printcolumn:name="Failure-Policy",type=string,JSONPath=`.spec.failurePolicy`,priority=1,description="What the Pods get while no Node holds the IP"
 // +kubebuilder:printcolumn:name="Pods",type=integer,JSONPath=`.status.selectedPods`,priority=1,description="Pods whose traffic uses this Egress"

@@ -37,11 +37,22 @@ const (
 	// ReasonWaitingForWarmIP: IPAllocated=False while a cloud-backed pool
 	// attaches an address for the Egress (no warm address is available).
 	ReasonWaitingForWarmIP = "WaitingForWarmIP"
-	// ReasonMultiIPNotImplemented: IPAllocated=False on an Egress with
-	// spec.ips while the controller does not allocate several IPs per
-	// Egress yet (issue 20: the API and the scheduler are built, the
-	// controller, agent and datapath are not). Removed when they are.
-	ReasonMultiIPNotImplemented = "MultiIPNotImplemented"
+	// ReasonPartlyAllocated: IPAllocated=True on an Egress with spec.ips
+	// while some but not all of its IPs have an address; the message names
+	// each entry that lacks one and why (PoolNotFound, PoolExhausted, ...,
+	// also the reason of that IP in status.ips).
+	ReasonPartlyAllocated = "PartlyAllocated"
+	// ReasonNamedIPConflict: an address that spec.ips[].addresses names is
+	// already used by an older Egress (named by it, or held in its
+	// status): the younger Egress's IP gets no address. The reason of that
+	// IP in status.ips, part of the IPAllocated message, and a Warning
+	// Event when it appears.
+	ReasonNamedIPConflict = "NamedIPConflict"
+	// ReasonCloudPoolNotSupported: an entry of spec.ips names a
+	// cloud-backed pool (spec.cloud); several IPs per Egress are built for
+	// pools on a shared L2 segment only, so that entry's IPs get no address
+	// (the webhook refuses such an Egress).
+	ReasonCloudPoolNotSupported = "CloudPoolNotSupported"
 )
 
 // Reasons of the Egress condition Assigned, written by the controller's

@@ -72,6 +72,12 @@ type pass struct {
 	// conflictHeld are the Node addresses an Egress status already keeps
 	// (statusIPKept).
 	conflictHeld map[netip.Addr]bool
+	// slots are the IPs of each multi-IP Egress (nil for a single-IP
+	// one), indexed like egs (pass_multi.go).
+	slots [][]ipSlot
+	// multiOwner names the multi-IP Egress that holds each address given
+	// to one: such addresses are never shared.
+	multiOwner map[netip.Addr]string
 
 	// sched is the scheduling phase's input and outcome.
 	sched schedState

@@ -10,20 +10,25 @@ import (
 // allocate is the allocation phase: every Egress keeps what its spec and
 // status already say where it may (poolKind.keep), then the rest get a
 // new address, oldest Egress first (poolKind.allocateNew). An Egress of a
-// missing or invalid pool gets none, and a condition saying why.
+// missing or invalid pool gets none, and a condition saying why. A
+// multi-IP Egress (spec.ips) takes the same two steps per IP (multiKeep,
+// multiAllocate), each IP from its entry's pool.
 func (p *pass) allocate() {
 	keeper := statusKeepers(p.egs)
 	p.keeps = func(i int, ip netip.Addr) bool { k, ok := keeper[ip]; return !ok || k == i }
 	p.conflictHeld = map[netip.Addr]bool{}
+	p.slots = make([][]ipSlot, len(p.egs))
+	p.multiOwner = map[netip.Addr]string{}
 	for i := range p.egs {
 		e := &p.egs[i]
 		ps := p.pools[e.Spec.ExternalIPPool]
 		switch {
 		case len(e.Spec.IPs) > 0:
-			// The scheduler places several IPs per Egress; allocating them,
-			// the status list and the agents' part are not built yet.
-			p.alloc[i].cond = allocatedCond(false, v1.ReasonMultiIPNotImplemented,
-				"spec.ips (several IPs per Egress) is not implemented by this controller yet; give externalIPPool instead")
+			// Several IPs (pass_multi.go): named and status addresses now,
+			// new ones below, in the same age order.
+			if p.multiKeep(i) {
+				p.pending = append(p.pending, i)
+			}
 		case ps == nil:
 			p.alloc[i].cond = allocatedCond(false, v1.ReasonPoolNotFound, fmt.Sprintf("ExternalIPPool %q does not exist; create it or fix spec.externalIPPool", e.Spec.ExternalIPPool))
 		case ps.err != nil:
@@ -37,8 +42,18 @@ func (p *pass) allocate() {
 		ps.kind.ready(p, ps)
 	}
 	for _, i := range p.pending {
+		if p.isMulti(i) {
+			p.multiAllocate(i)
+			continue
+		}
 		ps := p.pools[p.egs[i].Spec.ExternalIPPool]
 		ps.kind.allocateNew(p, ps, i)
+	}
+	for i := range p.egs {
+		if p.isMulti(i) {
+			c, _ := multiAllocCond(p.slots[i])
+			p.alloc[i].cond = allocatedCond(c.ok, c.reason, c.msg)
+		}
 	}
 }
 

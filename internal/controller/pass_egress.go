@@ -30,6 +30,12 @@ type egressStatus struct {
 // to record; then which Egresses share an address.
 func (p *pass) egressStatuses() {
 	for i := range p.egs {
+		if p.isMulti(i) {
+			es := p.multiStatus(i)
+			es.ch.Status = es.st
+			p.out.Egresses[es.e.Name] = es.ch
+			continue
+		}
 		es := p.egressStatus(i)
 		es.ch.Status = es.st
 		es.ch.IPChangedNote = ipChangedNote(es.e, es.st)

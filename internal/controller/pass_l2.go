@@ -35,6 +35,11 @@ func (l2Pool) keep(p *pass, ps *poolState, i int) bool {
 	e := &p.egs[i]
 	if e.Spec.EgressIP != "" {
 		ip, err := netip.ParseAddr(e.Spec.EgressIP)
+		if o := p.multiOwner[ip]; err == nil && o != "" {
+			// Addresses of multi-IP Egresses are never shared.
+			p.alloc[i].cond = allocatedCond(false, v1.ReasonNamedIPConflict, fmt.Sprintf("spec.egressIP %s is held by Egress %s (spec.ips), which is older; addresses of an Egress with spec.ips are not shared", ip, o))
+			return true
+		}
 		if err == nil {
 			err = ps.alloc.Reserve(ip)
 		}

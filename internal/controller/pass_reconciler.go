@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"net/netip"
 	"slices"
 	"sync/atomic"
@@ -331,22 +332,20 @@ func (r *PassReconciler) trackReleases(waits []releaseKey, now time.Time) time.D
 
 // releaseInstructions returns, per Node, what its polls tell it to release:
 // every IP its alive agent reports bound that no Egress of egs assigns to
-// that Node, once for each Egress whose status.egressIP it is (with that
-// Egress's UID and resource version, so that the agent can tell its own
-// cache's copy is older). IPs no Egress holds are not named (the agent's
+// that Node, once for each Egress whose status.egressIP or status.ips
+// lists it (heldIPs; with that Egress's UID and resource version, so that
+// the agent can tell its own cache's copy is older). IPs no Egress holds are not named (the agent's
 // cache, once it catches up, removes them). Each Node's list is sorted by
 // IP, then Egress name, and holds at most report.MaxReleases entries.
 func releaseInstructions(egs []*v1.Egress, nodes []corev1.Node, agents func(string) AgentState) map[string][]report.Release {
 	byIP := map[netip.Addr][]*v1.Egress{}
 	assigned := map[releaseKey]bool{}
 	for _, e := range egs {
-		ip, err := netip.ParseAddr(e.Status.EgressIP)
-		if err != nil {
-			continue
-		}
-		byIP[ip] = append(byIP[ip], e)
-		if e.Status.EgressNode != "" {
-			assigned[releaseKey{e.Status.EgressNode, ip}] = true
+		for ip, node := range heldIPs(e) {
+			byIP[ip] = append(byIP[ip], e)
+			if node != "" {
+				assigned[releaseKey{node, ip}] = true
+			}
 		}
 	}
 	out := map[string][]report.Release{}
@@ -374,6 +373,27 @@ func releaseInstructions(egs []*v1.Egress, nodes []corev1.Node, agents func(stri
 		out[name] = rs[:min(len(rs), report.MaxReleases)]
 	}
 	return out
+}
+
+// heldIPs yields each address e's status gives once, with its Node ("":
+// none): status.egressIP with status.egressNode, and for an Egress with
+// spec.ips every status.ips entry (egressIP repeats one of them).
+func heldIPs(e *v1.Egress) iter.Seq2[netip.Addr, string] {
+	return func(yield func(netip.Addr, string) bool) {
+		first, err := netip.ParseAddr(e.Status.EgressIP)
+		if err == nil && !yield(first, e.Status.EgressNode) {
+			return
+		}
+		for k, s := range e.Status.IPs {
+			ip, err := netip.ParseAddr(s.IP)
+			if err != nil || ip == first || slices.ContainsFunc(e.Status.IPs[:k], func(o v1.EgressIPStatus) bool { return o.IP == s.IP }) {
+				continue
+			}
+			if !yield(ip, s.Node) {
+				return
+			}
+		}
+	}
 }
 
 // cacheWait is how soon a pass that waits for the cache to catch up runs

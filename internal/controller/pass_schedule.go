@@ -25,6 +25,14 @@ type schedState struct {
 	nodeByName map[string]*scheduler.Node
 	placed     map[string]scheduler.Placement
 	moveReason map[string]string
+	// slots are the scheduler's per-IP answers for multi-IP Egresses, and
+	// slotMove the reason each of their IPs leaves its Node, by Egress
+	// and slot.
+	slots    map[string][]scheduler.SlotPlacement
+	slotMove map[string]map[int]string
+	// zones maps each Node to its topology.kubernetes.io/zone label
+	// (pass.zoneOf builds it on first use).
+	zones map[string]string
 	// holders lists the Nodes whose alive agents report each IP bound.
 	holders map[netip.Addr][]string
 	refused map[string][]nodeRefusal
@@ -38,13 +46,25 @@ func (p *pass) schedule() {
 	s := &p.sched
 	s.nodes, s.flagCapacity = p.schedNodes()
 	s.pools, s.poolNodes = p.schedPools()
+	p.zonePools()
 	res := scheduler.Schedule(scheduler.Input{Pools: s.pools, Nodes: s.nodes, Egresses: p.schedEgresses(), BalanceFactor: p.in.Config.BalanceFactor})
 	s.placed = make(map[string]scheduler.Placement, len(res.Placements))
 	for _, pl := range res.Placements {
 		s.placed[pl.Egress] = pl
 	}
 	s.moveReason = make(map[string]string, len(res.Moves))
+	s.slots = res.Slots
 	for _, m := range res.Moves {
+		if _, multi := res.Slots[m.Egress]; multi {
+			if s.slotMove == nil {
+				s.slotMove = map[string]map[int]string{}
+			}
+			if s.slotMove[m.Egress] == nil {
+				s.slotMove[m.Egress] = map[int]string{}
+			}
+			s.slotMove[m.Egress][m.Slot] = m.Reason
+			continue
+		}
 		s.moveReason[m.Egress] = m.Reason
 	}
 	s.holders = map[netip.Addr][]string{}
@@ -121,6 +141,10 @@ func (p *pass) schedEgresses() []scheduler.Egress {
 	out := make([]scheduler.Egress, len(p.egs))
 	for i := range p.egs {
 		e := &p.egs[i]
+		if p.isMulti(i) {
+			out[i] = scheduler.Egress{Name: e.Name, Created: e.CreationTimestamp.Time, Slots: p.schedSlots(i)}
+			continue
+		}
 		out[i] = scheduler.Egress{Name: e.Name, Created: e.CreationTimestamp.Time, Pool: e.Spec.ExternalIPPool, IP: p.alloc[i].ip, CurrentNode: e.Status.EgressNode}
 		if p.alloc[i].conflict != nil {
 			out[i].IP = netip.Addr{} // the Node wins: scheduled nowhere

@@ -219,20 +219,6 @@ func TestPlanL2(t *testing.T) {
 		},
 		unplaced: map[string]int{v1.ReasonPoolNotFound: 1, v1.ReasonPoolInvalid: 1},
 	}, {
-		name:  "an Egress with spec.ips gets no address yet, and says so",
-		pools: []v1.ExternalIPPool{l2PoolOf("198.51.100.0/29", 0)},
-		egresses: []v1.Egress{func() v1.Egress {
-			e := l2Egress("multi", 1, "", "")
-			e.Spec.ExternalIPPool, e.Spec.IPs = "", []v1.EgressIPSource{{Pool: "l2", Count: new(int32(2))}}
-			return e
-		}()},
-		nodes:  []corev1.Node{planNode("n1")},
-		agents: agents(nil),
-		want: map[string]want{
-			"multi": {allocated: v1.ReasonMultiIPNotImplemented, assigned: v1.ReasonNotAssigned, ready: v1.ReasonNoEgressNode, allocMsg: "not implemented by this controller yet"},
-		},
-		unplaced: map[string]int{v1.ReasonMultiIPNotImplemented: 1},
-	}, {
 		name:     "a full Node: the younger Egress is CapacityExhausted",
 		pools:    []v1.ExternalIPPool{l2PoolOf("198.51.100.0/29", 0)},
 		egresses: []v1.Egress{l2Egress("a", 1, "", ""), l2Egress("b", 2, "", "")},

@@ -72,6 +72,16 @@ type fakeAgent struct {
 	macs      []string
 	// nics is served as the report's NIC MACs (report.Report.NICs).
 	nics []string
+	// multi: the test has Egresses with spec.ips, whose IPs other than
+	// the first are not found by the status.egressNode field selector, so
+	// sync lists every Egress.
+	multi bool
+}
+
+func (a *fakeAgent) isMulti() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.multi
 }
 
 // setNICs sets the NIC MACs the agent serves (nil: none).
@@ -191,16 +201,27 @@ func (a *fakeAgent) current() report.Report {
 	return r
 }
 
-// sync binds what the API server assigns to this Node, like the agent.
+// sync binds what the API server assigns to this Node, like the agent:
+// status.egressIP where status.egressNode is this Node and, once a test
+// has multi-IP Egresses (multi), every status.ips entry of this Node.
 func (a *fakeAgent) sync(ctx context.Context, c client.Client) {
 	var list v1.EgressList
-	if err := c.List(ctx, &list, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector(v1.EgressNodeField, a.node)}); err != nil {
+	var opts []client.ListOption
+	if !a.isMulti() {
+		opts = append(opts, client.MatchingFieldsSelector{Selector: fields.OneTermEqualSelector(v1.EgressNodeField, a.node)})
+	}
+	if err := c.List(ctx, &list, opts...); err != nil {
 		return
 	}
 	want := map[netip.Addr]bool{}
 	for _, e := range list.Items {
-		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil {
+		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && e.Status.EgressNode == a.node {
 			want[ip] = true
+		}
+		for _, s := range e.Status.IPs {
+			if ip, err := netip.ParseAddr(s.IP); err == nil && s.Node == a.node {
+				want[ip] = true
+			}
 		}
 	}
 	a.mu.Lock()

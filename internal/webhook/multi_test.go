@@ -31,7 +31,7 @@ func ips(pool string, count int32, addrs ...string) v1.EgressIPSource {
 // TestMultiIPEgressChecks: what CEL cannot see in spec.ips is refused here
 // with a message naming the entry: pools of both families, more IPs than a
 // pool has addresses (summed over its zones), named addresses outside their
-// pool; a valid multi-IP Egress is admitted.
+// pool, a cloud-backed pool; a valid multi-IP Egress is admitted.
 func TestMultiIPEgressChecks(t *testing.T) {
 	create(t, pool("mip-v4", v1.IPRange{CIDR: "198.51.100.128/30"}), "") // 2 usable addresses
 	create(t, pool("mip-v4b", v1.IPRange{CIDR: "198.51.100.160/28"}), "")
@@ -48,6 +48,11 @@ func TestMultiIPEgressChecks(t *testing.T) {
 		`spec.ips[1].count: Invalid value: 2: ExternalIPPool "mip-v4" has 2 addresses in all, and this Egress asks for 3 of them`)
 	create(t, multi("mip-outside", ips("mip-v4b", 1, "198.51.100.200")),
 		`spec.ips[0].addresses[0]: Invalid value: "198.51.100.200": not usable from ExternalIPPool "mip-v4b"`)
+	cloud := pool("mip-cloud")
+	cloud.Spec.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: "subnet-0123456789abcdef0", InterfaceMode: v1.AWSPrimaryInterface}}
+	create(t, cloud, "")
+	create(t, multi("mip-cloud", ips("mip-v4", 1), ips("mip-cloud", 1)),
+		`spec.ips[1].pool: Invalid value: "mip-cloud": ExternalIPPool "mip-cloud" is cloud-backed (spec.cloud): several IPs per Egress are built for pools on a shared L2 segment only`)
 }
 
 // TestZoneWithoutNodesWarns: a zone no Node carries, and a zone with fewer
