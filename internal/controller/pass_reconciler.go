@@ -167,6 +167,14 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}
+	if len(writes) >= bigPassWrites {
+		byPrio := [prioOther + 1]int{}
+		for _, w := range writes {
+			byPrio[w.prio]++
+		}
+		logger.Info("scheduling pass wrote many statuses", "moves", byPrio[prioMove], "readyChanges", byPrio[prioReady],
+			"assignments", byPrio[prioAssign], "other", byPrio[prioOther], "deferred", len(deferred), "duration", time.Since(start))
+	}
 	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "deferred", len(deferred), "duration", time.Since(start))
 	return result, nil
 }
@@ -193,6 +201,11 @@ type statusWrite struct {
 	prio  writePriority
 	index int
 }
+
+// bigPassWrites is the number of patches from which a pass logs what it
+// wrote, by priority, at the default level (a failover of a loaded Node,
+// a cold start).
+const bigPassWrites = 100
 
 // writePriority orders a pass's patches: the client's rate limiter hands
 // out its tokens in the order the patches are issued, so the ones a
