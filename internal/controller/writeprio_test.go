@@ -44,7 +44,7 @@ func TestEgressWritePriority(t *testing.T) {
 func TestPrioritizeDefersOnlyDeferrable(t *testing.T) {
 	var writes []statusWrite
 	add := func(p writePriority, n int) {
-		for i := 0; i < n; i++ {
+		for i := range n {
 			writes = append(writes, statusWrite{obj: &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d-%d", p, i)}}, prio: p, index: len(writes),
 				do: func(context.Context) error { return nil }})
 		}
