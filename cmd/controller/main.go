@@ -111,10 +111,12 @@ func bindFlags(fs *flag.FlagSet) *controllerFlags {
 		"The directory that contains the metrics server certificate.")
 	fs.StringVar(&f.metricsCertName, "metrics-cert-name", "tls.crt", "The name of the metrics server certificate file.")
 	fs.StringVar(&f.metricsCertKey, "metrics-cert-key", "tls.key", "The name of the metrics server key file.")
-	fs.Float64Var(&f.apiQPS, "kube-api-qps", 50,
-		"Requests per second the controller may send to the API server "+
-			"(status writes of a large pass are spread at this rate).")
-	fs.IntVar(&f.apiBurst, "kube-api-burst", 100, "Burst of requests above --kube-api-qps.")
+	fs.Float64Var(&f.apiQPS, "kube-api-qps", controller.DefaultKubeAPIQPS,
+		"Requests per second the controller may send to the API server, per resource type "+
+			"(a large pass's deferrable status writes are spread at this rate; docs/install.md).")
+	fs.IntVar(&f.apiBurst, "kube-api-burst", controller.DefaultKubeAPIBurst,
+		"Burst of requests above --kube-api-qps, per resource type: the writes of a failover "+
+			"of one Node (two per Egress) should fit in it.")
 	fs.BoolVar(&f.enableWebhooks, "enable-webhooks", true,
 		"Serve the validating webhook (pool overlaps, egressIP outside its pool, pool updates that drop allocated IPs).")
 	fs.IntVar(&f.ctrlOpts.Pass.DefaultCapacity, "max-egress-ips-per-node", 255,

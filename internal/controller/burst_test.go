@@ -187,7 +187,7 @@ func startReplica(cl *cluster, lease string) *replica {
 	t.Helper()
 	newMgr := func() (ctrl.Manager, error) {
 		cfg := rest.CopyConfig(cl.env.Config)
-		cfg.QPS, cfg.Burst = 50, 100 // egressip-controller's defaults
+		cfg.QPS, cfg.Burst = DefaultKubeAPIQPS, DefaultKubeAPIBurst // egressip-controller's defaults
 		// controller-runtime's defaults for the lease; the handover is
 		// quick anyway, as the stopped leader releases the lease.
 		leaseDur, renew, retry := 15*time.Second, 10*time.Second, 500*time.Millisecond

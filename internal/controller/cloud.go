@@ -177,10 +177,18 @@ type CloudActuator struct {
 	held          map[netip.Addr]heldAddr
 	ours          map[netip.Addr]string // address -> interface our own call attached it to
 	eips          map[string]eipView    // pool -> its Elastic IPs as last read
-	runCtx        context.Context
-	backoff       *flowcontrol.Backoff
-	backoffUntil  map[backoffKey]time.Time
-	refreshNow    chan struct{}
+	// writeSeq numbers our completed calls; eniOverlay and eipOverlay
+	// keep their results over re-reads begun before them (cloudoverlay.go).
+	writeSeq   uint64
+	eniOverlay map[string]eniOverlayEntry
+	eipOverlay map[string]eipOverlayEntry
+	// devices are, per instance, the device indexes of the creates in
+	// flight, so that a create in the next pass picks another.
+	devices      map[string][]int
+	runCtx       context.Context
+	backoff      *flowcontrol.Backoff
+	backoffUntil map[backoffKey]time.Time
+	refreshNow   chan struct{}
 	// Own interfaces (OwnInterfaces pools): every interface tagged with
 	// our cluster, the pools' subnets, the "node/pool" pairs with a
 	// create in flight, and each pool's last interface error.
@@ -224,6 +232,9 @@ func NewCloudActuator(reader client.Reader, cfg CloudConfig) *CloudActuator {
 		warmAttaching: map[string]int{},
 		held:          map[netip.Addr]heldAddr{},
 		ours:          map[netip.Addr]string{},
+		eniOverlay:    map[string]eniOverlayEntry{},
+		eipOverlay:    map[string]eipOverlayEntry{},
+		devices:       map[string][]int{},
 		backoff:       backoff,
 		backoffUntil:  map[backoffKey]time.Time{},
 		refreshNow:    make(chan struct{}, 1),
@@ -303,6 +314,7 @@ func (c *CloudActuator) Refresh(ctx context.Context) error {
 			ids[nodes.Items[i].Name] = pid
 		}
 	}
+	seq := c.readSeq()
 	var got map[string]cloud.Interface
 	err := c.call(ctx, actionInterfaces, func() error {
 		var err error
@@ -321,6 +333,7 @@ func (c *CloudActuator) Refresh(ctx context.Context) error {
 	tagged, subnets, subnetErr, ok := c.readOwn(ctx)
 	now := c.cfg.Clock.Now()
 	c.mu.Lock()
+	tagged = c.overlayENIs(got, tagged, ok, seq, now)
 	for ip, o := range c.overlay {
 		if now.After(o.deadline) {
 			delete(c.overlay, ip)

@@ -150,6 +150,7 @@ func (c *CloudActuator) refreshElasticIPs(ctx context.Context, pools []v1.Extern
 	if !ok {
 		return
 	}
+	seq := c.readSeq()
 	views := map[string]eipView{}
 	for i := range pools {
 		p := &pools[i]
@@ -175,6 +176,7 @@ func (c *CloudActuator) refreshElasticIPs(ctx context.Context, pools []v1.Extern
 		views[p.Name] = v
 	}
 	c.mu.Lock()
+	c.overlayEIPs(views, seq, c.cfg.Clock.Now())
 	changed := fmt.Sprint(views) != fmt.Sprint(c.eips)
 	c.eips = views
 	c.mu.Unlock()
@@ -234,6 +236,11 @@ func (c *CloudActuator) runElasticIPs(ctx context.Context, ops []eipOp) {
 				}
 			}
 			c.eips[op.Pool] = v
+			if op.Associate {
+				c.associated(op.Pool, op.AllocationID, assoc, op.InterfaceID, op.Private, c.cfg.Clock.Now())
+			} else {
+				c.associated(op.Pool, op.AllocationID, "", "", netip.Addr{}, c.cfg.Clock.Now())
+			}
 			c.mu.Unlock()
 		}()
 	}

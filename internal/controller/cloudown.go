@@ -177,15 +177,16 @@ func (c *CloudActuator) runENIJobs(ctx context.Context, out *cloudOutput) {
 		for _, e := range ifc.Others {
 			used = append(used, e.DeviceIndex)
 		}
-		devices[ifc.InstanceID] = used
+		devices[ifc.InstanceID] = append(used, c.devices[ifc.InstanceID]...) // creates in flight
 	}
-	c.mu.Unlock()
 	for _, cr := range creates {
 		used := devices[cr.InstanceID]
 		dev := nextDevice(used)
 		devices[cr.InstanceID] = append(used, dev) // two creates for one instance in one pass
+		c.devices[cr.InstanceID] = append(c.devices[cr.InstanceID], dev)
 		go c.createENI(ctx, im, cr, dev)
 	}
+	c.mu.Unlock()
 	for _, d := range deletes {
 		go c.deleteENI(ctx, im, d)
 	}
@@ -222,6 +223,10 @@ func (c *CloudActuator) createENI(ctx context.Context, im cloud.InterfaceManager
 	defer func() {
 		c.mu.Lock()
 		delete(c.creating, k)
+		c.devices[cr.InstanceID] = slices.DeleteFunc(c.devices[cr.InstanceID], func(d int) bool { return d == device })
+		if len(c.devices[cr.InstanceID]) == 0 {
+			delete(c.devices, cr.InstanceID)
+		}
 		c.mu.Unlock()
 		c.reread()
 	}()
@@ -248,8 +253,10 @@ func (c *CloudActuator) createENI(ctx context.Context, im cloud.InterfaceManager
 		delete(c.busy, eni.ID)
 		c.mu.Unlock()
 	}()
+	var attachment string
 	err = c.call(ctx, actionAttachENI, func() error {
-		_, err := im.AttachInterface(ctx, eni.ID, cr.InstanceID, device)
+		var err error
+		attachment, err = im.AttachInterface(ctx, eni.ID, cr.InstanceID, device)
 		return err
 	})
 	if err != nil {
@@ -265,7 +272,8 @@ func (c *CloudActuator) createENI(ctx context.Context, im cloud.InterfaceManager
 	delete(c.createFailed, cr.Pool)
 	// In the view at once, so that the next create on this instance picks
 	// another device index and the next pass can use it before a re-read.
-	eni.InstanceID, eni.DeviceIndex, eni.Tags = cr.InstanceID, device, spec.Tags
+	eni.InstanceID, eni.DeviceIndex, eni.AttachmentID, eni.Tags = cr.InstanceID, device, attachment, spec.Tags
+	c.attachedENI(cr.Node, eni, c.cfg.Clock.Now()) // and kept over re-reads begun before now
 	if ifc, ok := c.ifaces[cr.Node]; ok && !slices.ContainsFunc(ifc.Others, func(e cloud.ENI) bool { return e.ID == eni.ID }) {
 		ifc.Others = append(slices.Clone(ifc.Others), eni)
 		slices.SortFunc(ifc.Others, func(a, b cloud.ENI) int { return a.DeviceIndex - b.DeviceIndex })
@@ -288,6 +296,9 @@ func (c *CloudActuator) deleteENI(ctx context.Context, im cloud.InterfaceManager
 		return
 	}
 	c.succeeded(backoffKey{backoffDelete, d.InterfaceID})
+	c.mu.Lock()
+	delete(c.eniOverlay, d.InterfaceID)
+	c.mu.Unlock()
 	log.FromContext(ctx).Info("deleted a network interface of our own", "pool", klog.KRef("", d.Pool), "node", klog.KRef("", d.Node), "interface", d.InterfaceID, "why", d.Why)
 }
 
@@ -485,6 +496,7 @@ func (c *CloudActuator) refreshNodes(ctx context.Context, names []string) error 
 	if len(ids) == 0 {
 		return nil
 	}
+	seq := c.readSeq()
 	var got map[string]cloud.Interface
 	err := c.call(ctx, actionInterfaces, func() error {
 		var err error
@@ -496,6 +508,7 @@ func (c *CloudActuator) refreshNodes(ctx context.Context, names []string) error 
 	}
 	now := c.cfg.Clock.Now()
 	c.mu.Lock()
+	c.overlayENIs(got, nil, false, seq, now)
 	for ip, o := range c.overlay {
 		if !now.After(o.deadline) {
 			placeIP(got, ip, o.iface, o.node != "")

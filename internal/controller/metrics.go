@@ -58,13 +58,20 @@ var (
 )
 
 // sliceWrites counts the member publication's writes (MembersReconciler).
+// deferredWrites counts the deferrable status patches a pass left for the
+// next one (PassReconciler.DeferrableWrites).
+var deferredWrites = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "egressip_controller_status_writes_deferred_total",
+	Help: "Deferrable status patches (new assignments, cosmetic changes, pool statuses) a pass left for the next pass because it had issued --kube-api-qps of them already; the patches a failover needs are never deferred.",
+})
+
 var sliceWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "egressip_controller_member_slice_writes_total",
 	Help: "EgressMemberSlice writes, by operation (create, update, delete) and result (ok, conflict, error).",
 }, []string{"op", labelResult})
 
 func init() {
-	metrics.Registry.MustRegister(passDuration, movesTotal, unplacedEgresses, statusWrites, invalidCapacity, conflictEgresses, conflictEvents, sliceWrites)
+	metrics.Registry.MustRegister(passDuration, movesTotal, unplacedEgresses, statusWrites, invalidCapacity, conflictEgresses, conflictEvents, sliceWrites, deferredWrites)
 	// Start the common series at zero so dashboards see them before the
 	// first move or write.
 	for _, r := range []string{v1.MoveNodeRemoved, v1.MoveNodeIneligible, v1.MoveNodeNotInPool, v1.MoveCapacityReduced} {

@@ -14,6 +14,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
@@ -48,6 +50,15 @@ type PassReconciler struct {
 	Cloud *CloudActuator
 	// WriteParallelism bounds concurrent status patches. Default 16.
 	WriteParallelism int
+	// DeferrableWrites is how many deferrable patches (writePriority
+	// prioAssign and prioOther) one pass issues at most; the rest wait for
+	// the next pass, which runs at once. The patches a pass needs (moves,
+	// Ready changes, finalizers) are never deferred. It bounds how long a
+	// pass spends on a bulk (a cold start writes every Egress), so that a
+	// Node's death found meanwhile waits at most that long. Setup sets it
+	// to one second's worth of the client's rate limit (--kube-api-qps);
+	// 0 means no bound (tests of the pass alone).
+	DeferrableWrites int
 	// APIReader reads the API server without the cache (consistent
 	// reads). The first pass as leader, and the first after a status
 	// write whose outcome is unknown, wait until the cache shows every
@@ -134,7 +145,16 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	setPassMetrics(&out)
 
 	ew := r.egressWrites(egs.Items, &out)
-	writes := append(ew.writes, r.poolWrites(pools.Items, &out)...)
+	writes, deferred := r.prioritize(append(ew.writes, r.poolWrites(pools.Items, &out)...))
+	for _, w := range deferred {
+		if w.index >= 0 {
+			ew.patched[w.index] = false // not attempted: the API server holds it as read
+		}
+	}
+	if len(deferred) > 0 {
+		deferredWrites.Add(float64(len(deferred)))
+		result.RequeueAfter = minPositive(result.RequeueAfter, time.Millisecond) // the next chunk, after this pass's writes
+	}
 	errs, unknown := r.runWrites(ctx, writes)
 	for _, e := range ew.written {
 		if e != nil {
@@ -148,7 +168,15 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
 	}
-	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "duration", time.Since(start))
+	if len(writes) >= bigPassWrites {
+		byPrio := [prioOther + 1]int{}
+		for _, w := range writes {
+			byPrio[w.prio]++
+		}
+		logger.Info("scheduling pass wrote many statuses", "moves", byPrio[prioMove], "readyChanges", byPrio[prioReady],
+			"assignments", byPrio[prioAssign], "other", byPrio[prioOther], "deferred", len(deferred), "duration", time.Since(start))
+	}
+	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "deferred", len(deferred), "duration", time.Since(start))
 	return result, nil
 }
 
@@ -169,6 +197,74 @@ func setPassMetrics(out *passOutput) {
 type statusWrite struct {
 	obj client.Object
 	do  func(context.Context) error
+	// prio is how urgent the patch is; index is the Egress's index in the
+	// pass's list (-1 for a pool).
+	prio  writePriority
+	index int
+}
+
+// bigPassWrites is the number of patches from which a pass logs what it
+// wrote, by priority, at the default level (a failover of a loaded Node,
+// a cold start).
+const bigPassWrites = 100
+
+// writePriority orders a pass's patches: the client's rate limiter hands
+// out its tokens in the order the patches are issued, so the ones a
+// failover needs go first, and the deferrable ones (DeferrableWrites)
+// may wait for the next pass.
+type writePriority uint8
+
+const (
+	// prioMove: an Egress leaves its Node (failover, drain, release) or
+	// changes address; a pool's finalizer. Never deferred.
+	prioMove writePriority = iota
+	// prioReady: an Egress's Ready condition changes status on the same
+	// Node (it became Ready after its agent bound it, or stopped being).
+	// Never deferred.
+	prioReady
+	// prioAssign: an Egress without a Node gets one, the bulk of a cold
+	// start. Deferrable: a new Egress that waits one more pass loses
+	// nothing it had.
+	prioAssign
+	// prioOther: anything else (messages, observed generations, public
+	// IPs, other conditions, pool statuses). Deferrable.
+	prioOther
+)
+
+// egressWritePriority is the priority of the patch from status a to b.
+func egressWritePriority(a, b *v1.EgressStatus) writePriority {
+	switch {
+	case a.EgressNode != "" && a.EgressNode != b.EgressNode, a.EgressIP != "" && a.EgressIP != b.EgressIP:
+		return prioMove
+	case a.EgressNode == "" && b.EgressNode != "":
+		return prioAssign
+	case b.EgressNode != "" && conditionStatus(a.Conditions, v1.ConditionReady) != conditionStatus(b.Conditions, v1.ConditionReady):
+		return prioReady
+	}
+	return prioOther
+}
+
+// conditionStatus is the status of the condition t in cs, "" when absent.
+func conditionStatus(cs []metav1.Condition, t string) metav1.ConditionStatus {
+	if c := meta.FindStatusCondition(cs, t); c != nil {
+		return c.Status
+	}
+	return ""
+}
+
+// prioritize orders writes by priority (stable: the pass's order within
+// one class) and splits off the deferrable ones beyond DeferrableWrites.
+func (r *PassReconciler) prioritize(writes []statusWrite) (now, later []statusWrite) {
+	slices.SortStableFunc(writes, func(a, b statusWrite) int { return cmp.Compare(a.prio, b.prio) })
+	if r.DeferrableWrites <= 0 {
+		return writes, nil
+	}
+	urgent := slices.IndexFunc(writes, func(w statusWrite) bool { return w.prio >= prioAssign })
+	if urgent < 0 || len(writes)-urgent <= r.DeferrableWrites {
+		return writes, nil
+	}
+	cut := urgent + r.DeferrableWrites
+	return writes[:cut], writes[cut:]
 }
 
 // egressWriteSet are the Egress status patches of a pass: written holds
@@ -207,7 +303,7 @@ func (r *PassReconciler) egressWrites(egs []v1.Egress, out *passOutput) *egressW
 			continue
 		}
 		w.patched[i] = true
-		w.writes = append(w.writes, statusWrite{obj: e, do: func(ctx context.Context) error {
+		w.writes = append(w.writes, statusWrite{obj: e, prio: egressWritePriority(&e.Status, &ch.Status), index: i, do: func(ctx context.Context) error {
 			patch := client.MergeFromWithOptions(e.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			e.Status = ch.Status
 			if err := r.Client.Status().Patch(ctx, e, patch); err != nil {
@@ -249,7 +345,7 @@ func (r *PassReconciler) poolWrites(pools []v1.ExternalIPPool, out *passOutput) 
 	for i := range pools {
 		p := &pools[i]
 		if want := out.Finalize[p.Name]; want != controllerutil.ContainsFinalizer(p, PoolFinalizer) {
-			writes = append(writes, statusWrite{obj: p, do: func(ctx context.Context) error {
+			writes = append(writes, statusWrite{obj: p, prio: prioMove, index: -1, do: func(ctx context.Context) error {
 				patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
 				if want {
 					controllerutil.AddFinalizer(p, PoolFinalizer)
@@ -264,7 +360,7 @@ func (r *PassReconciler) poolWrites(pools []v1.ExternalIPPool, out *passOutput) 
 		if equality.Semantic.DeepEqual(p.Status, st) {
 			continue
 		}
-		writes = append(writes, statusWrite{obj: p, do: func(ctx context.Context) error {
+		writes = append(writes, statusWrite{obj: p, prio: prioOther, index: -1, do: func(ctx context.Context) error {
 			patch := client.MergeFromWithOptions(p.DeepCopy(), client.MergeFromWithOptimisticLock{})
 			p.Status = st
 			return r.Client.Status().Patch(ctx, p, patch)

@@ -73,6 +73,33 @@ func CheckFlags(o Options) error {
 	return checkReleaseTimeout(o.Pass.ReleaseTimeout, o.Liveness)
 }
 
+// The client rate limits egressip-controller's --kube-api-qps and
+// --kube-api-burst default to. controller-runtime gives each resource type
+// a client of its own, each with a token bucket of these sizes, so Egress
+// status patches share theirs with nothing else. The burst covers a
+// failover of a Node holding 200 Egresses (a patch to move each, another
+// when it is Ready on its new Node) without waiting for tokens; the rate
+// writes the 10,000 patches of a cold start of 5,000 Egresses in about
+// 100 s (docs/install.md, "API rate limits").
+const (
+	DefaultKubeAPIQPS   = 100
+	DefaultKubeAPIBurst = 400
+)
+
+// deferrableWrites is PassReconciler.DeferrableWrites for a client limited
+// to qps requests per second: one second's worth, at least 16 (one round
+// of WriteParallelism); unlimited when the client has no rate limit
+// (qps < 0).
+func deferrableWrites(qps float32) int {
+	if qps < 0 {
+		return 0
+	}
+	if qps == 0 {
+		qps = 5 // client-go's default QPS
+	}
+	return max(int(qps), 16)
+}
+
 // Setup registers the scheduling pass, the agent liveness poller and the
 // member slice publication with mgr; mgr's cache should be built with
 // CacheOptions (Pods stripped). They run only on the elected leader.
@@ -98,7 +125,8 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	l := NewLiveness(mgr.GetClient(), o.Liveness)
 	l.Recorder = rec
-	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, Liveness: l, Config: o.Pass, beforePass: o.beforePass}
+	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, Liveness: l, Config: o.Pass, beforePass: o.beforePass,
+		DeferrableWrites: deferrableWrites(mgr.GetConfig().QPS)}
 	if o.Cloud.Provider != nil {
 		r.Cloud = NewCloudActuator(mgr.GetClient(), o.Cloud)
 		l.onNICs(r.Cloud.nicsReported)
