@@ -8,12 +8,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -29,10 +26,6 @@ import (
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/test/e2e/harness"
 )
-
-// prefix names this run's namespaces; it is random so that two runs on one
-// machine (a developer's and CI's) never touch each other's namespaces.
-var prefix = os.Getenv("EGRESSIP_E2E_PREFIX")
 
 var c *harness.Cluster
 
@@ -60,72 +53,17 @@ func crashRuns(t *testing.T) int {
 }
 
 func TestMain(m *testing.M) {
-	if os.Geteuid() != 0 {
-		fmt.Println("e2e: not root: skipping (network namespaces need root; CI runs as root)")
-		os.Exit(0)
-	}
-	if prefix == "" {
-		// Chosen once in the parent and passed to the re-executed child.
-		prefix = fmt.Sprintf("e2e%04x", rand.IntN(1<<16))
-		_ = os.Setenv("EGRESSIP_E2E_PREFIX", prefix)
-	}
-	if err := harness.ReexecInNetNS(prefix); err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		os.Exit(1)
-	}
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
-	bin, err := os.MkdirTemp("", "egressip-e2e-bin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer func() { _ = os.RemoveAll(bin) }()
-	for _, b := range []struct{ out, pkg string }{{"egressip-controller", "./cmd/controller"}, {"egressip-agent", "./cmd/agent"}} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, b.out), b.pkg)
-		cmd.Dir = "../.."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", b.pkg, err, out)
-			return 1
-		}
-	}
-	var log *os.File
-	if os.Getenv("E2E_VERBOSE") != "" {
-		log = os.Stderr
-	}
-	cfg := harness.Config{Prefix: prefix, Nodes: clusterNodes, BinDir: bin, Datapath: true, Pods: []harness.PodTemplate{
-		{Namespace: "e2e-pay", NamespaceLabels: map[string]string{"team": "e2e-pay"}, Name: "pay", Labels: map[string]string{"app": "pay"}},
-		{Namespace: "e2e-other", NamespaceLabels: map[string]string{"team": "e2e-other"}, Name: "other", Labels: map[string]string{"app": "other"}},
-	}, RecordNodes: []int{1}} // n1 in forced-fallback mode (TestFallbackNode)
-	if log != nil {
-		cfg.Log = log
-	}
-	// Every process's log in a file of its own, as the demo keeps them
-	// (TestLogFiles); E2E_LOG_DIR keeps them after the run.
-	cfg.LogDir = os.Getenv("E2E_LOG_DIR")
-	if cfg.LogDir == "" {
-		if cfg.LogDir, err = os.MkdirTemp("", "egressip-e2e-logs-"); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer func() { _ = os.RemoveAll(cfg.LogDir) }()
-	}
-	c, err = harness.Start(context.Background(), cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: start cluster:", err)
-		return 1
-	}
-	defer c.Stop()
-	ctx := context.Background()
-	for _, f := range []string{"egressip_v1alpha1_externalippool.yaml"} {
-		if _, err := c.ApplyFile(ctx, filepath.Join("../../config/samples", f)); err != nil {
-			fmt.Fprintln(os.Stderr, "e2e:", err)
-			return 1
-		}
-	}
-	return m.Run()
+	os.Exit(harness.Main(m, harness.MainOptions{
+		PrefixEnv: "EGRESSIP_E2E_PREFIX", Stem: "e2e",
+		Config: func(prefix, bin, logDir string) harness.Config {
+			return harness.Config{Prefix: prefix, Nodes: clusterNodes, BinDir: bin, LogDir: logDir, Datapath: true, Pods: []harness.PodTemplate{
+				{Namespace: "e2e-pay", NamespaceLabels: map[string]string{"team": "e2e-pay"}, Name: "pay", Labels: map[string]string{"app": "pay"}},
+				{Namespace: "e2e-other", NamespaceLabels: map[string]string{"team": "e2e-other"}, Name: "other", Labels: map[string]string{"app": "other"}},
+			}, RecordNodes: []int{1}} // n1 in forced-fallback mode (TestFallbackNode)
+		},
+		Samples: []string{"../../config/samples/egressip_v1alpha1_externalippool.yaml"},
+		Started: func(cl *harness.Cluster) { c = cl },
+	}))
 }
 
 func newEgress(t *testing.T, name, pool, ip string) {
