@@ -88,6 +88,8 @@ type demo struct {
 	c       *harness.Cluster
 	kubectl string
 	step    int
+	// cordoned is the Node the planned-move step cordoned.
+	cordoned *harness.Node
 }
 
 func (d *demo) say(format string, args ...any) {
@@ -170,6 +172,11 @@ func (d *demo) run(cfg harness.Config, samples string, keep bool) error {
 
 	d.say("failurePolicy: an Egress for namespace shop whose pool no Node may hold")
 	if err := d.failurePolicy(crashed); err != nil {
+		return err
+	}
+
+	d.say("Several IPs per Egress: egress/batch asks for 2 IPs of office-egress, each held by its own Node")
+	if crashed, err = d.multiIP(samples, crashed); err != nil {
 		return err
 	}
 
@@ -346,11 +353,13 @@ func (d *demo) crash(name string) (*harness.Node, error) {
 
 // demoPods run on every Node: payments Pods use the payments (IPv4) and
 // payments-v6 Egresses of the samples, the analytics exporter uses
-// analytics (IPv4 only), and the shop Pods no Egress.
+// analytics (IPv4 only), the shop Pods no Egress, and the batch Pods none
+// until the last step creates the multi-IP Egress batch.
 var demoPods = []harness.PodTemplate{
 	{Namespace: "payments", NamespaceLabels: map[string]string{"team": "payments"}, Name: "checkout", Labels: map[string]string{"app": "checkout"}},
 	{Namespace: "analytics", NamespaceLabels: map[string]string{"team": "analytics"}, Name: "exporter", Labels: map[string]string{"app": "exporter"}},
 	{Namespace: "shop", NamespaceLabels: map[string]string{"team": "shop"}, Name: "web", Labels: map[string]string{"app": "web"}},
+	{Namespace: "batch", NamespaceLabels: map[string]string{"team": "batch"}, Name: "job", Labels: map[string]string{"app": "job"}},
 }
 
 // sources connects from every Pod (except those of Node down) to the
@@ -427,6 +436,7 @@ func (d *demo) cordon(name string) error {
 	if err != nil {
 		return err
 	}
+	d.cordoned = m.From
 	fmt.Printf("   cordoned %s; %s (%s) was on it\n", m.From.Name, name, m.IP)
 	if len(others) > 0 {
 		fmt.Printf("   also on it, and moved the same way: %s\n", strings.Join(others, ", "))

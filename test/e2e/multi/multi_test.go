@@ -7,6 +7,7 @@ package multi
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -306,13 +307,7 @@ func TestMultiIPCrash(t *testing.T) {
 	switch {
 	case newHolder == nil || newHolder == victim:
 		t.Fatalf("%s not moved off %s: %s", victimIP, victim.Name, describeIPs(after))
-	case slices.Contains(slices.Collect(func(yield func(string) bool) {
-		for ip, n := range h {
-			if ip != victimIP && !yield(n) {
-				return
-			}
-		}
-	}), newHolder.Name):
+	case slices.Contains(slices.Collect(maps.Values(h)), newHolder.Name):
 		t.Fatalf("%s moved to %s, which holds another IP of the Egress: %s", victimIP, newHolder.Name, describeIPs(after))
 	case newHolder.MAC.String() != newMAC:
 		t.Fatalf("ARP answered by %s, but the status says %s", newMAC, describeIPs(after))
