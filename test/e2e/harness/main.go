@@ -8,6 +8,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 )
 
 // MainOptions is what one end-to-end test package asks of Main.
@@ -80,8 +84,12 @@ func Main(m *testing.M, o MainOptions) int {
 		defer func() { _ = os.RemoveAll(logDir) }()
 	}
 	cfg := o.Config(prefix, bin, logDir)
+	// The test process's own controller-runtime clients log nothing
+	// unless asked (the processes under test log to their files).
+	ctrllog.SetLogger(logr.Discard())
 	if os.Getenv("E2E_VERBOSE") != "" {
 		cfg.Log = os.Stderr
+		ctrllog.SetLogger(zap.New(zap.WriteTo(os.Stderr)))
 	}
 	ctx := context.Background()
 	c, err := Start(ctx, cfg)

@@ -130,6 +130,27 @@ func holders(t *testing.T, e *v1.Egress) map[netip.Addr]string {
 	return h
 }
 
+// awaitSpread waits up to 5 s until a new connection from every Pod of
+// pods leaves with one of the IPs of h: a source Node programs the
+// Egress's IPs when its watch shows them Ready, a moment after the
+// status does. The checks that follow count every connection.
+func awaitSpread(t *testing.T, pods []*harness.Pod, h map[netip.Addr]string) {
+	t.Helper()
+	start := time.Now()
+	if !harness.WaitFor(context.Background(), 5*time.Second, func() bool {
+		for _, p := range pods {
+			if ip, err := c.Who(context.Background(), p, false); err != nil || h[ip] == "" {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Logf("not every Pod's new connection left with an IP of %v within 5s", h)
+		return
+	}
+	t.Logf("every Pod's new connection leaves with an IP of the Egress %v after the status showed them Ready", time.Since(start).Round(time.Millisecond))
+}
+
 // podsOn returns the selected Pods whose Node is (on true) or is not (on
 // false) one of names.
 func podsOn(on bool, names ...string) []*harness.Pod {
@@ -214,16 +235,7 @@ func TestMultiIPSpread(t *testing.T) {
 	if len(pods) != nodes*podsPerNode {
 		t.Fatalf("%d selected Pods, want %d", len(pods), nodes*podsPerNode)
 	}
-	// New connections are spread by the source Nodes as soon as they see
-	// the IPs Ready; give the last source Node a moment to get there.
-	harness.WaitFor(context.Background(), 5*time.Second, func() bool {
-		for _, p := range pods {
-			if ip, err := c.Who(context.Background(), p, false); err != nil || h[ip] == "" {
-				return false
-			}
-		}
-		return true
-	})
+	awaitSpread(t, pods, h)
 	start := time.Now()
 	fs := openFlows(t, pods, 2)
 	seen := bySource(fs)
@@ -262,8 +274,14 @@ func TestMultiIPCrash(t *testing.T) {
 	if victim == nil {
 		t.Fatalf("unknown holder Node: %s", describeIPs(e))
 	}
+	awaitSpread(t, c.PodsIn(podNamespace), h)
 	fs := openFlows(t, podsOn(false, victim.Name), 2)
 	seen := bySource(fs)
+	for ip, n := range seen {
+		if h[ip] == "" {
+			t.Fatalf("%d connections left with %s, which is not an IP of the Egress (%s)", n, ip, describeIPs(e))
+		}
+	}
 	t.Logf("before the crash: %d connections by source %v; %s holds %s", len(fs), seen, victim.Name, victimIP)
 
 	quietStart := time.Now()
@@ -365,7 +383,13 @@ func TestMultiIPPlannedMove(t *testing.T) {
 	h := holders(t, e)
 	movedIP := netip.MustParseAddr(e.Status.IPs[1].IP)
 	from := h[movedIP]
+	awaitSpread(t, c.PodsIn(podNamespace), h)
 	fs := openFlows(t, c.PodsIn(podNamespace), 2)
+	for ip, n := range bySource(fs) {
+		if h[ip] == "" {
+			t.Fatalf("%d connections left with %s, which is not an IP of the Egress (%s)", n, ip, describeIPs(e))
+		}
+	}
 	quietStart := time.Now()
 	time.Sleep(3 * time.Second)
 	quiet, _ := maxGap(fs, quietStart)
