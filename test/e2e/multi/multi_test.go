@@ -137,16 +137,22 @@ func holders(t *testing.T, e *v1.Egress) map[netip.Addr]string {
 func awaitSpread(t *testing.T, pods []*harness.Pod, h map[netip.Addr]string) {
 	t.Helper()
 	start := time.Now()
+	var misses []string
 	if !harness.WaitFor(context.Background(), 5*time.Second, func() bool {
 		for _, p := range pods {
+			t0 := time.Now()
 			if ip, err := c.Who(context.Background(), p, false); err != nil || h[ip] == "" {
+				misses = append(misses, fmt.Sprintf("%s at +%v: %v (%v) after %v", p, t0.Sub(start).Round(time.Millisecond), ip, err, time.Since(t0).Round(time.Millisecond)))
 				return false
 			}
 		}
 		return true
 	}) {
-		t.Logf("not every Pod's new connection left with an IP of %v within 5s", h)
+		t.Logf("not every Pod's new connection left with an IP of %v within 5s: %s", h, strings.Join(misses, "; "))
 		return
+	}
+	if len(misses) > 0 {
+		t.Logf("misses before: %s", strings.Join(misses, "; "))
 	}
 	t.Logf("every Pod's new connection leaves with an IP of the Egress %v after the status showed them Ready", time.Since(start).Round(time.Millisecond))
 }
