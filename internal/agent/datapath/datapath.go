@@ -389,7 +389,7 @@ func (d *Datapath) Apply(ctx context.Context, st State) error {
 // while no rule routes the mark yet: it leaves through the main table and
 // the CNI masquerades it, and the flow is reset once the route appears.
 func (d *Datapath) program(ctx context.Context, plan Plan) error {
-	if err := d.ensureDevice(); err != nil {
+	if err := d.ensureDevice(ctx); err != nil {
 		return err
 	}
 	staleRoutes, err := d.addRoutes(plan.Routes)
@@ -452,8 +452,10 @@ func (d *Datapath) step(name string, plan Plan) {
 }
 
 // ensureDevice creates or repairs the tunnel device: flow-based VXLAN-GPE,
-// MTU uplink-36, the link-local /32, loose rp_filter, up.
-func (d *Datapath) ensureDevice() error {
+// MTU uplink-36, the link-local /32, loose rp_filter, its offloads
+// (ensureOffloads: a failure there is logged, not returned, because the
+// tunnel still carries traffic), up.
+func (d *Datapath) ensureDevice(ctx context.Context) error {
 	name, mtu := d.cfg.TunnelDevice, d.cfg.UplinkMTU-overheadV4
 	l, err := d.nl.LinkByName(name)
 	if err == nil {
@@ -495,6 +497,9 @@ func (d *Datapath) ensureDevice() error {
 		return writeSysctl("net/ipv4/conf/"+name+"/rp_filter", "2")
 	}); err != nil {
 		return err
+	}
+	if err := inNetNS(d.ns, func() error { return ensureOffloads(d.nl, name) }); err != nil {
+		logr.FromContextOrDiscard(ctx).WithName("datapath").Error(err, "tunnel device offloads not set: the tunnel works, at a higher CPU cost", "device", name)
 	}
 	if l.Attrs().Flags&(1<<0) == 0 || l.Attrs().OperState != netlink.OperUp {
 		if err := d.nl.LinkSetUp(l); err != nil {
