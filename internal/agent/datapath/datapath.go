@@ -488,18 +488,23 @@ func (d *Datapath) ensureDevice(ctx context.Context) error {
 	if err := d.nl.AddrReplace(l, addr); err != nil {
 		return fmt.Errorf("address %s on %s: %w", d.cfg.TunnelAddr, name, err)
 	}
+	var offloadErr error
 	if err := inNetNS(d.ns, func() error {
 		// No IPv6 link-local address (addr_gen_mode 1, "none"): the
 		// device carries IPv6 but needs no address, MLD or ND of its own.
 		if err := writeSysctl("net/ipv6/conf/"+name+"/addr_gen_mode", "1"); err != nil {
 			return err
 		}
-		return writeSysctl("net/ipv4/conf/"+name+"/rp_filter", "2")
+		if err := writeSysctl("net/ipv4/conf/"+name+"/rp_filter", "2"); err != nil {
+			return err
+		}
+		offloadErr = ensureOffloads(d.nl, name)
+		return nil
 	}); err != nil {
 		return err
 	}
-	if err := inNetNS(d.ns, func() error { return ensureOffloads(d.nl, name) }); err != nil {
-		logr.FromContextOrDiscard(ctx).WithName("datapath").Error(err, "tunnel device offloads not set: the tunnel works, at a higher CPU cost", "device", name)
+	if offloadErr != nil {
+		logr.FromContextOrDiscard(ctx).WithName("datapath").Error(offloadErr, "tunnel device offloads not set: the tunnel works, at a higher CPU cost", "device", name)
 	}
 	if l.Attrs().Flags&(1<<0) == 0 || l.Attrs().OperState != netlink.OperUp {
 		if err := d.nl.LinkSetUp(l); err != nil {
