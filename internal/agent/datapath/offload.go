@@ -11,7 +11,8 @@ import (
 
 // TunnelFeatures are the ethtool features (the kernel's
 // netdev_features_strings names) that the agent keeps on for the tunnel
-// device on every Apply. The kernel turns them all on for a new VXLAN
+// device: checked when the device is created and then at most once per
+// offloadCheckInterval, after an Apply's routes and table are written. The kernel turns them all on for a new VXLAN
 // device, but a udev or NetworkManager policy that applies to every new
 // link can turn them off, and the tunnel then costs several times more:
 // measured in the test/datapath harness, bulk TCP through a tunnel device

@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/safchain/ethtool"
 
@@ -30,9 +31,10 @@ func tunnelFeatures(t *testing.T, d *Datapath) map[string]bool {
 }
 
 // TestTunnelOffloads: the tunnel device comes up with segmentation and
-// receive offloads on and 64 KiB GSO/GRO sizes, and an Apply restores
-// them after something else (a udev or NetworkManager policy) turned
-// them off or lowered the sizes. Read back with ethtool and netlink.
+// receive offloads on and 64 KiB GSO/GRO sizes, and an Apply once
+// offloadCheckInterval has passed restores them after something else (a
+// udev or NetworkManager policy) turned them off or lowered the sizes.
+// Read back with ethtool and netlink.
 func TestTunnelOffloads(t *testing.T) {
 	netnstest.RequireRoot(t)
 	ns := kernelNS(t)
@@ -82,9 +84,32 @@ func TestTunnelOffloads(t *testing.T) {
 	if !strings.Contains(detail, "gso_max_size "+strconv.Itoa(16384)) {
 		t.Fatalf("gso_max_size not lowered: %s", detail)
 	}
-	// An Apply with an unchanged State repairs the device.
+	// Within offloadCheckInterval of the last check an Apply leaves the
+	// device alone (the check is too costly for every failover Apply).
 	if err := d.Apply(ctx, sampleState()); err != nil {
 		t.Fatalf("second Apply: %v", err)
 	}
+	if got := tunnelFeatures(t, d); got["rx-gro"] {
+		t.Fatalf("rx-gro turned on again within the check interval")
+	}
+	// Once the interval has passed, an Apply with an unchanged State
+	// repairs the device.
+	d.offloadsAt = d.offloadsAt.Add(-offloadCheckInterval)
+	if err := d.Apply(ctx, sampleState()); err != nil {
+		t.Fatalf("third Apply: %v", err)
+	}
 	check("after the repairing Apply")
+	// A device created anew is checked at once, within the interval.
+	last := d.offloadsAt
+	if _, err := ns.IP("link", "del", "egx"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := d.Apply(ctx, sampleState()); err != nil {
+		t.Fatalf("Apply after the device was deleted: %v", err)
+	}
+	if !d.offloadsAt.After(last) {
+		t.Errorf("offloads of the new device not checked (last check %v, before %v)", d.offloadsAt, last)
+	}
+	check("after the device was created again")
 }
