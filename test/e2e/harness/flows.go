@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -127,7 +128,7 @@ func (f *Flow) MaxGap(since time.Time) time.Duration {
 	if f.err != nil {
 		end = f.failed
 	}
-	ts := append(f.echoes[:len(f.echoes):len(f.echoes)], end)
+	ts := append(slices.Clip(f.echoes), end)
 	var gap time.Duration
 	for i := 1; i < len(ts); i++ {
 		if ts[i].After(since) {
