@@ -86,11 +86,19 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			default:
 				counts[stateAssigned]++
 			}
-			if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && e.Status.EgressNode != "" {
-				if perNode[e.Status.EgressNode] == nil {
-					perNode[e.Status.EgressNode] = map[netip.Addr]bool{}
+			// A multi-IP Egress holds every IP of status.ips on its own
+			// Node; egressIP/egressNode repeat only the first of them.
+			held := []v1.EgressIPStatus{{IP: e.Status.EgressIP, Node: e.Status.EgressNode}}
+			if len(e.Status.IPs) > 0 {
+				held = e.Status.IPs
+			}
+			for _, h := range held {
+				if ip, err := netip.ParseAddr(h.IP); err == nil && h.Node != "" {
+					if perNode[h.Node] == nil {
+						perNode[h.Node] = map[netip.Addr]bool{}
+					}
+					perNode[h.Node][ip] = true
 				}
-				perNode[e.Status.EgressNode][ip] = true
 			}
 		}
 		for s, n := range counts {
