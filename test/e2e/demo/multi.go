@@ -51,7 +51,7 @@ func (d *demo) multiIP(samples string, crashed *harness.Node) (*harness.Node, er
 		return nil, err
 	}
 
-	d.say("Simulating a crash of one of batch's Nodes: only the connections through its IP are affected")
+	d.say("Simulating a crash of one of batch's Nodes: its IP moves to another Node, the other IP stays where it is")
 	victimIP := e.Status.IPs[0].IP
 	victim := d.c.Node(e.Status.IPs[0].Node)
 	start := time.Now()
