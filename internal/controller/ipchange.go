@@ -15,6 +15,11 @@ const maxSharedWith = 8
 // empty when the address stays, or e had none, or loses it.
 func ipChangedNote(e *v1.Egress, st v1.EgressStatus) string {
 	old, cur := e.Status.EgressIP, st.EgressIP
+	if len(e.Status.IPs) > 0 && cur != "" {
+		// A multi-IP Egress turned single-IP: compare every address it
+		// had, not only the first that egressIP repeated.
+		return multiIPChangedNote(e, []v1.EgressIPStatus{{IP: cur}})
+	}
 	if old == "" || cur == "" || old == cur {
 		return ""
 	}
@@ -23,6 +28,16 @@ func ipChangedNote(e *v1.Egress, st v1.EgressStatus) string {
 		why = "named in spec.egressIP"
 	}
 	return fmt.Sprintf("egress IP changed from %s to %s (%s): the selected Pods' traffic now leaves with %s; peers that allow %s must allow %s", old, cur, why, cur, old, cur)
+}
+
+// statusAddrs is what a status says the Egress's addresses are:
+// status.ips for a multi-IP status, else status.egressIP (one entry, maybe
+// empty).
+func statusAddrs(st v1.EgressStatus) []v1.EgressIPStatus {
+	if len(st.IPs) > 0 {
+		return st.IPs
+	}
+	return []v1.EgressIPStatus{{IP: st.EgressIP, Node: st.EgressNode}}
 }
 
 // setSharedWith fills status.sharedWith of every Egress in chs: the other

@@ -287,7 +287,8 @@ func (p *pass) multiEvent(es *egressStatus, moves []ipMove, slots []ipSlot) {
 
 // multiIPChangedNote is the note of the EgressIPChanged Warning Event
 // when the set of addresses of multi-IP Egress e changes from what its
-// status listed (an address lost or added while it had some): the
+// status listed (statusAddrs: an address lost or added while it had some,
+// including a single-IP Egress turned into a multi-IP one): the
 // selected Pods' new connections then leave with other sources. Empty
 // otherwise.
 func multiIPChangedNote(e *v1.Egress, ips []v1.EgressIPStatus) string {
@@ -301,7 +302,7 @@ func multiIPChangedNote(e *v1.Egress, ips []v1.EgressIPStatus) string {
 		slices.Sort(out)
 		return slices.Compact(out)
 	}
-	old, cur := set(e.Status.IPs), set(ips)
+	old, cur := set(statusAddrs(e.Status)), set(ips)
 	if len(old) == 0 || slices.Equal(old, cur) {
 		return ""
 	}

@@ -22,7 +22,9 @@ const maxNamed = 5
 // kubectl prints; the request is admitted) of an Egress create (old nil)
 // or update that is otherwise valid:
 //   - an edit of spec.externalIPPool or spec.egressIP that changes the
-//     source address of an Egress that has one (status.egressIP);
+//     source address of an Egress that has one (status.egressIP), or an
+//     edit of spec.ips (including a switch between one IP and several)
+//     of an Egress that has addresses (ipsEditWarning);
 //   - a spec.egressIP another Egress already uses (they share the address);
 //   - an appliedTo that selects every namespace (namespaceSelector {}, or
 //     one that only requires kubernetes.io/metadata.name to exist), or
@@ -35,6 +37,10 @@ func (v *EgressValidator) egressWarnings(ctx context.Context, old, e *v1.Egress)
 	if old != nil && old.Status.EgressIP != "" {
 		cur := old.Status.EgressIP
 		switch {
+		case len(e.Spec.IPs) > 0 || len(old.Spec.IPs) > 0:
+			if !equality.Semantic.DeepEqual(old.Spec.IPs, e.Spec.IPs) {
+				ws = append(ws, ipsEditWarning(old, e))
+			}
 		case e.Spec.EgressIP != "" && e.Spec.EgressIP != cur && (e.Spec.EgressIP != old.Spec.EgressIP || e.Spec.ExternalIPPool != old.Spec.ExternalIPPool):
 			ws = append(ws, fmt.Sprintf("this edit changes the source address of Egress %s from %s to %s: its Pods' traffic leaves with %s at once, and peers' allow-lists that name %s stop matching", e.Name, cur, e.Spec.EgressIP, e.Spec.EgressIP, cur))
 		case e.Spec.EgressIP == "" && e.Spec.ExternalIPPool != old.Spec.ExternalIPPool:
@@ -100,4 +106,22 @@ func listNames(names []string) string {
 		return strings.Join(names[:maxNamed], ", ") + fmt.Sprintf(" and %d more", len(names)-maxNamed)
 	}
 	return strings.Join(names, ", ")
+}
+
+// ipsEditWarning is the warning of an edit of spec.ips (or a switch
+// between externalIPPool and ips) of Egress e, whose addresses before the
+// edit are in old's status: which addresses it has now, and that the
+// controller may drop or add some, announcing each change.
+func ipsEditWarning(old, e *v1.Egress) string {
+	var cur []string
+	for _, s := range old.Status.IPs {
+		if s.IP != "" {
+			cur = append(cur, s.IP)
+		}
+	}
+	if len(cur) == 0 {
+		cur = []string{old.Status.EgressIP}
+	}
+	return fmt.Sprintf("this edit of Egress %s's IPs may change its source addresses (now %s): the controller keeps each address its entry's pool still allows, allocates or drops the rest, and records every change in an EgressIPChanged Event; the Pods' new connections use the new set at once, and peers' allow-lists that name a dropped address stop matching",
+		e.Name, strings.Join(cur, ", "))
 }

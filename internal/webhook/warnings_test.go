@@ -151,6 +151,13 @@ func TestEgressIPChangedWarnings(t *testing.T) {
 		t.Fatalf("spec.externalIPPool edit: warnings %q", ws)
 	}
 	t.Logf("spec.externalIPPool edit warns: %q", ws)
+	// A switch to spec.ips warns with the addresses the Egress has now
+	// (the fresh-user trial saw the single-IP warning with pool "").
+	ws = update(func(e *v1.Egress) { e.Spec.ExternalIPPool, e.Spec.IPs = "", []v1.EgressIPSource{{Pool: "warn-b"}} })
+	if !containsWarning(ws, "this edit of Egress warn-1's IPs may change its source addresses (now 203.0.113.") || containsWarning(ws, `ExternalIPPool ""`) {
+		t.Fatalf("switch to spec.ips: warnings %q", ws)
+	}
+	t.Logf("switch to spec.ips warns: %q", ws)
 
 	// Selectors that select everything warn on create; a podSelector with
 	// labels does not. createWith creates an Egress with appliedTo at and
