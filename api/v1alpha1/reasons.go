@@ -48,11 +48,12 @@ const (
 	// IP in status.ips, part of the IPAllocated message, and a Warning
 	// Event when it appears.
 	ReasonNamedIPConflict = "NamedIPConflict"
-	// ReasonCloudPoolNotSupported: an entry of spec.ips names a
-	// cloud-backed pool (spec.cloud); several IPs per Egress are built for
-	// pools on a shared L2 segment only, so that entry's IPs get no address
-	// (the webhook refuses such an Egress).
-	ReasonCloudPoolNotSupported = "CloudPoolNotSupported"
+	// ReasonElasticIPsNotSupported: an entry of spec.ips names a
+	// cloud-backed pool with Elastic IPs (spec.cloud.aws.elasticIPs):
+	// Elastic IPs are associated per Egress (status.publicIP), not per IP,
+	// so that entry's IPs get no address (the webhook refuses such an
+	// Egress). Cloud pools without elasticIPs work in spec.ips.
+	ReasonElasticIPsNotSupported = "ElasticIPsNotSupported"
 )
 
 // Reasons of the Egress condition Assigned, written by the controller's
