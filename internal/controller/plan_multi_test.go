@@ -573,6 +573,40 @@ func TestMultiIPPlanCloud(t *testing.T) {
 		t.Errorf("Event %s %q", ch.EventReason, ch.EventNote)
 	}
 
+	t.Run("no warm address: WaitingForWarmIP, counted in the warm plan's shortfall", func(t *testing.T) {
+		m := multiEgress("m", 1, ipsEntry("ca", 1, "za"))
+		out := plan(passInput{Pools: []v1.ExternalIPPool{zonedCloud("ca", "subnet-aaaaaaaa")}, Egresses: []v1.Egress{m}, Nodes: nodes, Agents: alive,
+			Config: PassConfig{DefaultCapacity: 10}, Cloud: cloudIn(zonedIface("a1", "subnet-aaaaaaaa", 1), zonedIface("a2", "subnet-aaaaaaaa", 2))})
+		if s := out.Egresses["m"].Status.IPs[0]; s.IP != "" || s.Reason != v1.ReasonWaitingForWarmIP {
+			t.Errorf("IP %+v, want no address, WaitingForWarmIP", s)
+		}
+		if pl := out.Cloud.Pools["ca"].Plan; pl.Short != 1 || len(pl.Attach) != 1 {
+			t.Errorf("warm plan %+v, want one address attached for the waiting IP", pl)
+		}
+	})
+
+	t.Run("a named address is attached to its Node's interface; a held one is refused", func(t *testing.T) {
+		m := multiEgress("m", 1, ipsEntry("ca", 1, "za", "10.0.0.9"), ipsEntry("cb", 1, "zb", "10.1.0.9"))
+		ci := cloudIn(zonedIface("a1", "subnet-aaaaaaaa", 1), zonedIface("a2", "subnet-aaaaaaaa", 2), zonedIface("b", "subnet-bbbbbbbb", 3))
+		ci.Held = map[netip.Addr]heldAddr{netip.MustParseAddr("10.1.0.9"): {}}
+		out := plan(passInput{Pools: []v1.ExternalIPPool{zonedCloud("ca", "subnet-aaaaaaaa"), zonedCloud("cb", "subnet-bbbbbbbb")}, Egresses: []v1.Egress{m},
+			Nodes: nodes, Agents: alive, Config: PassConfig{DefaultCapacity: 10}, Cloud: ci})
+		st := out.Egresses["m"].Status
+		if s := st.IPs[0]; s.IP != "10.0.0.9" || s.Node != "" || s.Reason != v1.ReasonAttaching {
+			t.Errorf("named IP %+v, want 10.0.0.9 Attaching", s)
+		}
+		if len(out.Cloud.Attach) != 1 || out.Cloud.Attach[0].Node == "b" || len(out.Cloud.Attach[0].From) != 0 ||
+			!slices.Equal(out.Cloud.Attach[0].IPs, []netip.Addr{netip.MustParseAddr("10.0.0.9")}) {
+			t.Errorf("attach ops %+v, want 10.0.0.9 on a zone-a Node, taken from no interface", out.Cloud.Attach)
+		}
+		if s := st.IPs[1]; s.IP != "" || s.Reason != v1.ReasonAddressHeld {
+			t.Errorf("held named IP %+v, want no address, AddressHeld", s)
+		}
+		if !out.Cloud.HeldWanted[netip.MustParseAddr("10.1.0.9")] {
+			t.Errorf("the held address is not kept in the held list: %v", out.Cloud.HeldWanted)
+		}
+	})
+
 	t.Run("a pool with Elastic IPs is refused, its own Egress served", func(t *testing.T) {
 		p := planPool()
 		p.Spec.Cloud.AWS.ElasticIPs = &v1.ElasticIPs{AllocationIDs: []string{"eipalloc-0123456789abcdef0"}}
