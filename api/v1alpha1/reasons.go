@@ -35,7 +35,8 @@ const (
 	// the message quotes the rule.
 	ReasonIPOutsidePool = "IPOutsidePool"
 	// ReasonWaitingForWarmIP: IPAllocated=False while a cloud-backed pool
-	// attaches an address for the Egress (no warm address is available).
+	// attaches an address for the Egress (no warm address is available);
+	// also the reason of such an IP in status.ips.
 	ReasonWaitingForWarmIP = "WaitingForWarmIP"
 	// ReasonPartlyAllocated: IPAllocated=True on an Egress with spec.ips
 	// while some but not all of its IPs have an address; the message names
@@ -70,7 +71,8 @@ const (
 	// IPAllocated condition says why.
 	ReasonNotAssigned = "NotAssigned"
 	// ReasonAttaching: Assigned=False while the cloud attaches the
-	// address to the chosen Node's interface.
+	// address to the chosen Node's interface; also the reason of such an
+	// IP in status.ips, which names no Node until the attach is confirmed.
 	ReasonAttaching = "Attaching"
 )
 
