@@ -115,6 +115,8 @@ func TestMultiIPCloudTwoZones(t *testing.T) {
 	if st, _ := ec.emu.Interface(inst(keepB.Node).PrimaryInterface); !slices.Contains(st.Secondary, netip.MustParseAddr(keepB.IP)) {
 		t.Errorf("%s left %s's interface", keepB.IP, keepB.Node)
 	}
+	t.Logf("before: %s on %s (%s), %s on %s (%s); after the crash of %s: %s on %s (%s)", oldA.IP, oldA.Node, oldA.InterfaceMAC, keepB.IP, keepB.Node, keepB.InterfaceMAC,
+		oldA.Node, e.Status.IPs[0].IP, e.Status.IPs[0].Node, e.Status.IPs[0].InterfaceMAC)
 	if n, u := ec.emu.Calls("AssignPrivateIpAddresses"), ec.emu.Calls("UnassignPrivateIpAddresses"); n != 1 || u != 0 {
 		t.Errorf("moving one IP took %d Assign and %d Unassign calls, want 1 reassigning Assign", n, u)
 	}
