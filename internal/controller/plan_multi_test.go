@@ -573,6 +573,15 @@ func TestMultiIPPlanCloud(t *testing.T) {
 		t.Errorf("Event %s %q", ch.EventReason, ch.EventNote)
 	}
 
+}
+
+// TestMultiIPPlanCloudAllocation: an IP of a cloud pool without a warm
+// address waits (WaitingForWarmIP) and the warm plan attaches one for it;
+// a named address is attached to a Node of its zone, one held by an
+// interface not ours is refused (AddressHeld); a pool with Elastic IPs is
+// refused (ElasticIPsNotSupported).
+func TestMultiIPPlanCloudAllocation(t *testing.T) {
+	nodes := []corev1.Node{zonedNode("a1", "za"), zonedNode("a2", "za"), zonedNode("b", "zb")}
 	t.Run("no warm address: WaitingForWarmIP, counted in the warm plan's shortfall", func(t *testing.T) {
 		m := multiEgress("m", 1, ipsEntry("ca", 1, "za"))
 		out := plan(passInput{Pools: []v1.ExternalIPPool{zonedCloud("ca", "subnet-aaaaaaaa")}, Egresses: []v1.Egress{m}, Nodes: nodes, Agents: alive,
