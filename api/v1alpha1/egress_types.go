@@ -392,6 +392,8 @@ type EgressIPStatus struct {
 	InterfaceMAC string `json:"interfaceMAC,omitempty"`
 
 	// PublicIP is the Elastic IP associated with IP, as status.publicIP.
+	// Not written yet: Elastic IPs are associated per Egress, so a pool
+	// naming them is refused in spec.ips (ElasticIPsNotSupported).
 	// +optional
 	// +kubebuilder:validation:MaxLength=15
 	PublicIP string `json:"publicIP,omitempty"`

@@ -35,7 +35,8 @@ const (
 	// the message quotes the rule.
 	ReasonIPOutsidePool = "IPOutsidePool"
 	// ReasonWaitingForWarmIP: IPAllocated=False while a cloud-backed pool
-	// attaches an address for the Egress (no warm address is available).
+	// attaches an address for the Egress (no warm address is available);
+	// also the reason of such an IP in status.ips.
 	ReasonWaitingForWarmIP = "WaitingForWarmIP"
 	// ReasonPartlyAllocated: IPAllocated=True on an Egress with spec.ips
 	// while some but not all of its IPs have an address; the message names
@@ -48,11 +49,12 @@ const (
 	// IP in status.ips, part of the IPAllocated message, and a Warning
 	// Event when it appears.
 	ReasonNamedIPConflict = "NamedIPConflict"
-	// ReasonCloudPoolNotSupported: an entry of spec.ips names a
-	// cloud-backed pool (spec.cloud); several IPs per Egress are built for
-	// pools on a shared L2 segment only, so that entry's IPs get no address
-	// (the webhook refuses such an Egress).
-	ReasonCloudPoolNotSupported = "CloudPoolNotSupported"
+	// ReasonElasticIPsNotSupported: an entry of spec.ips names a
+	// cloud-backed pool with Elastic IPs (spec.cloud.aws.elasticIPs):
+	// Elastic IPs are associated per Egress (status.publicIP), not per IP,
+	// so that entry's IPs get no address (the webhook refuses such an
+	// Egress). Cloud pools without elasticIPs work in spec.ips.
+	ReasonElasticIPsNotSupported = "ElasticIPsNotSupported"
 )
 
 // Reasons of the Egress condition Assigned, written by the controller's
@@ -69,7 +71,8 @@ const (
 	// IPAllocated condition says why.
 	ReasonNotAssigned = "NotAssigned"
 	// ReasonAttaching: Assigned=False while the cloud attaches the
-	// address to the chosen Node's interface.
+	// address to the chosen Node's interface; also the reason of such an
+	// IP in status.ips, which names no Node until the attach is confirmed.
 	ReasonAttaching = "Attaching"
 )
 

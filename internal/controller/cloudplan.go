@@ -3,6 +3,7 @@ package controller
 import (
 	"cmp"
 	"fmt"
+	"iter"
 	"maps"
 	"net/netip"
 	"slices"
@@ -261,21 +262,45 @@ func newCloudPool(p *v1.ExternalIPPool, ci *cloudInput, egs []v1.Egress) *cloudP
 		}
 	}
 	for i := range egs {
-		e := &egs[i]
-		if e.Spec.ExternalIPPool != p.Name {
-			continue
-		}
-		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil {
-			cp.owned[ip] = true
-			if e.Status.EgressNode != "" {
-				cp.bound[ip] = true
+		for ip, node := range poolStatusIPs(&egs[i], p.Name) {
+			if ip.IsValid() {
+				cp.owned[ip] = true
+				if node != "" {
+					cp.bound[ip] = true
+				}
 			}
-		}
-		if e.Status.EgressNode != "" {
-			cp.load[e.Status.EgressNode]++
+			if node != "" {
+				cp.load[node]++
+			}
 		}
 	}
 	return cp
+}
+
+// poolStatusIPs yields each address e's status holds from the pool named
+// pool, with its Node ("": none): status.egressIP and status.egressNode
+// of an Egress of that pool (an invalid address when it has none, with
+// its Node), and the status.ips entries of that pool of a multi-IP
+// Egress (spec.ips), each address once.
+func poolStatusIPs(e *v1.Egress, pool string) iter.Seq2[netip.Addr, string] {
+	return func(yield func(netip.Addr, string) bool) {
+		if len(e.Spec.IPs) == 0 {
+			if e.Spec.ExternalIPPool == pool {
+				ip, _ := netip.ParseAddr(e.Status.EgressIP)
+				yield(ip, e.Status.EgressNode)
+			}
+			return
+		}
+		for k, s := range e.Status.IPs {
+			ip, err := netip.ParseAddr(s.IP)
+			if err != nil || s.Pool != pool || slices.ContainsFunc(e.Status.IPs[:k], func(o v1.EgressIPStatus) bool { return o.IP == s.IP }) {
+				continue
+			}
+			if !yield(ip, s.Node) {
+				return
+			}
+		}
+	}
 }
 
 // markOurs records which attached addresses are known to be ours and
@@ -303,9 +328,10 @@ func (cp *cloudPool) markOurs(p *v1.ExternalIPPool, ci *cloudInput, at map[netip
 		}
 	}
 	for i := range egs {
-		e := &egs[i]
-		if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && e.Spec.ExternalIPPool == p.Name && e.Status.EgressNode != "" && at[ip] == e.Status.EgressNode {
-			cp.ours[ip] = e.Status.EgressNode
+		for ip, node := range poolStatusIPs(&egs[i], p.Name) {
+			if ip.IsValid() && node != "" && at[ip] == node {
+				cp.ours[ip] = node
+			}
 		}
 	}
 	for ip, ifc := range ci.Ours {

@@ -241,46 +241,62 @@ func (k *cloudKind) schedEgress(p *pass, i int, se *scheduler.Egress) {
 // interface and ours; until then it asks for the attach and the Assigned
 // condition says Attaching.
 func (k *cloudKind) assign(p *pass, i int, target string, es *egressStatus) string {
-	cp, c, ip := k.cp, k.c, p.alloc[i].ip
+	ip := p.alloc[i].ip
 	if target != "" {
-		// On the target's interface and ours: nothing to attach. An
-		// address there that is not ours (a Pod IP of the CNI, and in
-		// OwnInterfaces mode anything on the primary interface) goes
-		// through the attach and its look-up, which refuses it.
-		if c.attached[ip] == target && cp.ours[ip] == target && (!cp.own || c.view.ifaceAt[ip] != c.in.Ifaces[target].ID) {
-			es.st.InterfaceMAC = c.view.macAt[ip]
+		mac, msg, failed := k.place(ip, target)
+		if msg == "" {
+			es.st.InterfaceMAC = mac
 		} else {
-			k.attachTo(p, i, target, es)
+			if failed {
+				es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, v1.EventAttachFailed, msg
+			}
+			meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: v1.ReasonAttaching,
+				Message: msg, ObservedGeneration: p.egs[i].Generation})
 			target = ""
 		}
 	}
-	if target != "" {
-		cp.bound[ip] = true
-	}
 	if ip.IsValid() {
-		c.out.Allocations[p.egs[i].Name] = ip
+		k.c.out.Allocations[p.egs[i].Name] = ip
 	}
 	return target
 }
 
-// attachTo asks for Egress i's address on an interface of target and sets
-// the Assigned condition Attaching (with a Warning Event when the last
-// call on that interface failed).
-func (k *cloudKind) attachTo(p *pass, i int, target string, es *egressStatus) {
-	cp, c, ip, e := k.cp, k.c, p.alloc[i].ip, &p.egs[i]
-	msg := fmt.Sprintf("attaching %s to the network interface of Node %s through the cloud API", es.st.EgressIP, target)
+// place puts ip, an address of the pool, on an interface of Node target,
+// for one Egress or one IP of a multi-IP Egress. When the address is there
+// and ours it returns that interface's MAC, marks the address bound and
+// msg is "". Otherwise it asks for the attach (attachTo) and msg says
+// what the IP waits for (the Assigned condition's Attaching message);
+// failed is set when the last call on that interface failed (msg then
+// says how, for a Warning Event). An address there that is not ours (a Pod
+// IP of the CNI, and in OwnInterfaces mode anything on the primary
+// interface) goes through the attach and its look-up, which refuses it.
+func (k *cloudKind) place(ip netip.Addr, target string) (mac, msg string, failed bool) {
+	cp, c := k.cp, k.c
+	if c.attached[ip] == target && cp.ours[ip] == target && (!cp.own || c.view.ifaceAt[ip] != c.in.Ifaces[target].ID) {
+		cp.bound[ip] = true
+		return c.view.macAt[ip], "", false
+	}
+	msg, failed = k.attachTo(ip, target)
+	return "", msg, failed
+}
+
+// attachTo asks for ip on an interface of target and returns the Attaching
+// message, with the error of the last call on that interface when it
+// failed (failed).
+func (k *cloudKind) attachTo(ip netip.Addr, target string) (string, bool) {
+	cp, c := k.cp, k.c
+	msg := fmt.Sprintf("attaching %s to the network interface of Node %s through the cloud API", ip, target)
 	eni, ok := c.view.pick(target, cp)
 	if !ok && cp.own {
-		msg = fmt.Sprintf("waiting for an interface of the controller's own on Node %s to attach %s to (see the pool's condition %s)", target, es.st.EgressIP, v1.ConditionCloudInterfaces)
+		msg = fmt.Sprintf("waiting for an interface of the controller's own on Node %s to attach %s to (see the pool's condition %s)", target, ip, v1.ConditionCloudInterfaces)
 	}
+	failed := false
 	if le := c.in.LastError[eni]; le != "" {
 		msg += "; the last call on that interface failed: " + le
-		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, v1.EventAttachFailed, msg
+		failed = true
 	}
-	meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionFalse, Reason: v1.ReasonAttaching,
-		Message: msg, ObservedGeneration: e.Generation})
 	if !ok {
-		return
+		return msg, failed
 	}
 	c.attach[eni] = append(c.attach[eni], ip)
 	c.attachNode[eni] = target
@@ -290,6 +306,7 @@ func (k *cloudKind) attachTo(p *pass, i int, target string, es *egressStatus) {
 		}
 		c.attachFrom[eni][ip] = from
 	}
+	return msg, failed
 }
 
 // poolStatus sets the cloud status, the conditions CloudInterfaces and
@@ -427,9 +444,83 @@ func (c *cloudPass) collectLeftovers(p *pass) {
 	}
 	held := map[netip.Addr]bool{}
 	for i := range p.egs {
-		if ip, err := netip.ParseAddr(p.egs[i].Status.EgressIP); err == nil {
+		for ip := range heldIPs(&p.egs[i]) {
 			held[ip] = true
 		}
 	}
 	c.out.DeleteENIs = append(c.out.DeleteENIs, collect(c.in, poolNames, nodeNames, func(ip netip.Addr) bool { return held[ip] })...)
+}
+
+// Multi-IP Egresses (spec.ips) with IPs from cloud pools: each IP takes
+// the steps a single-IP Egress of the pool takes (keep, allocateNew,
+// assign), through the methods below, called from pass_multi.go and
+// pass_multistatus.go.
+
+// keepIP reports whether an IP of a multi-IP Egress may keep ip, an
+// address its status.ips holds from this pool, and marks it used: the
+// pool may give it (IPv4, inside ipRanges if any), no interface that is
+// not ours holds it, and no older Egress uses it.
+func (k *cloudKind) keepIP(ps *poolState, ip netip.Addr) bool {
+	cp := k.cp
+	if _, held := k.c.in.Held[ip]; held || cp.used[ip] || cp.checkNamed(ip, ps.pool) != nil {
+		return false
+	}
+	cp.used[ip] = true
+	return true
+}
+
+// claimIP gives ip, an address spec.ips[].addresses names, to an IP of a
+// multi-IP Egress, or returns why not (an IPAllocated reason and a
+// message naming where); owner names the older Egress that uses it ("":
+// none). what is where the spec names it, for messages.
+func (k *cloudKind) claimIP(ps *poolState, ip netip.Addr, owner, what string) (reason, msg string) {
+	cp := k.cp
+	if err := cp.checkNamed(ip, ps.pool); err != nil {
+		return v1.ReasonIPOutsidePool, fmt.Sprintf("%s (%s) cannot be used from ExternalIPPool %q: %v", ip, what, ps.obj.Name, err)
+	}
+	if h, held := k.c.in.Held[ip]; held {
+		k.c.out.HeldWanted[ip] = true
+		return v1.ReasonAddressHeld, heldMessage(ip, what, h)
+	}
+	if owner != "" || cp.used[ip] {
+		return v1.ReasonNamedIPConflict, fmt.Sprintf("%s (%s) is already used by Egress %s, which is older; named addresses are not shared", ip, what, cmp.Or(owner, "another Egress"))
+	}
+	cp.used[ip] = true
+	return "", ""
+}
+
+// takeIP gives an IP of a multi-IP Egress a warm address and its Node,
+// or, while the pool has none, counts it pending (the warm plan attaches
+// one) and returns WaitingForWarmIP with a message.
+func (k *cloudKind) takeIP(entry int) (ip netip.Addr, node, reason, msg string) {
+	cp := k.cp
+	ip, node, ok := cp.takeWarm()
+	if ok {
+		return ip, node, "", ""
+	}
+	cp.pending++
+	msg = fmt.Sprintf("ExternalIPPool %q has no warm IP available for spec.ips[%d]; the controller is attaching one through the cloud API", cp.name, entry)
+	if why := cp.interfaceTrouble(k.c.in); why != "" {
+		msg += "; but the pool cannot get network interfaces of its own: " + why
+	}
+	return netip.Addr{}, "", v1.ReasonWaitingForWarmIP, msg
+}
+
+// currentNode is the Node where the cloud has ip, or where a call in
+// flight attaches it ("" when neither): the scheduler's current Node of an
+// IP its status holds, so that it stays put while calls run (as
+// schedEgress does for a single-IP Egress).
+func (k *cloudKind) currentNode(ip netip.Addr) string {
+	return cmp.Or(k.c.in.Attaching[ip], k.c.attached[ip])
+}
+
+// cloudKindOf is the cloudKind of the pool named pool, or nil for an L2
+// pool, a missing or an invalid one.
+func (p *pass) cloudKindOf(pool string) *cloudKind {
+	if ps := p.pools[pool]; ps != nil && ps.err == nil {
+		if k, ok := ps.kind.(*cloudKind); ok {
+			return k
+		}
+	}
+	return nil
 }

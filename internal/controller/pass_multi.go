@@ -22,7 +22,10 @@ import (
 // an entry with a zone through a pool of its own that lists only the
 // zone's Nodes (zonePools); the Egress status phase turns each slot into
 // one status.ips entry and sums them up in the conditions
-// (pass_multistatus.go). Single-IP Egresses never reach this code.
+// (pass_multistatus.go). An IP from a cloud-backed pool takes the steps
+// of a single-IP Egress of that pool (cloudKind.keepIP, claimIP, takeIP,
+// place): a warm address, attached to its own Node's interface before the
+// status names that Node. Single-IP Egresses never reach this code.
 
 // ipSlot is one IP of a multi-IP Egress in a pass.
 type ipSlot struct {
@@ -41,6 +44,13 @@ type ipSlot struct {
 	// new address); cur is its Node.
 	prev *v1.EgressIPStatus
 	cur  string
+	// preferred is the Node of the warm address a cloud pool gave the IP
+	// in this pass ("" otherwise); attachMsg says what the IP waits for
+	// while its cloud pool attaches it to its Node (Attaching).
+	preferred, attachMsg string
+	// attachFailed: the last call on the interface the IP is being
+	// attached to failed (attachMsg says how).
+	attachFailed bool
 }
 
 // isMulti reports whether Egress i of the pass asks for several IPs.
@@ -80,8 +90,8 @@ func (p *pass) slotPool(s *ipSlot) (*poolState, string, string) {
 		return nil, v1.ReasonPoolNotFound, fmt.Sprintf("ExternalIPPool %q does not exist; create it or fix spec.ips[%d].pool", s.pool, s.entry)
 	case ps.err != nil:
 		return nil, v1.ReasonPoolInvalid, fmt.Sprintf("ExternalIPPool %q is invalid: %v", s.pool, ps.err)
-	case ps.obj.Spec.Cloud != nil || ps.alloc == nil:
-		return nil, v1.ReasonCloudPoolNotSupported, fmt.Sprintf("ExternalIPPool %q is cloud-backed (spec.cloud): several IPs per Egress are built for pools on a shared L2 segment only; use externalIPPool for a cloud pool", s.pool)
+	case hasElasticIPs(ps.obj):
+		return nil, v1.ReasonElasticIPsNotSupported, fmt.Sprintf("ExternalIPPool %q names Elastic IPs (spec.cloud.aws.elasticIPs), which are associated per Egress, not per IP; use externalIPPool for this pool, or a pool without elasticIPs in spec.ips", s.pool)
 	}
 	return ps, "", ""
 }
@@ -133,7 +143,7 @@ func (p *pass) multiKeep(i int) bool {
 		for len(byPool[s.pool]) > 0 && !s.ip.IsValid() {
 			ip := byPool[s.pool][0]
 			byPool[s.pool] = byPool[s.pool][1:]
-			if ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) && ps.alloc.Reserve(ip) == nil {
+			if p.keepSlotIP(ps, ip) {
 				s.ip = ip
 				p.multiOwner[ip] = e.Name
 			}
@@ -152,6 +162,21 @@ func (p *pass) multiKeep(i int) bool {
 	return need
 }
 
+// keepSlotIP reports whether an IP of pool ps may keep ip, an address the
+// status holds, and reserves it: inside the pool and used by no older
+// Egress (a cloud pool: cloudKind.keepIP).
+func (p *pass) keepSlotIP(ps *poolState, ip netip.Addr) bool {
+	if k, ok := ps.kind.(*cloudKind); ok {
+		return k.keepIP(ps, ip)
+	}
+	return ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) && ps.alloc.Reserve(ip) == nil
+}
+
+// hasElasticIPs reports whether pl is a cloud pool naming Elastic IPs.
+func hasElasticIPs(pl *v1.ExternalIPPool) bool {
+	return pl.Spec.Cloud != nil && pl.Spec.Cloud.AWS != nil && pl.Spec.Cloud.AWS.ElasticIPs != nil
+}
+
 // claimNamed gives slot s of Egress i its named address, unless an older
 // Egress already uses it (NamedIPConflict: named addresses of multi-IP
 // Egresses are exclusive) or its pool cannot give it.
@@ -162,6 +187,13 @@ func (p *pass) claimNamed(i int, s *ipSlot) {
 		return
 	}
 	ip := s.named
+	if k, ok := ps.kind.(*cloudKind); ok {
+		if s.reason, s.msg = k.claimIP(ps, ip, p.ownerOf(i, ps, ip), fmt.Sprintf("spec.ips[%d].addresses", s.entry)); s.reason == "" {
+			s.ip = ip
+			p.multiOwner[ip] = p.egs[i].Name
+		}
+		return
+	}
 	if owner := p.ownerOf(i, ps, ip); owner != "" {
 		s.reason, s.msg = v1.ReasonNamedIPConflict, fmt.Sprintf("%s (spec.ips[%d].addresses) is already used by Egress %s, which is older; named addresses are not shared", ip, s.entry, owner)
 		return
@@ -186,7 +218,11 @@ func (p *pass) ownerOf(i int, ps *poolState, ip netip.Addr) string {
 	if o := p.multiOwner[ip]; o != "" {
 		return o
 	}
-	if !ps.alloc.IsAllocated(ip) {
+	taken := ps.alloc != nil && ps.alloc.IsAllocated(ip)
+	if k, ok := ps.kind.(*cloudKind); ok {
+		taken = k.cp.used[ip]
+	}
+	if !taken {
 		return ""
 	}
 	for j := range i {
@@ -198,7 +234,8 @@ func (p *pass) ownerOf(i int, ps *poolState, ip netip.Addr) string {
 }
 
 // multiAllocate gives every IP of multi-IP Egress i still without an
-// address the lowest free one of its pool, or PoolExhausted.
+// address the lowest free one of its pool, or PoolExhausted; an IP of a
+// cloud pool a warm address (its Node preferred), or WaitingForWarmIP.
 func (p *pass) multiAllocate(i int) {
 	for k := range p.slots[i] {
 		s := &p.slots[i][k]
@@ -206,6 +243,13 @@ func (p *pass) multiAllocate(i int) {
 			continue
 		}
 		ps := p.pools[s.pool]
+		if ck, ok := ps.kind.(*cloudKind); ok {
+			s.ip, s.preferred, s.reason, s.msg = ck.takeIP(s.entry)
+			if s.ip.IsValid() {
+				p.multiOwner[s.ip] = p.egs[i].Name
+			}
+			continue
+		}
 		ip, err := ps.alloc.Allocate()
 		if err != nil {
 			s.reason, s.msg = v1.ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or lower spec.ips[%d].count", s.pool, ps.alloc.Used(), ps.alloc.Total(), s.entry)
@@ -315,13 +359,19 @@ func (p *pass) zoneOf(node string) string {
 
 // schedSlots are the scheduler's slots of multi-IP Egress i: one per IP,
 // in the pool of its entry and zone, with its current Node while it keeps
-// its address.
+// its address (for a cloud pool, where the cloud has the address) and, for
+// a warm address taken in this pass, that address's Node preferred.
 func (p *pass) schedSlots(i int) []scheduler.Slot {
 	out := make([]scheduler.Slot, len(p.slots[i]))
 	for k, s := range p.slots[i] {
-		out[k] = scheduler.Slot{Pool: zonePoolName(s.pool, s.zone), IP: s.ip}
+		out[k] = scheduler.Slot{Pool: zonePoolName(s.pool, s.zone), IP: s.ip, Preferred: s.preferred}
 		if s.ip.IsValid() {
 			out[k].CurrentNode = s.cur
+		}
+		if ck := p.cloudKindOf(s.pool); ck != nil && s.prev != nil {
+			// The address lives where the cloud has it (the status says no
+			// Node while it is being attached).
+			out[k].CurrentNode = cmp.Or(ck.currentNode(s.ip), s.cur)
 		}
 	}
 	return out

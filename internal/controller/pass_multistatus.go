@@ -68,6 +68,14 @@ func (p *pass) multiStatus(i int) *egressStatus {
 	es.st.ReadyIPs = fmt.Sprintf("%d/%d", ready, len(ips))
 	p.multiAssigned(es, slots, waits)
 	p.multiEvent(es, moves, slots)
+	if es.ch.EventReason == "" || es.ch.EventType == corev1.EventTypeNormal {
+		for _, s := range slots {
+			if s.attachFailed {
+				es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeWarning, v1.EventAttachFailed, s.attachMsg
+				break
+			}
+		}
+	}
 	p.multiReady(es, ready)
 	if applyConflict(e, &es.st, &es.ch, p.in.Agents, p.sched.owners) {
 		p.out.Conflicts++
@@ -100,6 +108,18 @@ func (p *pass) ipStatus(e *v1.Egress, k int, s *ipSlot, sp scheduler.SlotPlaceme
 			}
 			return st, mv
 		}
+	}
+	if ck := p.cloudKindOf(s.pool); ck != nil && target != "" {
+		// A cloud pool's address: named with its Node once the cloud
+		// has it on that Node's interface, as for a single-IP Egress;
+		// until then the IP has no Node and says Attaching (a move
+		// detaches it from its old Node's interface by reassigning it).
+		mac, msg, failed := ck.place(s.ip, target)
+		if msg != "" {
+			st.Reason, s.attachMsg, s.attachFailed = v1.ReasonAttaching, msg, failed
+			return st, nil
+		}
+		st.InterfaceMAC = mac
 	}
 	st.Node, st.Zone = target, p.zoneOf(target)
 	var mv *ipMove
@@ -162,7 +182,10 @@ func (p *pass) multiAssigned(es *egressStatus, slots []ipSlot, waits []string) {
 	default:
 		c.Status, c.Reason = metav1.ConditionFalse, first
 		c.Message = fmt.Sprintf("none of the %d IPs has a Node: %s", len(ips), strings.Join(why, "; "))
-		p.out.Unplaced[first]++
+		if first != v1.ReasonAttaching {
+			// Attaching IPs are placed: the cloud call is under way.
+			p.out.Unplaced[first]++
+		}
 	}
 	meta.SetStatusCondition(&es.st.Conditions, c)
 }
@@ -174,6 +197,9 @@ func (p *pass) unplacedIP(e *v1.Egress, k int, st v1.EgressIPStatus, s ipSlot) s
 	}
 	if st.Reason == v1.ReasonWaitingForRelease {
 		return fmt.Sprintf("%s: %s", st.IP, st.Reason)
+	}
+	if st.Reason == v1.ReasonAttaching {
+		return fmt.Sprintf("%s: %s (%s)", st.IP, st.Reason, s.attachMsg)
 	}
 	var sp scheduler.SlotPlacement
 	if pl := p.sched.slots[e.Name]; k < len(pl) {

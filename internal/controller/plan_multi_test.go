@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	gocmp "github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
+	"github.com/egressip/egressip/internal/cloud"
 )
 
 // Pure table tests of plan for Egresses with spec.ips (issue 20): no API
@@ -474,25 +476,165 @@ func TestMultiIPReleaseInstructions(t *testing.T) {
 	}
 }
 
-// TestMultiIPPlanCloudPoolRefused: an entry of a cloud-backed pool gets
-// no address (CloudPoolNotSupported) while the L2 entry is placed, and the
-// cloud pool's own Egress is served as before.
-func TestMultiIPPlanCloudPoolRefused(t *testing.T) {
-	m := multiEgress("m", 1, ipsEntry("c", 1, ""), ipsEntry("l2", 1, ""))
-	out := plan(passInput{Pools: []v1.ExternalIPPool{planPool(), l2PoolOf("198.51.100.0/28", 0)}, Egresses: []v1.Egress{m, planEgress("single", "", "", 2)},
-		Nodes: []corev1.Node{planNode("a"), planNode("b")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10},
-		Cloud: cloudIn(iface("a", 1, 10), iface("b", 2, 10))})
+// zonedCloud is a cloud pool of subnet (warm target 0) and the Node
+// name's interface in that subnet (n numbers its MAC), with secondary
+// addresses, the Node labelled with zone.
+func zonedCloud(pool, subnet string) v1.ExternalIPPool {
+	p := planPool()
+	p.Name, p.Spec.Cloud.AWS.SubnetID, p.Spec.Cloud.WarmIPTarget = pool, subnet, 0
+	return p
+}
+
+func zonedIface(node, subnet string, n int, secondary ...string) cloud.Interface {
+	ifc := iface(node, n, 10, secondary...)
+	ifc.SubnetID = subnet
+	return ifc
+}
+
+func zonedNode(name, zone string) corev1.Node {
+	n := planNode(name)
+	n.Labels[corev1.LabelTopologyZone] = zone
+	return n
+}
+
+// TestMultiIPPlanCloud: IPs of cloud-backed pools (one per subnet, hence
+// per zone) in spec.ips take what a single-IP Egress of such a pool takes:
+// a warm address on its own Node's interface (no call, interfaceMAC set),
+// a reassigning attach to the new Node's interface when its Node dies
+// (only that IP: the other IP and its interface stay untouched), named
+// once the cloud has it there; a pool with Elastic IPs is refused.
+func TestMultiIPPlanCloud(t *testing.T) {
+	pools := []v1.ExternalIPPool{zonedCloud("ca", "subnet-aaaaaaaa"), zonedCloud("cb", "subnet-bbbbbbbb")}
+	pools[0].Status.Cloud = &v1.CloudPoolStatus{WarmIPs: []v1.WarmIP{{IP: "10.0.0.5", Node: "a1"}}}
+	pools[1].Status.Cloud = &v1.CloudPoolStatus{WarmIPs: []v1.WarmIP{{IP: "10.1.0.5", Node: "b"}}}
+	nodes := []corev1.Node{zonedNode("a1", "za"), zonedNode("a2", "za"), zonedNode("b", "zb")}
+	m := multiEgress("m", 1, ipsEntry("ca", 1, "za"), ipsEntry("cb", 1, "zb"))
+	ci := cloudIn(zonedIface("a1", "subnet-aaaaaaaa", 1, "10.0.0.5"), zonedIface("a2", "subnet-aaaaaaaa", 2), zonedIface("b", "subnet-bbbbbbbb", 3, "10.1.0.5"))
+	in := passInput{Pools: pools, Egresses: []v1.Egress{m}, Nodes: nodes, Agents: alive, Config: PassConfig{DefaultCapacity: 10}, Cloud: ci}
+	out := plan(in)
 	st := out.Egresses["m"].Status
-	if s := st.IPs[0]; s.IP != "" || s.Reason != v1.ReasonCloudPoolNotSupported || s.Pool != "c" {
-		t.Errorf("cloud entry %+v, want no address, CloudPoolNotSupported", s)
+	want := []v1.EgressIPStatus{
+		{IP: "10.0.0.5", Pool: "ca", Node: "a1", Zone: "za", InterfaceMAC: "0a:00:00:00:00:01", Reason: v1.ReasonBinding},
+		{IP: "10.1.0.5", Pool: "cb", Node: "b", Zone: "zb", InterfaceMAC: "0a:00:00:00:00:03", Reason: v1.ReasonBinding},
 	}
-	if s := st.IPs[1]; s.IP != "198.51.100.1" || s.Node == "" {
-		t.Errorf("l2 entry %+v, want 198.51.100.1 on a Node", s)
+	if d := gocmp.Diff(want, st.IPs); d != "" {
+		t.Fatalf("status.ips of warm addresses (-want +got):\n%s", d)
 	}
-	if c := cond(st, v1.ConditionIPAllocated); c.Reason != v1.ReasonPartlyAllocated || !strings.Contains(c.Message, "cloud-backed") {
-		t.Errorf("IPAllocated %+v", c)
+	if len(out.Cloud.Attach) != 0 {
+		t.Errorf("cloud calls for warm addresses already on their Nodes: %+v", out.Cloud.Attach)
 	}
-	if c := cond(out.Egresses["single"].Status, v1.ConditionIPAllocated); c.Reason == v1.ReasonCloudPoolNotSupported {
-		t.Errorf("the single-IP Egress of the cloud pool got %+v", c)
+	for _, pl := range []string{"ca", "cb"} {
+		if cs := out.Pools[pl].Cloud; cs == nil || cs.Allocated != 1 || cs.Warm != 0 {
+			t.Errorf("pool %s cloud status %+v, want 1 allocated, none warm", pl, cs)
+		}
 	}
+	if c := cond(st, v1.ConditionAssigned); c.Reason != v1.ReasonScheduled {
+		t.Errorf("Assigned %+v", c)
+	}
+
+	// Node a1 dies: only 10.0.0.5 moves, reassigned from a1's interface to
+	// a2's (zone za); b keeps 10.1.0.5 and no call touches its interface.
+	m.Status = st
+	in.Egresses = []v1.Egress{m}
+	in.Pools[0].Status, in.Pools[1].Status = out.Pools["ca"], out.Pools["cb"]
+	in.Agents = func(n string) AgentState { return AgentState{Known: true, Dead: n == "a1"} }
+	out = plan(in)
+	st = out.Egresses["m"].Status
+	if s := st.IPs[0]; s.IP != "10.0.0.5" || s.Node != "" || s.Reason != v1.ReasonAttaching {
+		t.Errorf("moving IP %+v, want 10.0.0.5 without a Node, Attaching", s)
+	}
+	if s := st.IPs[1]; s.IP != "10.1.0.5" || s.Node != "b" || s.InterfaceMAC != "0a:00:00:00:00:03" {
+		t.Errorf("other IP %+v, want it kept on b", s)
+	}
+	wantOp := []cloudOp{{Node: "a2", InterfaceID: "eni-a2", IPs: []netip.Addr{netip.MustParseAddr("10.0.0.5")}, From: map[netip.Addr]string{netip.MustParseAddr("10.0.0.5"): "eni-a1"}}}
+	if d := gocmp.Diff(wantOp, out.Cloud.Attach, gocmp.Comparer(func(a, b netip.Addr) bool { return a == b })); d != "" {
+		t.Errorf("attach ops (-want +got):\n%s", d)
+	}
+	if c := cond(st, v1.ConditionAssigned); c.Reason != v1.ReasonPartlyAssigned || !strings.Contains(c.Message, "attaching 10.0.0.5 to the network interface of Node a2") {
+		t.Errorf("Assigned %+v", c)
+	}
+
+	// The reassign done (the cloud shows 10.0.0.5 on a2, our call put it
+	// there): the IP is named on a2 with a2's MAC.
+	m.Status = st
+	in.Egresses = []v1.Egress{m}
+	in.Pools[0].Status, in.Pools[1].Status = out.Pools["ca"], out.Pools["cb"]
+	in.Cloud = cloudIn(zonedIface("a1", "subnet-aaaaaaaa", 1), zonedIface("a2", "subnet-aaaaaaaa", 2, "10.0.0.5"), zonedIface("b", "subnet-bbbbbbbb", 3, "10.1.0.5"))
+	in.Cloud.Ours = map[netip.Addr]string{netip.MustParseAddr("10.0.0.5"): "eni-a2"}
+	out = plan(in)
+	st = out.Egresses["m"].Status
+	if s := st.IPs[0]; s.IP != "10.0.0.5" || s.Node != "a2" || s.Zone != "za" || s.InterfaceMAC != "0a:00:00:00:00:02" {
+		t.Errorf("moved IP %+v, want 10.0.0.5 on a2 with its MAC", s)
+	}
+	if len(out.Cloud.Attach) != 0 {
+		t.Errorf("attach ops once attached: %+v", out.Cloud.Attach)
+	}
+	if ch := out.Egresses["m"]; ch.EventReason != v1.EventAssigned || !strings.Contains(ch.EventNote, "10.0.0.5 assigned to Node a2") {
+		t.Errorf("Event %s %q", ch.EventReason, ch.EventNote)
+	}
+
+}
+
+// TestMultiIPPlanCloudAllocation: an IP of a cloud pool without a warm
+// address waits (WaitingForWarmIP) and the warm plan attaches one for it;
+// a named address is attached to a Node of its zone, one held by an
+// interface not ours is refused (AddressHeld); a pool with Elastic IPs is
+// refused (ElasticIPsNotSupported).
+func TestMultiIPPlanCloudAllocation(t *testing.T) {
+	nodes := []corev1.Node{zonedNode("a1", "za"), zonedNode("a2", "za"), zonedNode("b", "zb")}
+	t.Run("no warm address: WaitingForWarmIP, counted in the warm plan's shortfall", func(t *testing.T) {
+		m := multiEgress("m", 1, ipsEntry("ca", 1, "za"))
+		out := plan(passInput{Pools: []v1.ExternalIPPool{zonedCloud("ca", "subnet-aaaaaaaa")}, Egresses: []v1.Egress{m}, Nodes: nodes, Agents: alive,
+			Config: PassConfig{DefaultCapacity: 10}, Cloud: cloudIn(zonedIface("a1", "subnet-aaaaaaaa", 1), zonedIface("a2", "subnet-aaaaaaaa", 2))})
+		if s := out.Egresses["m"].Status.IPs[0]; s.IP != "" || s.Reason != v1.ReasonWaitingForWarmIP {
+			t.Errorf("IP %+v, want no address, WaitingForWarmIP", s)
+		}
+		if pl := out.Cloud.Pools["ca"].Plan; pl.Short != 1 || len(pl.Attach) != 1 {
+			t.Errorf("warm plan %+v, want one address attached for the waiting IP", pl)
+		}
+	})
+
+	t.Run("a named address is attached to its Node's interface; a held one is refused", func(t *testing.T) {
+		m := multiEgress("m", 1, ipsEntry("ca", 1, "za", "10.0.0.9"), ipsEntry("cb", 1, "zb", "10.1.0.9"))
+		ci := cloudIn(zonedIface("a1", "subnet-aaaaaaaa", 1), zonedIface("a2", "subnet-aaaaaaaa", 2), zonedIface("b", "subnet-bbbbbbbb", 3))
+		ci.Held = map[netip.Addr]heldAddr{netip.MustParseAddr("10.1.0.9"): {}}
+		out := plan(passInput{Pools: []v1.ExternalIPPool{zonedCloud("ca", "subnet-aaaaaaaa"), zonedCloud("cb", "subnet-bbbbbbbb")}, Egresses: []v1.Egress{m},
+			Nodes: nodes, Agents: alive, Config: PassConfig{DefaultCapacity: 10}, Cloud: ci})
+		st := out.Egresses["m"].Status
+		if s := st.IPs[0]; s.IP != "10.0.0.9" || s.Node != "" || s.Reason != v1.ReasonAttaching {
+			t.Errorf("named IP %+v, want 10.0.0.9 Attaching", s)
+		}
+		if len(out.Cloud.Attach) != 1 || out.Cloud.Attach[0].Node == "b" || len(out.Cloud.Attach[0].From) != 0 ||
+			!slices.Equal(out.Cloud.Attach[0].IPs, []netip.Addr{netip.MustParseAddr("10.0.0.9")}) {
+			t.Errorf("attach ops %+v, want 10.0.0.9 on a zone-a Node, taken from no interface", out.Cloud.Attach)
+		}
+		if s := st.IPs[1]; s.IP != "" || s.Reason != v1.ReasonAddressHeld {
+			t.Errorf("held named IP %+v, want no address, AddressHeld", s)
+		}
+		if !out.Cloud.HeldWanted[netip.MustParseAddr("10.1.0.9")] {
+			t.Errorf("the held address is not kept in the held list: %v", out.Cloud.HeldWanted)
+		}
+	})
+
+	t.Run("a pool with Elastic IPs is refused, its own Egress served", func(t *testing.T) {
+		p := planPool()
+		p.Spec.Cloud.AWS.ElasticIPs = &v1.ElasticIPs{AllocationIDs: []string{"eipalloc-0123456789abcdef0"}}
+		m := multiEgress("m", 1, ipsEntry("c", 1, ""), ipsEntry("l2", 1, ""))
+		out := plan(passInput{Pools: []v1.ExternalIPPool{p, l2PoolOf("198.51.100.0/28", 0)}, Egresses: []v1.Egress{m, planEgress("single", "", "", 2)},
+			Nodes: []corev1.Node{planNode("a"), planNode("b")}, Agents: alive, Config: PassConfig{DefaultCapacity: 10},
+			Cloud: cloudIn(iface("a", 1, 10), iface("b", 2, 10))})
+		st := out.Egresses["m"].Status
+		if s := st.IPs[0]; s.IP != "" || s.Reason != v1.ReasonElasticIPsNotSupported || s.Pool != "c" {
+			t.Errorf("cloud entry %+v, want no address, ElasticIPsNotSupported", s)
+		}
+		if s := st.IPs[1]; s.IP != "198.51.100.1" || s.Node == "" {
+			t.Errorf("l2 entry %+v, want 198.51.100.1 on a Node", s)
+		}
+		if c := cond(st, v1.ConditionIPAllocated); c.Reason != v1.ReasonPartlyAllocated || !strings.Contains(c.Message, "elasticIPs") {
+			t.Errorf("IPAllocated %+v", c)
+		}
+		if c := cond(out.Egresses["single"].Status, v1.ConditionIPAllocated); c.Reason == v1.ReasonElasticIPsNotSupported {
+			t.Errorf("the single-IP Egress of the cloud pool got %+v", c)
+		}
+	})
 }

@@ -20,8 +20,8 @@ const zoneLabel = corev1.LabelTopologyZone
 
 // validateIPs checks what the schema cannot see in an Egress's spec.ips:
 // each entry's pool exists (a missing one is a warning: the Egress waits
-// for it), is not being deleted and is not cloud-backed (several IPs per
-// Egress are built for L2 pools only); every pool is of one IP family (an
+// for it), is not being deleted and, if cloud-backed, names no Elastic
+// IPs (those are associated per Egress, not per IP); every pool is of one IP family (an
 // Egress is IPv4 or IPv6; a dual-stack workload takes two Egresses, as with
 // single-IP Egresses); no pool is asked for more IPs than it has addresses,
 // summed over its entries; each named address lies in its entry's pool. A
@@ -52,11 +52,11 @@ func (v *EgressValidator) validateIPs(ctx context.Context, e *v1.Egress) (admiss
 			errs = append(errs, field.Invalid(at.Child("pool"), s.Pool, fmt.Sprintf("ExternalIPPool %q is being deleted", s.Pool)))
 			continue
 		}
-		if p.Spec.Cloud != nil {
+		if p.Spec.Cloud != nil && p.Spec.Cloud.AWS != nil && p.Spec.Cloud.AWS.ElasticIPs != nil {
 			// The controller gives such an IP no address either
-			// (CloudPoolNotSupported).
+			// (ElasticIPsNotSupported).
 			errs = append(errs, field.Invalid(at.Child("pool"), s.Pool, fmt.Sprintf(
-				"ExternalIPPool %q is cloud-backed (spec.cloud): several IPs per Egress are built for pools on a shared L2 segment only; give a cloud pool in externalIPPool", s.Pool)))
+				"ExternalIPPool %q names Elastic IPs (spec.cloud.aws.elasticIPs), which are associated per Egress (status.publicIP), not per IP; give this pool in externalIPPool, or a cloud pool without elasticIPs in spec.ips", s.Pool)))
 			continue
 		}
 		fam, total, check := poolFacts(&p)

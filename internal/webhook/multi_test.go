@@ -31,7 +31,8 @@ func ips(pool string, count int32, addrs ...string) v1.EgressIPSource {
 // TestMultiIPEgressChecks: what CEL cannot see in spec.ips is refused here
 // with a message naming the entry: pools of both families, more IPs than a
 // pool has addresses (summed over its zones), named addresses outside their
-// pool, a cloud-backed pool; a valid multi-IP Egress is admitted.
+// pool, a cloud-backed pool naming Elastic IPs; valid multi-IP Egresses,
+// one with a cloud-backed pool, are admitted.
 func TestMultiIPEgressChecks(t *testing.T) {
 	create(t, pool("mip-v4", v1.IPRange{CIDR: "198.51.100.128/30"}), "") // 2 usable addresses
 	create(t, pool("mip-v4b", v1.IPRange{CIDR: "198.51.100.160/28"}), "")
@@ -51,8 +52,15 @@ func TestMultiIPEgressChecks(t *testing.T) {
 	cloud := pool("mip-cloud")
 	cloud.Spec.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: "subnet-0123456789abcdef0", InterfaceMode: v1.AWSPrimaryInterface}}
 	create(t, cloud, "")
-	create(t, multi("mip-cloud", ips("mip-v4", 1), ips("mip-cloud", 1)),
-		`spec.ips[1].pool: Invalid value: "mip-cloud": ExternalIPPool "mip-cloud" is cloud-backed (spec.cloud): several IPs per Egress are built for pools on a shared L2 segment only`)
+	create(t, multi("mip-cloud", ips("mip-v4", 1), ips("mip-cloud", 1)), "")
+	create(t, multi("mip-cloud-v6", ips("mip-cloud", 1), ips("mip-v6", 1)),
+		`spec.ips[1].pool: Invalid value: "mip-v6": ExternalIPPool "mip-v6" is IPv6 but "mip-cloud" is IPv4`)
+	eip := pool("mip-cloud-eip")
+	eip.Spec.Cloud = &v1.CloudPool{Provider: v1.CloudProviderAWS, AWS: &v1.AWSPool{SubnetID: "subnet-0123456789abcdef1", InterfaceMode: v1.AWSPrimaryInterface,
+		ElasticIPs: &v1.ElasticIPs{AllocationIDs: []string{"eipalloc-0123456789abcdef0"}}}}
+	create(t, eip, "")
+	create(t, multi("mip-cloud-eip", ips("mip-cloud", 1), ips("mip-cloud-eip", 1)),
+		`spec.ips[1].pool: Invalid value: "mip-cloud-eip": ExternalIPPool "mip-cloud-eip" names Elastic IPs (spec.cloud.aws.elasticIPs), which are associated per Egress (status.publicIP), not per IP`)
 }
 
 // TestZoneWithoutNodesWarns: a zone no Node carries, and a zone with fewer
