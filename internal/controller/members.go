@@ -54,6 +54,10 @@ type MembersReconciler struct {
 	// MaxPerSlice is the largest number of members per slice; 0 means
 	// v1.MaxMembersPerSlice.
 	MaxPerSlice int
+	// Selected, when set, receives each pass's status.selectedPods and
+	// status.shadowedBy for the scheduling pass to write (selectedBoard);
+	// nil: this reconciler patches them itself (writeSelected).
+	Selected *selectedBoard
 }
 
 // Reconcile runs one publication pass over every Egress. It returns an
@@ -97,6 +101,10 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 	}
 	var errs []error
 	writes := 0
+	var counts map[string]selectedEntry
+	if r.Selected != nil {
+		counts = make(map[string]selectedEntry, len(egs.Items))
+	}
 	// Slices of Egresses that are gone: the garbage collector removes them
 	// where kube-controller-manager runs; deleting them here also covers
 	// control planes without one and ends stale members sooner.
@@ -139,7 +147,11 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 		if e.DeletionTimestamp != nil {
 			continue // going away: the garbage collector removes its slices
 		}
-		errs = append(errs, r.writeSelected(ctx, e, selectedOf(e.Name, sel)))
+		if counts != nil {
+			counts[e.Name] = selectedEntry{uid: e.UID, st: selectedOf(e.Name, sel)}
+		} else {
+			errs = append(errs, r.writeSelected(ctx, e, selectedOf(e.Name, sel)))
+		}
 		ch := packSlices(e.Name, existing, want, max)
 		for _, c := range ch.Create {
 			s := &v1.EgressMemberSlice{
@@ -166,6 +178,9 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 			}))
 		}
 		writes += len(ch.Create) + len(ch.Update) + len(ch.Delete)
+	}
+	if counts != nil {
+		r.Selected.publish(counts)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
