@@ -95,9 +95,10 @@ type PassReconciler struct {
 // that succeeded stay.
 //
 // The steps: read the cache (and wait for it to show this controller's
-// writes), plan (a pure function), hand the cloud its calls, export the
-// pass's metrics, write the statuses and finalizers that changed, and tell
-// the liveness poller which releases to ask of the agents.
+// writes), plan (a pure function) with the member publication's counts,
+// hand the cloud its calls, export the pass's metrics, write the statuses
+// and finalizers that changed, tell the liveness poller which releases to
+// ask of the agents, and have it poll soon the Nodes the pass waits for.
 func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	start := time.Now()
 	defer func() { passDuration.Observe(time.Since(start).Seconds()) }()
@@ -147,9 +148,6 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 
 	result.RequeueAfter = minPositive(result.RequeueAfter, r.trackReleases(out.Waits, start))
 	r.reportCapacity(ctx, nodes.Items, out.InvalidCapacity)
-	for _, n := range out.Awaited {
-		r.Liveness.Expedite(n)
-	}
 	setPassMetrics(&out)
 
 	ew := r.egressWrites(egs.Items, &out)
@@ -170,6 +168,14 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		}
 	}
 	r.Liveness.SetReleases(releaseInstructions(ew.final(egs.Items), nodes.Items, r.Liveness.State))
+	// Polled soon once the statuses they wait for are written and the
+	// release instructions set: expedited before the writes, a Node's
+	// report would change with the first of a failover's hundreds of
+	// moves it binds, which ends the expedited polls, and the pass that
+	// writes them Ready would wait for its regular poll.
+	for _, n := range out.Awaited {
+		r.Liveness.Expedite(n)
+	}
 	if unknown {
 		r.synced = false
 	}
