@@ -54,9 +54,10 @@ type PassReconciler struct {
 	// when some are deferrable (writePriority prioAssign and prioOther):
 	// the urgent ones count first and are never deferred (moves, Ready
 	// changes, finalizers), deferrable ones fill the rest (prioritize),
-	// and those left wait for the next pass, which runs at once. It bounds how long a
-	// pass spends on a bulk (a cold start writes every Egress), so that a
-	// Node's death found meanwhile waits at most that long. Setup sets it
+	// and those left wait for the next pass, which runs at once. It
+	// bounds how long a pass spends on a bulk (a cold start writes every
+	// Egress), so that a Node's death found meanwhile waits at most that
+	// long. Setup sets it
 	// to one second's worth of the client's rate limit (--kube-api-qps);
 	// 0 means no bound (tests of the pass alone).
 	DeferrableWrites int
