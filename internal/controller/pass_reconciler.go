@@ -57,9 +57,8 @@ type PassReconciler struct {
 	// and those left wait for the next pass, which runs at once. It
 	// bounds how long a pass spends on a bulk (a cold start writes every
 	// Egress), so that a Node's death found meanwhile waits at most that
-	// long. Setup sets it
-	// to one second's worth of the client's rate limit (--kube-api-qps);
-	// 0 means no bound (tests of the pass alone).
+	// long. Setup sets it to one second's worth of the client's rate
+	// limit (--kube-api-qps); 0 means no bound (tests of the pass alone).
 	DeferrableWrites int
 	// APIReader reads the API server without the cache (consistent
 	// reads). The first pass as leader, and the first after a status
