@@ -90,3 +90,35 @@ func TestSelectedBoard(t *testing.T) {
 		t.Fatal("statuses that already say the counts were copied")
 	}
 }
+
+// TestMemberInputChanged: with the pass writing the counts, the member
+// publication runs again for an Egress update only when it changes what
+// selection reads (spec, deletion, the status addresses that decide the
+// family), not for the pass's other status writes.
+func TestMemberInputChanged(t *testing.T) {
+	base := v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "e", Generation: 1}, Status: v1.EgressStatus{EgressIP: "10.0.0.1", EgressNode: "n1",
+		IPs: []v1.EgressIPStatus{{IP: "10.0.0.1", Node: "n1"}}}}
+	cases := []struct {
+		name   string
+		change func(e *v1.Egress)
+		want   bool
+	}{
+		{"moved to another Node", func(e *v1.Egress) { e.Status.EgressNode, e.Status.IPs[0].Node = "n2", "n2" }, false},
+		{"Ready changed", func(e *v1.Egress) {
+			e.Status.Conditions = []metav1.Condition{{Type: v1.ConditionReady, Status: "True"}}
+		}, false},
+		{"count written", func(e *v1.Egress) { e.Status.SelectedPods = new(int32(4)) }, false},
+		{"spec changed", func(e *v1.Egress) { e.Generation = 2 }, true},
+		{"deleted", func(e *v1.Egress) { e.DeletionTimestamp = &metav1.Time{} }, true},
+		{"new address", func(e *v1.Egress) { e.Status.EgressIP = "fd00::1" }, true},
+		{"new address in status.ips", func(e *v1.Egress) { e.Status.IPs[0].IP = "fd00::1" }, true},
+		{"another address in status.ips", func(e *v1.Egress) { e.Status.IPs = append(e.Status.IPs, v1.EgressIPStatus{IP: "10.0.0.2"}) }, true},
+	}
+	for _, tc := range cases {
+		n := base.DeepCopy()
+		tc.change(n)
+		if got := memberInputChanged(&base, n); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
