@@ -54,6 +54,10 @@ type MembersReconciler struct {
 	// MaxPerSlice is the largest number of members per slice; 0 means
 	// v1.MaxMembersPerSlice.
 	MaxPerSlice int
+	// Selected, when set, receives each pass's status.selectedPods and
+	// status.shadowedBy for the scheduling pass to write (selectedBoard);
+	// nil: this reconciler patches them itself (writeSelected).
+	Selected *selectedBoard
 }
 
 // Reconcile runs one publication pass over every Egress. It returns an
@@ -97,6 +101,10 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 	}
 	var errs []error
 	writes := 0
+	var counts map[string]selectedEntry
+	if r.Selected != nil {
+		counts = make(map[string]selectedEntry, len(egs.Items))
+	}
 	// Slices of Egresses that are gone: the garbage collector removes them
 	// where kube-controller-manager runs; deleting them here also covers
 	// control planes without one and ends stale members sooner.
@@ -139,7 +147,11 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 		if e.DeletionTimestamp != nil {
 			continue // going away: the garbage collector removes its slices
 		}
-		errs = append(errs, r.writeSelected(ctx, e, selectedOf(e.Name, sel)))
+		if counts != nil {
+			counts[e.Name] = selectedEntry{uid: e.UID, st: selectedOf(e.Name, sel)}
+		} else {
+			errs = append(errs, r.writeSelected(ctx, e, selectedOf(e.Name, sel)))
+		}
 		ch := packSlices(e.Name, existing, want, max)
 		for _, c := range ch.Create {
 			s := &v1.EgressMemberSlice{
@@ -166,6 +178,9 @@ func (r *MembersReconciler) Reconcile(ctx context.Context, _ reconcile.Request) 
 			}))
 		}
 		writes += len(ch.Create) + len(ch.Update) + len(ch.Delete)
+	}
+	if counts != nil {
+		r.Selected.publish(counts)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return reconcile.Result{}, err
@@ -305,6 +320,23 @@ func sliceName(egress string, k int) string {
 	return strings.TrimRight(egress[:200], ".-") + "-" + hex.EncodeToString(h[:6]) + suffix
 }
 
+// memberInputChanged reports whether an Egress update changes what the
+// publication reads of it: its spec (the generation), its deletion, or
+// the addresses of its status (status.egressIP and status.ips decide its
+// family, selection.EgressFamily).
+func memberInputChanged(o, n *v1.Egress) bool {
+	if o.Generation != n.Generation || (o.DeletionTimestamp == nil) != (n.DeletionTimestamp == nil) || o.Status.EgressIP != n.Status.EgressIP ||
+		len(o.Status.IPs) != len(n.Status.IPs) {
+		return true
+	}
+	for i := range o.Status.IPs {
+		if o.Status.IPs[i].IP != n.Status.IPs[i].IP {
+			return true
+		}
+	}
+	return false
+}
+
 // SetupWithManager registers the publication with mgr (runs on the
 // elected leader only, like every controller of the manager).
 func (r *MembersReconciler) SetupWithManager(mgr ctrl.Manager) error {
@@ -317,10 +349,23 @@ func (r *MembersReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return !ok1 || !ok2 || selection.PodChanged(o, n)
 	}})
 	labelsOnly := builder.WithPredicates(predicate.LabelChangedPredicate{})
+	var egresses []builder.WatchesOption
+	if r.Selected != nil {
+		// The scheduling pass writes the counts: a status update matters
+		// only when it changes what selection reads. Without this, each
+		// of the pass's patches (hundreds a second in a failover) would
+		// bring a publication over every Egress, taking CPU from the pass
+		// and the API server.
+		egresses = append(egresses, builder.WithPredicates(predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+			o, ok1 := e.ObjectOld.(*v1.Egress)
+			n, ok2 := e.ObjectNew.(*v1.Egress)
+			return !ok1 || !ok2 || memberInputChanged(o, n)
+		}}))
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("egressip-member-slices").
 		WithOptions(controller.Options{MaxConcurrentReconciles: 1}).
-		Watches(&v1.Egress{}, toPass).
+		Watches(&v1.Egress{}, toPass, egresses...).
 		Watches(&v1.ExternalIPPool{}, toPass, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1.EgressMemberSlice{}, toPass).
 		Watches(&corev1.Namespace{}, toPass, labelsOnly).

@@ -50,14 +50,15 @@ type PassReconciler struct {
 	Cloud *CloudActuator
 	// WriteParallelism bounds concurrent status patches. Default 16.
 	WriteParallelism int
-	// DeferrableWrites is how many deferrable patches (writePriority
-	// prioAssign and prioOther) one pass issues at most; the rest wait for
-	// the next pass, which runs at once. The patches a pass needs (moves,
-	// Ready changes, finalizers) are never deferred. It bounds how long a
-	// pass spends on a bulk (a cold start writes every Egress), so that a
-	// Node's death found meanwhile waits at most that long. Setup sets it
-	// to one second's worth of the client's rate limit (--kube-api-qps);
-	// 0 means no bound (tests of the pass alone).
+	// DeferrableWrites is how many patches one pass issues at most
+	// when some are deferrable (writePriority prioAssign and prioOther):
+	// the urgent ones count first and are never deferred (moves, Ready
+	// changes, finalizers), deferrable ones fill the rest (prioritize),
+	// and those left wait for the next pass, which runs at once. It
+	// bounds how long a pass spends on a bulk (a cold start writes every
+	// Egress), so that a Node's death found meanwhile waits at most that
+	// long. Setup sets it to one second's worth of the client's rate
+	// limit (--kube-api-qps); 0 means no bound (tests of the pass alone).
 	DeferrableWrites int
 	// APIReader reads the API server without the cache (consistent
 	// reads). The first pass as leader, and the first after a status
@@ -66,6 +67,10 @@ type PassReconciler struct {
 	// this one, may have written statuses the cache does not show yet.
 	// Nil skips that wait (tests of the pass alone).
 	APIReader client.Reader
+	// Selected holds the member publication's status.selectedPods and
+	// status.shadowedBy, which the pass writes with the rest of each
+	// Egress's status (selectedBoard); nil: the statuses' own are kept.
+	Selected *selectedBoard
 
 	reportedInvalid map[string]string
 	// written holds the Egresses this controller wrote and the cache does
@@ -90,9 +95,10 @@ type PassReconciler struct {
 // that succeeded stay.
 //
 // The steps: read the cache (and wait for it to show this controller's
-// writes), plan (a pure function), hand the cloud its calls, export the
-// pass's metrics, write the statuses and finalizers that changed, and tell
-// the liveness poller which releases to ask of the agents.
+// writes), plan (a pure function) with the member publication's counts,
+// hand the cloud its calls, export the pass's metrics, write the statuses
+// and finalizers that changed, tell the liveness poller which releases to
+// ask of the agents, and have it poll soon the Nodes the pass waits for.
 func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	start := time.Now()
 	defer func() { passDuration.Observe(time.Since(start).Seconds()) }()
@@ -118,7 +124,10 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	if wait, err := r.readYourWrites(ctx, egs.Items); err != nil || wait {
 		return reconcile.Result{RequeueAfter: cacheWait}, err
 	}
-	in := passInput{Pools: pools.Items, Egresses: egs.Items, Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config,
+	// The plan sees the member publication's latest counts; the patches
+	// are computed against egs as read, so a count that changed is
+	// written with the rest.
+	in := passInput{Pools: pools.Items, Egresses: r.Selected.overlay(egs.Items), Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config,
 		Now: start, ReleaseSince: func(k releaseKey) time.Time { return r.releaseSince[k] }}
 	var result reconcile.Result
 	if r.Cloud != nil {
@@ -139,9 +148,6 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 
 	result.RequeueAfter = minPositive(result.RequeueAfter, r.trackReleases(out.Waits, start))
 	r.reportCapacity(ctx, nodes.Items, out.InvalidCapacity)
-	for _, n := range out.Awaited {
-		r.Liveness.Expedite(n)
-	}
 	setPassMetrics(&out)
 
 	ew := r.egressWrites(egs.Items, &out)
@@ -162,6 +168,14 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		}
 	}
 	r.Liveness.SetReleases(releaseInstructions(ew.final(egs.Items), nodes.Items, r.Liveness.State))
+	// Polled soon once the statuses they wait for are written and the
+	// release instructions set: expedited before the writes, a Node's
+	// report would change with the first of a failover's hundreds of
+	// moves it binds, which ends the expedited polls, and the pass that
+	// writes them Ready would wait for its regular poll.
+	for _, n := range out.Awaited {
+		r.Liveness.Expedite(n)
+	}
 	if unknown {
 		r.synced = false
 	}
@@ -253,17 +267,25 @@ func conditionStatus(cs []metav1.Condition, t string) metav1.ConditionStatus {
 }
 
 // prioritize orders writes by priority (stable: the pass's order within
-// one class) and splits off the deferrable ones beyond DeferrableWrites.
+// one class) and splits off the deferrable ones beyond what is left of
+// DeferrableWrites after the urgent ones (moves, Ready changes): a pass
+// issues all it needs and, within one second's worth of patches, what
+// it can defer. So a failover's pass (200 moves), and the pass that
+// writes their Ready changes, issue nothing deferrable: the pass after
+// them, which the next urgent changes wait for, starts as soon as they
+// are written. Deferrable writes wait only while every pass needs more
+// than DeferrableWrites urgent patches.
 func (r *PassReconciler) prioritize(writes []statusWrite) (now, later []statusWrite) {
 	slices.SortStableFunc(writes, func(a, b statusWrite) int { return cmp.Compare(a.prio, b.prio) })
 	if r.DeferrableWrites <= 0 {
 		return writes, nil
 	}
 	urgent := slices.IndexFunc(writes, func(w statusWrite) bool { return w.prio >= prioAssign })
-	if urgent < 0 || len(writes)-urgent <= r.DeferrableWrites {
+	budget := max(r.DeferrableWrites-urgent, 0)
+	if urgent < 0 || len(writes)-urgent <= budget {
 		return writes, nil
 	}
-	cut := urgent + r.DeferrableWrites
+	cut := urgent + budget
 	return writes[:cut], writes[cut:]
 }
 
@@ -596,6 +618,9 @@ func (r *PassReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1.ExternalIPPool{}, toPass).
 		Watches(&corev1.Node{}, toPass, builderNodePredicate()).
 		WatchesRawSource(source.Channel(r.Liveness.Events, toPass))
+	if r.Selected != nil {
+		b = b.WatchesRawSource(source.Channel(r.Selected.events, toPass))
+	}
 	if r.Cloud != nil {
 		if err := mgr.Add(r.Cloud); err != nil {
 			return fmt.Errorf("add cloud refresher: %w", err)

@@ -125,8 +125,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	l := NewLiveness(mgr.GetClient(), o.Liveness)
 	l.Recorder = rec
+	board := newSelectedBoard()
 	r := &PassReconciler{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Recorder: rec, Liveness: l, Config: o.Pass, beforePass: o.beforePass,
-		DeferrableWrites: deferrableWrites(mgr.GetConfig().QPS)}
+		DeferrableWrites: deferrableWrites(mgr.GetConfig().QPS), Selected: board}
 	if o.Cloud.Provider != nil {
 		r.Cloud = NewCloudActuator(mgr.GetClient(), o.Cloud)
 		l.onNICs(r.Cloud.nicsReported)
@@ -141,7 +142,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := nd.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the Node datapath condition: %w", err)
 	}
-	m := &MembersReconciler{Client: mgr.GetClient(), MaxPerSlice: o.MaxMembersPerSlice}
+	m := &MembersReconciler{Client: mgr.GetClient(), MaxPerSlice: o.MaxMembersPerSlice, Selected: board}
 	if err := m.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up member slices: %w", err)
 	}

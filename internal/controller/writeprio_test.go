@@ -39,44 +39,63 @@ func TestEgressWritePriority(t *testing.T) {
 }
 
 // TestPrioritizeDefersOnlyDeferrable: the writes come out by priority,
-// every move and Ready change is kept however many there are, and only
-// the deferrable ones beyond DeferrableWrites are left for the next pass.
+// every move and Ready change is kept however many there are, and the
+// deferrable ones fill what the urgent ones leave of DeferrableWrites;
+// the rest are left for the next pass. A failover's pass (more urgent
+// patches than the bound) issues nothing deferrable.
 func TestPrioritizeDefersOnlyDeferrable(t *testing.T) {
-	var writes []statusWrite
-	add := func(p writePriority, n int) {
-		for i := range n {
-			writes = append(writes, statusWrite{obj: &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d-%d", p, i)}}, prio: p, index: len(writes),
-				do: func(context.Context) error { return nil }})
+	build := func(moves, readys, assigns, others int) []statusWrite {
+		var writes []statusWrite
+		add := func(p writePriority, n int) {
+			for i := range n {
+				writes = append(writes, statusWrite{obj: &v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("p%d-%d", p, i)}}, prio: p, index: len(writes),
+					do: func(context.Context) error { return nil }})
+			}
 		}
+		add(prioOther, others)
+		add(prioAssign, assigns)
+		add(prioReady, readys)
+		add(prioMove, moves)
+		return writes
 	}
-	add(prioOther, 30)
-	add(prioAssign, 300)
-	add(prioReady, 150)
-	add(prioMove, 200)
-	r := &PassReconciler{DeferrableWrites: 100}
-	now, later := r.prioritize(writes)
-	if len(now) != 200+150+100 || len(later) != 300+30-100 {
-		t.Fatalf("%d now and %d later, want 450 and 230", len(now), len(later))
+	cases := []struct {
+		name                          string
+		moves, readys, assigns, other int
+		// want: issued now by priority.
+		want [prioOther + 1]int
+	}{
+		{"failover", 200, 150, 300, 30, [prioOther + 1]int{200, 150, 0, 0}},
+		{"cold start chunk", 0, 40, 300, 30, [prioOther + 1]int{0, 40, 60, 0}},
+		{"bulk of assignments", 0, 0, 300, 30, [prioOther + 1]int{0, 0, 100, 0}},
+		{"within the bound", 10, 10, 50, 30, [prioOther + 1]int{10, 10, 50, 30}},
 	}
-	for i := 1; i < len(now); i++ {
-		if now[i].prio < now[i-1].prio {
-			t.Fatalf("write %d (%s, priority %d) after one of priority %d", i, now[i].obj.GetName(), now[i].prio, now[i-1].prio)
+	for _, tc := range cases {
+		writes := build(tc.moves, tc.readys, tc.assigns, tc.other)
+		r := &PassReconciler{DeferrableWrites: 100}
+		now, later := r.prioritize(writes)
+		if len(now)+len(later) != len(writes) {
+			t.Fatalf("%s: %d now and %d later of %d", tc.name, len(now), len(later), len(writes))
 		}
-	}
-	count := map[writePriority]int{}
-	for _, w := range now {
-		count[w.prio]++
-	}
-	if count[prioMove] != 200 || count[prioReady] != 150 || count[prioAssign] != 100 || count[prioOther] != 0 {
-		t.Fatalf("issued now by priority %v, want every move and Ready change and 100 assignments", count)
-	}
-	for _, w := range later {
-		if w.prio < prioAssign {
-			t.Fatalf("deferred %s of priority %d", w.obj.GetName(), w.prio)
+		for i := 1; i < len(now); i++ {
+			if now[i].prio < now[i-1].prio {
+				t.Fatalf("%s: write %d (%s, priority %d) after one of priority %d", tc.name, i, now[i].obj.GetName(), now[i].prio, now[i-1].prio)
+			}
 		}
-	}
-	if now, later := (&PassReconciler{}).prioritize(writes); len(now) != len(writes) || len(later) != 0 {
-		t.Fatalf("without a bound: %d now, %d later, want all now", len(now), len(later))
+		var count [prioOther + 1]int
+		for _, w := range now {
+			count[w.prio]++
+		}
+		if count != tc.want {
+			t.Errorf("%s: issued now by priority %v, want %v", tc.name, count, tc.want)
+		}
+		for _, w := range later {
+			if w.prio < prioAssign {
+				t.Fatalf("%s: deferred %s of priority %d", tc.name, w.obj.GetName(), w.prio)
+			}
+		}
+		if now, later := (&PassReconciler{}).prioritize(writes); len(now) != len(writes) || len(later) != 0 {
+			t.Fatalf("%s without a bound: %d now, %d later, want all now", tc.name, len(now), len(later))
+		}
 	}
 	if got := deferrableWrites(DefaultKubeAPIQPS); got != DefaultKubeAPIQPS {
 		t.Fatalf("deferrableWrites(%d) = %d", DefaultKubeAPIQPS, got)
