@@ -143,14 +143,21 @@ func (f *fixture) stateFor(n *dp.Node, specs []spec) datapath.State {
 // apply programs every Node and moves the egress IPs to their Nodes.
 func (f *fixture) apply(specs []spec) {
 	f.t.Helper()
-	ctx := context.Background()
 	want := map[netip.Addr]*dp.Node{}
 	for _, s := range specs {
 		if s.ip.IsValid() && s.node != nil {
 			want[s.ip] = s.node
 		}
 	}
-	// Release before acquire, as a planned move does.
+	f.program(want, func(n *dp.Node) datapath.State { return f.stateFor(n, specs) })
+}
+
+// program moves the egress IPs to the Nodes want names, release before
+// acquire as a planned move does: it unbinds every IP bound elsewhere,
+// applies stateFor on every Node, then binds each IP on its Node and
+// points the neighbours at it.
+func (f *fixture) program(want map[netip.Addr]*dp.Node, stateFor func(*dp.Node) datapath.State) {
+	f.t.Helper()
 	for ip, n := range f.bound {
 		if want[ip] != n {
 			if err := f.c.UnbindEIP(n, ip); err != nil {
@@ -160,7 +167,7 @@ func (f *fixture) apply(specs []spec) {
 		}
 	}
 	for _, n := range f.c.Nodes {
-		if err := f.dps[n].Apply(ctx, f.stateFor(n, specs)); err != nil {
+		if err := f.dps[n].Apply(context.Background(), stateFor(n)); err != nil {
 			f.t.Fatalf("Apply on %s: %v", n.Name, err)
 		}
 	}

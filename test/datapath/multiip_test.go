@@ -102,31 +102,7 @@ func (f *fixture) applyMulti(s multiSpec) {
 			want[x.ip] = x.node
 		}
 	}
-	for ip, n := range f.bound {
-		if want[ip] != n {
-			if err := f.c.UnbindEIP(n, ip); err != nil {
-				f.t.Fatal(err)
-			}
-			delete(f.bound, ip)
-		}
-	}
-	for _, n := range f.c.Nodes {
-		if err := f.dps[n].Apply(context.Background(), f.multiStateFor(n, s)); err != nil {
-			f.t.Fatalf("Apply on %s: %v", n.Name, err)
-		}
-	}
-	for ip, n := range want {
-		if f.bound[ip] == n {
-			continue
-		}
-		if err := f.c.BindEIP(n, ip); err != nil {
-			f.t.Fatal(err)
-		}
-		if err := f.c.PointNeighbours(n, ip); err != nil {
-			f.t.Fatal(err)
-		}
-		f.bound[ip] = n
-	}
+	f.program(want, func(n *dp.Node) datapath.State { return f.multiStateFor(n, s) })
 }
 
 // session is one long-lived TCP connection to the external server and

@@ -130,6 +130,28 @@ func holders(t *testing.T, e *v1.Egress) map[netip.Addr]string {
 	return h
 }
 
+// threeIPs creates Egress name with 3 IPs of pool multi and waits until
+// all are Ready; it returns the Egress and its holders by IP.
+func threeIPs(t *testing.T, name string) (*v1.Egress, map[netip.Addr]string) {
+	t.Helper()
+	multiEgress(t, name, v1.EgressIPSource{Pool: "multi", Count: ptr.To[int32](3)})
+	e := waitIPs(t, name, 30*time.Second, "3 IPs Ready", func(e *v1.Egress) bool { return allReady(e, 3) })
+	return e, holders(t, e)
+}
+
+// ownSources counts fs by source and fails the test when one left with an
+// address that is not an IP of e (holders h).
+func ownSources(t *testing.T, fs []*harness.Flow, h map[netip.Addr]string, e *v1.Egress) map[netip.Addr]int {
+	t.Helper()
+	seen := bySource(fs)
+	for ip, n := range seen {
+		if h[ip] == "" {
+			t.Fatalf("%d connections left with %s, which is not an IP of the Egress (%s)", n, ip, describeIPs(e))
+		}
+	}
+	return seen
+}
+
 // awaitSpread waits up to 5 s until a new connection from every Pod of
 // pods leaves with one of the IPs of h: a source Node programs the
 // Egress's IPs when its watch shows them Ready, a moment after the
@@ -227,9 +249,7 @@ func maxGap(fs []*harness.Flow, since time.Time) (time.Duration, *harness.Flow) 
 // connection keeps its one source for its life (it echoes for 3 s without
 // a reset: a source that changed midway would break it).
 func TestMultiIPSpread(t *testing.T) {
-	multiEgress(t, "spread", v1.EgressIPSource{Pool: "multi", Count: ptr.To[int32](3)})
-	e := waitIPs(t, "spread", 30*time.Second, "3 IPs Ready", func(e *v1.Egress) bool { return allReady(e, 3) })
-	h := holders(t, e)
+	e, h := threeIPs(t, "spread")
 	nodesUsed := map[string]bool{}
 	for _, n := range h {
 		nodesUsed[n] = true
@@ -244,12 +264,7 @@ func TestMultiIPSpread(t *testing.T) {
 	awaitSpread(t, pods, h)
 	start := time.Now()
 	fs := openFlows(t, pods, 2)
-	seen := bySource(fs)
-	for ip, n := range seen {
-		if h[ip] == "" {
-			t.Errorf("%d connections left with %s, which is not an IP of the Egress (%s)", n, ip, describeIPs(e))
-		}
-	}
+	seen := ownSources(t, fs, h, e)
 	if len(seen) != 3 {
 		t.Errorf("the external server saw %d sources over %d connections, want the 3 IPs: %v", len(seen), len(fs), seen)
 	}
@@ -272,9 +287,7 @@ func TestMultiIPSpread(t *testing.T) {
 // of the Egress's IPs; new connections use all 3 IPs again.
 func TestMultiIPCrash(t *testing.T) {
 	ctx := context.Background()
-	multiEgress(t, "crash", v1.EgressIPSource{Pool: "multi", Count: ptr.To[int32](3)})
-	e := waitIPs(t, "crash", 30*time.Second, "3 IPs Ready", func(e *v1.Egress) bool { return allReady(e, 3) })
-	h := holders(t, e)
+	e, h := threeIPs(t, "crash")
 	victimIP := netip.MustParseAddr(e.Status.IPs[0].IP)
 	victim := c.Node(h[victimIP])
 	if victim == nil {
@@ -282,12 +295,7 @@ func TestMultiIPCrash(t *testing.T) {
 	}
 	awaitSpread(t, c.PodsIn(podNamespace), h)
 	fs := openFlows(t, podsOn(false, victim.Name), 2)
-	seen := bySource(fs)
-	for ip, n := range seen {
-		if h[ip] == "" {
-			t.Fatalf("%d connections left with %s, which is not an IP of the Egress (%s)", n, ip, describeIPs(e))
-		}
-	}
+	seen := ownSources(t, fs, h, e)
 	t.Logf("before the crash: %d connections by source %v; %s holds %s", len(fs), seen, victim.Name, victimIP)
 
 	quietStart := time.Now()
@@ -384,18 +392,12 @@ func TestMultiIPCrash(t *testing.T) {
 // two IPs stay where they are.
 func TestMultiIPPlannedMove(t *testing.T) {
 	ctx := context.Background()
-	multiEgress(t, "move", v1.EgressIPSource{Pool: "multi", Count: ptr.To[int32](3)})
-	e := waitIPs(t, "move", 30*time.Second, "3 IPs Ready", func(e *v1.Egress) bool { return allReady(e, 3) })
-	h := holders(t, e)
+	e, h := threeIPs(t, "move")
 	movedIP := netip.MustParseAddr(e.Status.IPs[1].IP)
 	from := h[movedIP]
 	awaitSpread(t, c.PodsIn(podNamespace), h)
 	fs := openFlows(t, c.PodsIn(podNamespace), 2)
-	for ip, n := range bySource(fs) {
-		if h[ip] == "" {
-			t.Fatalf("%d connections left with %s, which is not an IP of the Egress (%s)", n, ip, describeIPs(e))
-		}
-	}
+	ownSources(t, fs, h, e)
 	quietStart := time.Now()
 	time.Sleep(3 * time.Second)
 	quiet, _ := maxGap(fs, quietStart)
