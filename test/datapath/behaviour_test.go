@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -926,5 +929,91 @@ func TestNewEgressKeepsOpenFlows(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// foreignMarkBit is a packet-mark bit outside the datapath's IDMask and
+// FromTunnel, as another program (a CNI, a service mesh) might set it.
+const foreignMarkBit = 0x1
+
+// markAllPrerouting adds the table "inet other" to a Node: a filter
+// prerouting chain at priority -200 (before classify) that sets
+// foreignMarkBit in the packet mark of every packet and counts, in its
+// forward chain, the forwarded packets still carrying it.
+func markAllPrerouting(t *testing.T, n *dp.Node) (forwarded func() uint64) {
+	t.Helper()
+	conn, err := nftables.New(nftables.WithNetNSFd(int(n.Handle)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := conn.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "other"})
+	pre := conn.AddChain(&nftables.Chain{Name: "pre", Table: tb, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRef(-200)})
+	fwd := conn.AddChain(&nftables.Chain{Name: "fwd", Table: tb, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityRef(0)})
+	conn.AddRule(&nftables.Rule{Table: tb, Chain: pre, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(^uint32(foreignMarkBit)), Xor: binaryutil.NativeEndian.PutUint32(foreignMarkBit)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+	}})
+	ctr := &expr.Counter{}
+	conn.AddRule(&nftables.Rule{Table: tb, Chain: fwd, Exprs: []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: binaryutil.NativeEndian.PutUint32(foreignMarkBit), Xor: binaryutil.NativeEndian.PutUint32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)},
+		ctr,
+	}})
+	if err := conn.Flush(); err != nil {
+		t.Fatalf("table other on %s: %v", n.Name, err)
+	}
+	return func() uint64 {
+		rules, err := conn.GetRules(tb, fwd)
+		if err != nil || len(rules) != 1 {
+			t.Fatalf("rules of other/fwd on %s: %d, %v", n.Name, len(rules), err)
+		}
+		for _, e := range rules[0].Exprs {
+			if c, ok := e.(*expr.Counter); ok {
+				return c.Packets
+			}
+		}
+		t.Fatalf("no counter in other/fwd on %s", n.Name)
+		return 0
+	}
+}
+
+// TestForeignPacketMark: another program sets a bit of the packet mark on
+// every packet before classify, on the member's Node and on the egress
+// Node. The member's flows still take the tunnel and leave with the egress
+// IP (classify ORs the ID in through set-mark instead of assigning it), a
+// bulk transfer works both ways, and the other program's bit is still set
+// on the forwarded packets (forward clears only the datapath's bits).
+func TestForeignPacketMark(t *testing.T) {
+	for _, fm := range families {
+		t.Run(fm.name, func(t *testing.T) {
+			f := newFixture(t)
+			n1, n2 := f.c.Nodes[0], f.c.Nodes[1]
+			f.apply([]spec{{name: "e1", ip: fm.eip, node: n2, members: []*dp.Pod{n1.Pods[0]}}})
+			seen := map[*dp.Node]func() uint64{n1: markAllPrerouting(t, n1), n2: markAllPrerouting(t, n2)}
+			ctx := ctxT(t, 60*time.Second)
+			if got, err := dp.UDPWho(ctx, &n1.Pods[0].NS, fm.ext); err != nil || got != fm.eip {
+				t.Errorf("UDP from the member: server saw %v (err %v), want %s", got, err, fm.eip)
+			}
+			if got, err := dp.TCPWho(ctx, &n1.Pods[0].NS, fm.ext); err != nil || got != fm.eip {
+				t.Errorf("TCP from the member: server saw %v (err %v), want %s", got, err, fm.eip)
+			}
+			if got, err := dp.UDPWho(ctx, &n1.Pods[1].NS, fm.ext); err != nil || got == fm.eip {
+				t.Errorf("UDP from the unselected Pod: server saw %v (err %v), want anything but %s", got, err, fm.eip)
+			}
+			for _, down := range []bool{false, true} {
+				if _, err := dp.Bulk(ctx, &n1.Pods[0].NS, fm.ext, 4<<20, down); err != nil {
+					t.Errorf("bulk TCP (download=%v) with the foreign mark: %v", down, err)
+				}
+			}
+			for n, count := range seen {
+				if c := count(); c == 0 {
+					t.Errorf("%s: no forwarded packet kept the other program's mark bit", n.Name)
+				}
+			}
+		})
 	}
 }

@@ -44,9 +44,13 @@ const (
 	setIDs = "ids"
 
 	chainClassify = "classify"
-	chainSetMark  = "set-mark"
-	chainForward  = "forward"
-	chainReject   = "reject"
+	// chainMarked is the tail of classify that every packet reaches once
+	// (classify's first rule sends packets of established flows straight
+	// to it): it carries a marked flow's ID into the packet mark.
+	chainMarked  = "marked"
+	chainSetMark = "set-mark"
+	chainForward = "forward"
+	chainReject  = "reject"
 	// chainRejectQueue is the base chain that sends the SYNs of rejected
 	// connections through the reject queue (Config.RejectQueue).
 	chainRejectQueue = "reject-queue"
@@ -189,6 +193,12 @@ func nfproto(p byte) []expr.Any  { return []expr.Any{loadMeta(expr.MetaKeyNFPROT
 func l4proto(p byte) []expr.Any  { return []expr.Any{loadMeta(expr.MetaKeyL4PROTO), eq([]byte{p})} }
 func ctState(bits uint32) []expr.Any {
 	return []expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: 1}, and32(bits), neq(native(0))}
+}
+
+// ctNotNew matches packets whose connection is not new: ct state has no
+// new bit (established, related, invalid and untracked packets).
+func ctNotNew() []expr.Any {
+	return []expr.Any{&expr.Ct{Key: expr.CtKeySTATE, Register: 1}, and32(expr.CtStateBitNEW), eq(native(0))}
 }
 
 // dirOriginal and dirReply are conntrack's directions of a packet
@@ -399,6 +409,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 	prio := func(p int32) *nftables.ChainPriority { return new(nftables.ChainPriority(p)) }
 	chains := append(b.splitChains(b.splits), []ChainContent{
 		{Chain: nftables.Chain{Name: chainSetMark}, Rules: setMark},
+		{Chain: nftables.Chain{Name: chainMarked}, Rules: b.markedRules()},
 		{Chain: nftables.Chain{Name: chainReject}, Rules: reject},
 		{Chain: nftables.Chain{Name: chainEIPGuard}, Rules: guard},
 		{Chain: nftables.Chain{Name: chainClassify, Type: filter, Hooknum: nftables.ChainHookPrerouting, Priority: prio(-100 + 10)}, Rules: classify},
@@ -415,12 +426,15 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 
 // classifyRules builds the chain classify: decide with the connection mark,
 // then set the packet mark for the routing decision (prerouting, after
-// kube-proxy's DNAT).
+// kube-proxy's DNAT). Only the first packet of a connection (ct state new)
+// is decided; every other packet skips the decisions with one rule and goes
+// to chainMarked, so that a bulk transfer's packets cost two short chains
+// rather than the dozen rules of the decisions.
 func (b *builder) classifyRules(plans []egressPlan) []Rule {
 	cfg := b.cfg
 	tun := cfg.TunnelDevice
-	both := cfg.IDMask | cfg.FromTunnel
-	classify := make([]Rule, 0, 2*len(families)+4)
+	classify := make([]Rule, 0, 4*len(families)+6)
+	classify = append(classify, rule(ctNotNew(), one(verdict(expr.VerdictGoto, chainMarked))))
 	for _, f := range families {
 		classify = append(classify, rule(iif(tun), nfproto(f.nfproto), ctState(expr.CtStateBitNEW),
 			one(payload(f.saddrOff, f.addrLen), b.mapTo(mapRemote+f.suffix), &expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})))
@@ -430,16 +444,15 @@ func (b *builder) classifyRules(plans []egressPlan) []Rule {
 	}
 	// A member not in remote yet, whose outer packet input found to come
 	// from a peer's Pod CIDR to an egress IP held here (the hint: that
-	// Egress's ID in the packet mark, kept through decapsulation).
+	// Egress's ID in the packet mark, kept through decapsulation; chainMarked
+	// clears it).
 	classify = append(classify,
 		rule(iif(tun), ctState(expr.CtStateBitNEW), ctMarkMasked(cfg.IDMask), one(eq(native(0))),
 			one(loadMeta(expr.MetaKeyMARK), and32(cfg.IDMask), neq(native(0)),
 				&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterPeerPod},
 				loadMeta(expr.MetaKeyMARK),
 				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: native(cfg.IDMask), Xor: native(cfg.FromTunnel)},
-				&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})),
-		// The hint never reaches routing.
-		rule(iif(tun), one(loadMeta(expr.MetaKeyMARK), and32(^cfg.IDMask), &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})))
+				&expr.Ct{Key: expr.CtKeyMARK, Register: 1, SourceRegister: true})))
 	classify = append(classify, rule(iif(tun), ctState(expr.CtStateBitNEW), ctMarkMasked(cfg.IDMask), one(eq(native(0)),
 		&expr.Objref{Type: int(nftables.ObjTypeCounter), Name: counterUnknown}, verdict(expr.VerdictDrop, ""))))
 	for _, f := range families {
@@ -452,17 +465,34 @@ func (b *builder) classifyRules(plans []egressPlan) []Rule {
 	// Egresses with several IPs: a new connection of a local member
 	// takes one of the usable IPs' marks (multi.go).
 	classify = append(classify, b.pickRules(plans)...)
-	classify = append(classify,
+	classify = append(classify, rule(one(verdict(expr.VerdictGoto, chainMarked))))
+	return classify
+}
+
+// markedRules builds the chain marked, the end of classify for every
+// packet: clear the hint of tunnelled packets, then carry a marked flow's
+// ID (and, for replies, FromTunnel) into the packet mark.
+func (b *builder) markedRules() []Rule {
+	cfg := b.cfg
+	both := cfg.IDMask | cfg.FromTunnel
+	return []Rule{
+		// The hint never reaches routing.
+		rule(iif(cfg.TunnelDevice), one(loadMeta(expr.MetaKeyMARK), and32(^cfg.IDMask), &expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1})),
 		rule(ctMarkMasked(both), one(eq(native(0)), verdict(expr.VerdictReturn, ""))),
 		// Every original-direction packet of a marked flow, tunnelled ones
 		// included, carries its Egress's ID into routing: on the egress
 		// Node the pool routing rules (package poolroute) choose the
 		// egress IP's own link by it; elsewhere no rule matches the ID of
-		// an Egress held here, and the main table decides as before.
+		// an Egress held here, and the main table decides as before. A
+		// packet nobody else marked takes the ID in one assignment; one
+		// that carries another program's mark bits keeps them, through
+		// set-mark.
+		rule(ctDir(dirOriginal), one(loadMeta(expr.MetaKeyMARK), eq(native(0)),
+			&expr.Ct{Key: expr.CtKeyMARK, Register: 1}, and32(cfg.IDMask),
+			&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1}, verdict(expr.VerdictReturn, ""))),
 		rule(ctDir(dirOriginal), one(verdict(expr.VerdictJump, chainSetMark))),
 		rule(ctDir(dirReply), ctMarkMasked(cfg.FromTunnel), one(neq(native(0))), orMetaMark(cfg.FromTunnel)),
-	)
-	return classify
+	}
 }
 
 // setMarkRules builds the chain set-mark, which copies the ID bits of the
