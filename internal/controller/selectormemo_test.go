@@ -43,12 +43,12 @@ func TestSelectorMemo(t *testing.T) {
 	if err := m.err(eg("", 0, bad)); err == nil {
 		t.Error("an Egress without UID: got nil, want the parse error")
 	}
-	m.err(eg("b", 1, good))
+	_ = m.err(eg("b", 1, good))
 	m.endPass()
 	if len(m.entries) != 2 {
 		t.Errorf("after the first pass: %d entries, want 2 (a, b)", len(m.entries))
 	}
-	m.err(eg("a", 2, bad))
+	_ = m.err(eg("a", 2, bad))
 	m.endPass()
 	if _, ok := m.entries["b"]; ok || len(m.entries) != 1 {
 		t.Errorf("after a pass without b: entries %v, want only a", m.entries)
