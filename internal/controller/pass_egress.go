@@ -72,7 +72,7 @@ func (p *pass) egressStatus(i int) *egressStatus {
 	if applyConflict(e, &es.st, &es.ch, p.in.Agents, p.sched.owners) {
 		p.out.Conflicts++
 	}
-	selectorCondition(es)
+	selectorCondition(es, p.in.Selectors.err(e))
 	shadowedCondition(es)
 	return es
 }
@@ -183,7 +183,7 @@ func (p *pass) scheduled(es *egressStatus, target string) {
 	e, cur := es.e, es.e.Status.EgressNode
 	late, timedOut := p.lateNote(es.i, target, cur)
 	meta.SetStatusCondition(&es.st.Conditions, metav1.Condition{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: v1.ReasonScheduled,
-		Message: fmt.Sprintf("%s is assigned to Node %s", es.st.EgressIP, target) + late, ObservedGeneration: e.Generation})
+		Message: es.st.EgressIP + " is assigned to Node " + target + late, ObservedGeneration: e.Generation})
 	mr := p.sched.moveReason[e.Name]
 	switch {
 	case timedOut:
@@ -192,7 +192,7 @@ func (p *pass) scheduled(es *egressStatus, target string) {
 			es.ch.MoveReason = cmp.Or(mr, "Rebalance")
 		}
 	case cur == "":
-		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeNormal, v1.EventAssigned, fmt.Sprintf("%s assigned to Node %s", es.st.EgressIP, target)
+		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeNormal, v1.EventAssigned, es.st.EgressIP+" assigned to Node "+target
 	case cur != target:
 		es.ch.EventType, es.ch.EventReason, es.ch.EventNote = corev1.EventTypeNormal, v1.EventMoved, fmt.Sprintf("%s moved from Node %s to Node %s (%s)", es.st.EgressIP, cur, target, cmp.Or(mr, "rebalance"))
 		es.ch.MoveReason = cmp.Or(mr, "Rebalance")
@@ -246,11 +246,10 @@ func (p *pass) readyCondition(es *egressStatus) {
 }
 
 // selectorCondition sets SelectorValid=False, with a Warning Event when
-// the message changed, while spec.appliedTo cannot be parsed, and removes
-// the condition otherwise.
-func selectorCondition(es *egressStatus) {
+// the message changed, while spec.appliedTo cannot be parsed (err, from
+// selectorError), and removes the condition otherwise.
+func selectorCondition(es *egressStatus, err error) {
 	e := es.e
-	err := selectorError(e)
 	if err == nil {
 		// RemoveStatusCondition copies the slice even when the condition
 		// is absent, the common case (a tenth of a warm pass).

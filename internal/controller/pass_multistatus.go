@@ -80,7 +80,7 @@ func (p *pass) multiStatus(i int) *egressStatus {
 	if applyConflict(e, &es.st, &es.ch, p.in.Agents, p.sched.owners) {
 		p.out.Conflicts++
 	}
-	selectorCondition(es)
+	selectorCondition(es, p.in.Selectors.err(es.e))
 	shadowedCondition(es)
 	return es
 }

@@ -84,6 +84,8 @@ type PassReconciler struct {
 	// releaseSince holds when each release the pass waits for began
 	// (passInput.ReleaseSince); the pass worker alone uses it.
 	releaseSince map[releaseKey]time.Time
+	// selectors remembers the selectors' validity across passes.
+	selectors selectorMemo
 	// beforePass, when set (tests only), runs at the start of every pass
 	// with the cache the pass reads, so a test can hold passes while it
 	// makes several changes that one pass must see together.
@@ -128,7 +130,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	// are computed against egs as read, so a count that changed is
 	// written with the rest.
 	in := passInput{Pools: pools.Items, Egresses: r.Selected.overlay(egs.Items), Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config,
-		Now: start, ReleaseSince: func(k releaseKey) time.Time { return r.releaseSince[k] }}
+		Now: start, ReleaseSince: func(k releaseKey) time.Time { return r.releaseSince[k] }, Selectors: &r.selectors}
 	var result reconcile.Result
 	if r.Cloud != nil {
 		if !r.Cloud.Ready() {

@@ -12,7 +12,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/validate/content"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/scheduler"
@@ -62,6 +64,9 @@ type passInput struct {
 	// ReleaseSince says when the pass began to wait for a Node to
 	// release an IP (the zero time: not waiting yet).
 	ReleaseSince func(releaseKey) time.Time
+	// Selectors remembers selectorError across passes (nil: parse every
+	// Egress's selectors in every pass).
+	Selectors *selectorMemo
 }
 
 // releaseExpired reports whether the wait for k has lasted
@@ -131,7 +136,7 @@ func selectorError(e *v1.Egress) error {
 		name string
 		sel  *metav1.LabelSelector
 	}{{"namespaceSelector", e.Spec.AppliedTo.NamespaceSelector}, {"podSelector", e.Spec.AppliedTo.PodSelector}} {
-		if s.sel == nil {
+		if s.sel == nil || matchLabelsValid(s.sel) {
 			continue
 		}
 		if _, err := metav1.LabelSelectorAsSelector(s.sel); err != nil {
@@ -139,6 +144,25 @@ func selectorError(e *v1.Egress) error {
 		}
 	}
 	return nil
+}
+
+// matchLabelsValid reports whether sel has only matchLabels, every one
+// valid: then metav1.LabelSelectorAsSelector accepts it, and it is
+// checked with the same two functions LabelSelectorAsSelector's
+// labels.NewRequirement applies to an equality requirement (the key's and
+// the value's syntax), without building the selector and the field paths
+// of its errors (most of a cold pass's allocations for the selectors).
+// false means "ask LabelSelectorAsSelector", which also gives the error.
+func matchLabelsValid(sel *metav1.LabelSelector) bool {
+	if len(sel.MatchExpressions) > 0 {
+		return false
+	}
+	for k, v := range sel.MatchLabels {
+		if len(content.IsLabelKey(k)) > 0 || len(validation.IsValidLabelValue(v)) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // statusKeepers says, for each address that the statuses of two or more
@@ -283,7 +307,7 @@ func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentS
 	}
 	ip, _ := netip.ParseAddr(st.EgressIP)
 	if b, ok := a.Report.Lookup(ip); ok && a.Known && !a.Dead && b.Announced {
-		c.Status, c.Reason, c.Message = metav1.ConditionTrue, v1.ReasonAnnounced, fmt.Sprintf("%s is bound on %s of Node %s and announced", st.EgressIP, b.Interface, st.EgressNode)
+		c.Status, c.Reason, c.Message = metav1.ConditionTrue, v1.ReasonAnnounced, st.EgressIP+" is bound on "+b.Interface+" of Node "+st.EgressNode+" and announced"
 		return c
 	}
 	if r, ok := a.Report.LookupRefused(ip); ok && a.Known && !a.Dead && st.EgressIP == e.Status.EgressIP && st.EgressNode == e.Status.EgressNode {
@@ -292,7 +316,7 @@ func readyCondition(e *v1.Egress, st v1.EgressStatus, agents func(string) AgentS
 		c.Reason, c.Message = v1.ReasonBindRefused, fmt.Sprintf("the agent on Node %s does not bind %s: %s", st.EgressNode, st.EgressIP, r.Message)
 		return c
 	}
-	c.Reason, c.Message = v1.ReasonBinding, fmt.Sprintf("waiting for the agent on Node %s to bind and announce %s", st.EgressNode, st.EgressIP)
+	c.Reason, c.Message = v1.ReasonBinding, "waiting for the agent on Node "+st.EgressNode+" to bind and announce "+st.EgressIP
 	if o := a.Report.Ownership; a.Known && !a.Dead && o != nil && !o.Healthy {
 		// The agent binds nothing new while it cannot keep ownership
 		// (internal/agent/bind): say why, as the Node condition does.
