@@ -118,6 +118,7 @@ func cloneEgresses(egs []v1.Egress) []v1.Egress {
 func passPatches(r *PassReconciler, in passInput) int {
 	in.Selectors = &r.selectors
 	out := plan(in)
+	r.selectors.endPass()
 	ew := r.egressWrites(in.Egresses, &out)
 	return len(ew.writes) + len(r.poolWrites(in.Pools, &out))
 }

@@ -141,6 +141,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		in.Cloud = r.Cloud.input(start)
 	}
 	out := plan(in)
+	r.selectors.endPass()
 	if out.Cloud != nil {
 		r.Cloud.remember(out.Cloud, start)
 		r.Cloud.Run(ctx, out.Cloud)

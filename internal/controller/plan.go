@@ -65,7 +65,8 @@ type passInput struct {
 	// release an IP (the zero time: not waiting yet).
 	ReleaseSince func(releaseKey) time.Time
 	// Selectors remembers selectorError across passes (nil: parse every
-	// Egress's selectors in every pass).
+	// Egress's selectors in every pass); the caller ends its pass
+	// (selectorMemo.endPass) after plan.
 	Selectors *selectorMemo
 }
 

@@ -398,7 +398,7 @@ func (b *builder) addSets(st State, plans []egressPlan) {
 // chains builds the chains (jump targets first) and lists the named
 // counters their rules use.
 func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
-	classify, setMark, forward := b.classifyRules(plans), b.setMarkRules(), b.forwardRules()
+	classify, marked, setMark, forward := b.classifyRules(plans), b.markedRules(), b.setMarkRules(), b.forwardRules()
 	reject, counters := b.rejectRules(plans)
 	rejectQueue, snat, input, guard := b.rejectQueueRules(), b.snatRules(), b.inputRules(), b.eipGuardRules()
 	eipSource, sourceOut, sourcePost := b.sourceGuard()
@@ -409,7 +409,7 @@ func (b *builder) chains(plans []egressPlan) ([]ChainContent, []string) {
 	prio := func(p int32) *nftables.ChainPriority { return new(nftables.ChainPriority(p)) }
 	chains := append(b.splitChains(b.splits), []ChainContent{
 		{Chain: nftables.Chain{Name: chainSetMark}, Rules: setMark},
-		{Chain: nftables.Chain{Name: chainMarked}, Rules: b.markedRules()},
+		{Chain: nftables.Chain{Name: chainMarked}, Rules: marked},
 		{Chain: nftables.Chain{Name: chainReject}, Rules: reject},
 		{Chain: nftables.Chain{Name: chainEIPGuard}, Rules: guard},
 		{Chain: nftables.Chain{Name: chainClassify, Type: filter, Hooknum: nftables.ChainHookPrerouting, Priority: prio(-100 + 10)}, Rules: classify},
