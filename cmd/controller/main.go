@@ -137,6 +137,9 @@ func bindFlags(fs *flag.FlagSet) *controllerFlags {
 		"How long a planned move waits for the old Node to release an IP (its agent is told to in every poll) "+
 			"before that Node counts as not releasing it and the IP moves as from a dead Node; "+
 			"at least twice --agent-poll-interval.")
+	fs.DurationVar(&f.ctrlOpts.Pass.AcquireTimeout, "acquire-timeout", controller.DefaultAcquireTimeout,
+		"How long the move of an Egress off a dead Node is held back while the new Node binds the IP on the poll's "+
+			"instruction, so that the move and Ready are one status write; after it the move is written anyway. 0 turns the hold off.")
 	fs.IntVar(&f.ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", controller.DefaultFailureThreshold,
 		"Failed polls in a row before an agent can be declared dead.")
 	fs.IntVar(&f.ctrlOpts.Liveness.Port, "agent-report-port", 9445,

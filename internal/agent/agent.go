@@ -219,6 +219,9 @@ type Agent struct {
 	// releases are the controller's release instructions (report.Release)
 	// by Egress UID; see onPoll and withoutReleased.
 	releases map[types.UID]*heldRelease
+	// acquires are the last poll's acquire instructions (report.Acquire)
+	// by Egress UID (guarded by releaseMu); see withAcquired.
+	acquires map[types.UID]*heldAcquire
 	// kick asks for a reconcile (a poll brought a new release instruction
 	// for an IP the Node holds).
 	kick chan event.GenericEvent
@@ -290,6 +293,12 @@ func (a *Agent) onPoll(p report.Poll) report.Report {
 		taken = append(taken, r)
 	}
 	a.releaseMu.Unlock()
+	if a.takeAcquires(p, time.Now()) {
+		if len(p.Acquires) > 0 {
+			a.log.Info("the controller asks this Node to bind egress IPs before their move is written", "acquires", len(p.Acquires))
+		}
+		a.kickReconcile()
+	}
 	if len(taken) > 0 {
 		a.mu.Lock()
 		for _, r := range taken {
@@ -619,7 +628,7 @@ func (a *Agent) Report() report.Report {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := report.Report{Node: a.cfg.NodeName, Instance: a.instance, Bound: make([]report.BoundIP, 0, len(a.state))}
+	r := report.Report{Node: a.cfg.NodeName, Instance: a.instance, Bound: make([]report.BoundIP, 0, len(a.state)), Acquires: true}
 	if nicErr == nil && len(nics) > 0 {
 		r.NICs = nics
 	}
@@ -789,11 +798,15 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err := a.reader.List(ctx, &pools); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list ExternalIPPools: %w", err)
 	}
-	d := computeDesired(a.cfg.NodeName, a.withoutReleased(log, held), pools.Items)
+	held, acquiring := a.withAcquired(ctx, log, a.withoutReleased(log, held))
+	d := computeDesired(a.cfg.NodeName, held, pools.Items)
 	for _, s := range d.skipped {
 		log.Info("ignoring Egress assigned to this node", "egress", klog.KRef("", s.name), "reason", s.reason)
 	}
 	next := a.cfg.ResyncPeriod
+	if acquiring && (next <= 0 || next > acquireTTL/3) {
+		next = acquireTTL / 3 // drop them soon after the polls stop
+	}
 	switch {
 	case a.fenced.Load():
 		d = desiredState{want: map[netip.Addr]bool{}, hints: d.hints}

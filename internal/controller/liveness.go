@@ -205,6 +205,9 @@ type Liveness struct {
 	// releases are, per Node, the Releases its next polls carry (set by
 	// the pass, see SetReleases).
 	releases map[string][]report.Release
+	// acquires are, per Node, the Acquires its next polls carry (set by
+	// the pass, see SetAcquires).
+	acquires map[string][]report.Acquire
 	// dpHook is called with a Node's name when its agent's datapath
 	// finding changes (see onDatapathChange).
 	dpHook func(node string)
@@ -328,11 +331,21 @@ func (l *Liveness) SetReleases(byNode map[string][]report.Release) {
 	l.mu.Unlock()
 }
 
-// releasesFor returns the Releases a poll of node carries.
-func (l *Liveness) releasesFor(node string) []report.Release {
+// SetAcquires replaces the acquire instructions the polls carry: byNode
+// holds, per Node, the IPs the pass waits for that Node to bind before it
+// writes their move (report.Acquire; see acquireHolds). A Node absent
+// from byNode is told nothing.
+func (l *Liveness) SetAcquires(byNode map[string][]report.Acquire) {
+	l.mu.Lock()
+	l.acquires = byNode
+	l.mu.Unlock()
+}
+
+// pollFor returns what a poll of node carries: its Releases and Acquires.
+func (l *Liveness) pollFor(node string) report.Poll {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.releases[node]
+	return report.Poll{Releases: l.releases[node], Acquires: l.acquires[node]}
 }
 
 // NewLiveness returns a poller reading Nodes from reader.
@@ -458,7 +471,7 @@ func (l *Liveness) poll(ctx context.Context, node string, addr netip.Addr, hasAd
 		err error
 	)
 	if hasAddr {
-		rep, err = l.client.Poll(ctx, node, addr, report.Poll{Releases: l.releasesFor(node)})
+		rep, err = l.client.Poll(ctx, node, addr, l.pollFor(node))
 		l.noteRefused(ctx, node, err)
 	}
 	now := l.cfg.Clock.Now()

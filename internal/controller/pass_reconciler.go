@@ -84,6 +84,9 @@ type PassReconciler struct {
 	// releaseSince holds when each release the pass waits for began
 	// (passInput.ReleaseSince); the pass worker alone uses it.
 	releaseSince map[releaseKey]time.Time
+	// acquireSince holds when each move the pass holds back began
+	// (acquireHolds); the pass worker alone uses it.
+	acquireSince map[acquireKey]time.Time
 	// selectors remembers the selectors' validity across passes.
 	selectors selectorMemo
 	// beforePass, when set (tests only), runs at the start of every pass
@@ -154,6 +157,10 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	setPassMetrics(&out)
 
 	ew := r.egressWrites(egs.Items, &out)
+	holds := acquireHolds(egs.Items, out.Egresses, r.Liveness.State, r.acquireStarted, start, r.Config.AcquireTimeout)
+	ew.hold(holds)
+	result.RequeueAfter = minPositive(result.RequeueAfter, r.trackAcquires(holds, start))
+	acquires := acquireInstructions(holds)
 	writes, deferred := r.prioritize(append(ew.writes, r.poolWrites(pools.Items, &out)...))
 	for _, w := range deferred {
 		if w.index >= 0 {
@@ -170,7 +177,8 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			r.written.record(e)
 		}
 	}
-	r.Liveness.SetReleases(releaseInstructions(ew.final(egs.Items), nodes.Items, r.Liveness.State))
+	r.Liveness.SetReleases(releaseInstructions(ew.final(egs.Items), nodes.Items, r.Liveness.State, acquires))
+	r.Liveness.SetAcquires(acquires)
 	// Polled soon once the statuses they wait for are written and the
 	// release instructions set: expedited before the writes, a Node's
 	// report would change with the first of a failover's hundreds of
@@ -191,9 +199,9 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			byPrio[w.prio]++
 		}
 		logger.Info("scheduling pass wrote many statuses", "moves", byPrio[prioMove], "readyChanges", byPrio[prioReady],
-			"assignments", byPrio[prioAssign], "other", byPrio[prioOther], "deferred", len(deferred), "duration", time.Since(start))
+			"assignments", byPrio[prioAssign], "other", byPrio[prioOther], "deferred", len(deferred), "heldForAcquire", len(holds), "duration", time.Since(start))
 	}
-	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "deferred", len(deferred), "duration", time.Since(start))
+	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "deferred", len(deferred), "heldForAcquire", len(holds), "duration", time.Since(start))
 	return result, nil
 }
 
@@ -456,9 +464,10 @@ func (r *PassReconciler) trackReleases(waits []releaseKey, now time.Time) time.D
 // that Node, once for each Egress whose status.egressIP or status.ips
 // lists it (heldIPs; with that Egress's UID and resource version, so that
 // the agent can tell its own cache's copy is older). IPs no Egress holds are not named (the agent's
-// cache, once it catches up, removes them). Each Node's list is sorted by
+// cache, once it catches up, removes them). An IP a Node is told to
+// acquire (acquiring, per Node) counts as assigned to it. Each Node's list is sorted by
 // IP, then Egress name, and holds at most report.MaxReleases entries.
-func releaseInstructions(egs []*v1.Egress, nodes []corev1.Node, agents func(string) AgentState) map[string][]report.Release {
+func releaseInstructions(egs []*v1.Egress, nodes []corev1.Node, agents func(string) AgentState, acquiring map[string][]report.Acquire) map[string][]report.Release {
 	byIP := map[netip.Addr][]*v1.Egress{}
 	assigned := map[releaseKey]bool{}
 	for _, e := range egs {
@@ -467,6 +476,11 @@ func releaseInstructions(egs []*v1.Egress, nodes []corev1.Node, agents func(stri
 			if node != "" {
 				assigned[releaseKey{node, ip}] = true
 			}
+		}
+	}
+	for node, as := range acquiring {
+		for _, a := range as {
+			assigned[releaseKey{node, a.IP}] = true
 		}
 	}
 	out := map[string][]report.Release{}

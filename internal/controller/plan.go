@@ -35,6 +35,13 @@ type PassConfig struct {
 	// 0 waits without limit (tests of the pass alone); egressip-controller
 	// sets --release-timeout (default DefaultReleaseTimeout).
 	ReleaseTimeout time.Duration
+	// AcquireTimeout bounds how long a pass holds back the move of an
+	// Egress off a dead Node while the new Node binds its address on the
+	// poll's instruction (acquireHolds), so that the move and Ready are
+	// one patch. 0 holds nothing (the move is written at once, Ready
+	// later); egressip-controller sets --acquire-timeout (default
+	// DefaultAcquireTimeout).
+	AcquireTimeout time.Duration
 }
 
 // DefaultReleaseTimeout is the default of --release-timeout: as long as a

@@ -464,7 +464,7 @@ func TestMultiIPReleaseInstructions(t *testing.T) {
 		IPs: []v1.EgressIPStatus{{IP: "192.0.2.1", Node: "a"}, {IP: "192.0.2.2", Node: "b"}, {IP: "192.0.2.3"}}}}
 	nodes := []corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "a"}}, {ObjectMeta: metav1.ObjectMeta{Name: "b"}}, {ObjectMeta: metav1.ObjectMeta{Name: "c"}}}
 	bound := map[string][]string{"a": {"192.0.2.1", "192.0.2.2"}, "b": {"192.0.2.2"}, "c": {"192.0.2.3"}}
-	got := releaseInstructions([]*v1.Egress{e}, nodes, agents(bound))
+	got := releaseInstructions([]*v1.Egress{e}, nodes, agents(bound), nil)
 	want := map[string]string{"a": "192.0.2.2,u-m,7,m", "c": "192.0.2.3,u-m,7,m"}
 	if len(got) != len(want) {
 		t.Fatalf("got %v, want %v", got, want)

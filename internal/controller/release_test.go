@@ -178,7 +178,7 @@ func TestReleaseInstructions(t *testing.T) {
 		eg("shared-y", "3", "12", "192.0.2.2", "b"),
 		eg("moved", "4", "13", "192.0.2.3", "b"), // on b, a still holds it
 	}
-	got := releaseInstructions(egs, nodes, func(n string) AgentState { return agents[n] })
+	got := releaseInstructions(egs, nodes, func(n string) AgentState { return agents[n] }, nil)
 	want := map[string][]string{
 		"a": {"192.0.2.1,u-1,10,moving", "192.0.2.3,u-4,13,moved"},
 		"b": {"192.0.2.1,u-1,10,moving"},

@@ -62,10 +62,14 @@ func checkReleaseTimeout(t time.Duration, lc LivenessConfig) error {
 
 // CheckFlags checks the timings egressip-controller was started with
 // against each other, as Setup does, and also refuses a release timeout of
-// 0 (the wait for a release must end). The error names both flags.
+// 0 (the wait for a release must end) and a negative acquire timeout.
+// The error names both flags.
 func CheckFlags(o Options) error {
 	if err := o.Liveness.Check(); err != nil {
 		return err
+	}
+	if o.Pass.AcquireTimeout < 0 {
+		return fmt.Errorf("--acquire-timeout %v must not be negative (0 turns the hold off)", o.Pass.AcquireTimeout)
 	}
 	if o.Pass.ReleaseTimeout <= 0 {
 		return fmt.Errorf("--release-timeout %v must be positive (at least twice --agent-poll-interval)", o.Pass.ReleaseTimeout)

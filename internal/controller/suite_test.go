@@ -72,6 +72,15 @@ type fakeAgent struct {
 	macs      []string
 	// nics is served as the report's NIC MACs (report.Report.NICs).
 	nics []string
+	// acquires: the agent takes the polls' acquire instructions, as the
+	// real one does (report.Acquire): it says so in its report and binds
+	// each acquired IP while a poll carried it in the last 1.5 s, unless
+	// lazy (it then reports taking them but binds nothing for them).
+	// acquired holds when a poll last carried each IP; acquirePolls
+	// counts the polls that carried any.
+	acquires, lazy bool
+	acquired     map[netip.Addr]time.Time
+	acquirePolls int
 	// multi: the test has Egresses with spec.ips, whose IPs other than
 	// the first are not found by the status.egressNode field selector, so
 	// sync lists every Egress.
@@ -101,6 +110,18 @@ func (a *fakeAgent) onPoll(p report.Poll) report.Report {
 	if a.obey {
 		for _, r := range p.Releases {
 			delete(a.bound, r.IP)
+		}
+	}
+	if a.acquires && len(p.Acquires) > 0 {
+		a.acquirePolls++
+		if a.acquired == nil {
+			a.acquired = map[netip.Addr]time.Time{}
+		}
+		for _, ac := range p.Acquires {
+			a.acquired[ac.IP] = time.Now()
+			if !a.lazy && !a.stale {
+				a.bound[ac.IP] = true
+			}
 		}
 	}
 	a.mu.Unlock()
@@ -189,7 +210,7 @@ func (a *fakeAgent) current() report.Report {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := report.Report{Node: a.node, Instance: "test", Datapath: a.datapath, Ownership: a.owner, RefusedEgresses: a.refused, Kernel: a.kernel,
-		Conflicts: a.conflicts, MACs: a.macs, Fence: a.fence, NICs: a.nics, VLANs: a.vlans}
+		Conflicts: a.conflicts, MACs: a.macs, Fence: a.fence, NICs: a.nics, VLANs: a.vlans, Acquires: a.acquires}
 	for ip := range a.bound {
 		if msg, ok := a.refuse[ip]; ok {
 			r.Refused = append(r.Refused, report.RefusedIP{IP: ip, Message: msg})
@@ -239,6 +260,15 @@ func (a *fakeAgent) sync(ctx context.Context, c client.Client) {
 		}
 		for ip := range a.bound {
 			want[ip] = true
+		}
+	}
+	if !a.lazy {
+		for ip, at := range a.acquired {
+			if time.Since(at) < 1500*time.Millisecond {
+				want[ip] = true
+			} else {
+				delete(a.acquired, ip)
+			}
 		}
 	}
 	a.bound = want

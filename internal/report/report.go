@@ -54,6 +54,10 @@ type Report struct {
 	Instance string `json:"instance"`
 	// Bound lists the egress IPs bound on the Node, sorted by IP.
 	Bound []BoundIP `json:"bound"`
+	// Acquires is set by agents that take a poll's acquire instructions
+	// (Acquire): the controller sends them, and holds a failover's move
+	// back for them, only to such agents.
+	Acquires bool `json:"acquires,omitempty"`
 	// Datapath is the agent's finding on whether its datapath can carry
 	// the Node's Pod traffic; nil when the agent runs no datapath, has the
 	// check turned off, or has not checked yet. The controller mirrors it
@@ -374,18 +378,54 @@ func parseRelease(s string) (Release, error) {
 	return Release{IP: ip.Unmap(), UID: f[1], ResourceVersion: f[2], Egress: f[3]}, nil
 }
 
+// AcquireParam is the query parameter of a poll that carries one Acquire
+// (repeated, one per Acquire), in the form of a Release.
+const AcquireParam = "acquire"
+
+// Acquire is the controller's instruction, carried by a poll, that the
+// polled Node bind IP for Egress UID before the Egress's status says so:
+// the Egress's Node is dead, the pass has chosen the polled Node for it,
+// and the controller holds back the status patch of the move until the
+// polled Node reports IP bound and announced, so that the move and Ready
+// are one patch instead of two (docs/failover.md, "Failover at scale").
+// ResourceVersion is the Egress's version in the controller's view: the
+// agent takes the instruction only while its cache shows the Egress at
+// that version (with status.egressIP IP) and drops it once a poll no
+// longer carries it, or once its cache shows a newer version (the status
+// written, which then decides alone).
+type Acquire struct {
+	// IP is the egress IP to bind, in canonical form.
+	IP netip.Addr
+	// UID is the Egress's metadata.uid.
+	UID string
+	// ResourceVersion is the Egress's metadata.resourceVersion in the
+	// controller's view (a status still naming the dead Node).
+	ResourceVersion string
+	// Egress is the Egress's name.
+	Egress string
+}
+
+// String is the Acquire in its query form.
+func (a Acquire) String() string { return Release(a).String() }
+
 // Poll is what one poll of the report carries from the controller.
 type Poll struct {
 	// Releases are the IPs the controller waits for this Node to release.
 	Releases []Release
+	// Acquires are the IPs the controller asks this Node to bind before
+	// it writes their move (at most MaxReleases).
+	Acquires []Acquire
 }
 
-// ParsePoll reads a poll's query. It fails for a malformed Release or more
-// than MaxReleases of them.
+// ParsePoll reads a poll's query. It fails for a malformed Release or
+// Acquire, or more than MaxReleases of either.
 func ParsePoll(q url.Values) (Poll, error) {
-	rs := q[ReleaseParam]
+	rs, as := q[ReleaseParam], q[AcquireParam]
 	if len(rs) > MaxReleases {
 		return Poll{}, fmt.Errorf("%d releases in one poll, at most %d", len(rs), MaxReleases)
+	}
+	if len(as) > MaxReleases {
+		return Poll{}, fmt.Errorf("%d acquires in one poll, at most %d", len(as), MaxReleases)
 	}
 	var p Poll
 	for _, s := range rs {
@@ -394,6 +434,16 @@ func ParsePoll(q url.Values) (Poll, error) {
 			return Poll{}, err
 		}
 		p.Releases = append(p.Releases, r)
+	}
+	for _, s := range as {
+		r, err := parseRelease(s)
+		if err != nil {
+			return Poll{}, fmt.Errorf("acquire: %w", err)
+		}
+		if r.Egress == "" {
+			return Poll{}, fmt.Errorf("acquire %q: empty Egress name", s)
+		}
+		p.Acquires = append(p.Acquires, Acquire(r))
 	}
 	return p, nil
 }
@@ -453,7 +503,8 @@ func NewClient(port int, timeout time.Duration) *Client {
 }
 
 // Get fetches the report of the agent at host (a Node IP) over plain
-// HTTP, carrying p in the query (at most MaxReleases Releases; agents that
+// HTTP, carrying p in the query (at most MaxReleases Releases and as many
+// Acquires; agents that
 // predate Poll ignore it). It returns an error when the agent does not
 // answer in time or answers something else than a report.
 func (c *Client) Get(ctx context.Context, host netip.Addr, p Poll) (Report, error) {
@@ -528,10 +579,13 @@ func dialTLS(cfg *tls.Config, timeout time.Duration) func(ctx context.Context, n
 
 func (c *Client) get(ctx context.Context, hc *http.Client, scheme string, host netip.Addr, p Poll) (Report, error) {
 	u := scheme + "://" + net.JoinHostPort(host.String(), strconv.Itoa(c.Port)) + Path
-	if len(p.Releases) > 0 {
+	if len(p.Releases) > 0 || len(p.Acquires) > 0 {
 		q := url.Values{}
 		for _, r := range p.Releases[:min(len(p.Releases), MaxReleases)] {
 			q.Add(ReleaseParam, r.String())
+		}
+		for _, a := range p.Acquires[:min(len(p.Acquires), MaxReleases)] {
+			q.Add(AcquireParam, a.String())
 		}
 		u += "?" + q.Encode()
 	}

@@ -32,7 +32,8 @@ func TestPollCarriesReleases(t *testing.T) {
 		{IP: netip.MustParseAddr("192.0.2.5"), UID: "0c0e2f4a-1", ResourceVersion: "1234", Egress: "e1"},
 		{IP: netip.MustParseAddr("2001:db8::5"), UID: "0c0e2f4a-2", ResourceVersion: "99", Egress: "e.two"},
 	}
-	for _, poll := range []Poll{{}, {Releases: rs}} {
+	as := []Acquire{{IP: netip.MustParseAddr("198.51.100.7"), UID: "0c0e2f4a-3", ResourceVersion: "77", Egress: "e3"}}
+	for _, poll := range []Poll{{}, {Releases: rs}, {Releases: rs[:1], Acquires: as}} {
 		r, err := c.Get(context.Background(), netip.MustParseAddr(host), poll)
 		if err != nil || r.Node != "n1" {
 			t.Fatalf("Get(%v) = %+v, %v", poll, r, err)
@@ -41,8 +42,11 @@ func TestPollCarriesReleases(t *testing.T) {
 	if queries[0] != "" {
 		t.Errorf("a poll without releases sent query %q", queries[0])
 	}
-	if len(got) != 2 || len(got[0].Releases) != 0 || !slices.Equal(got[1].Releases, rs) {
+	if len(got) != 3 || len(got[0].Releases) != 0 || !slices.Equal(got[1].Releases, rs) || len(got[1].Acquires) != 0 {
 		t.Fatalf("handler saw %+v, want none then %+v", got, rs)
+	}
+	if !slices.Equal(got[2].Releases, rs[:1]) || !slices.Equal(got[2].Acquires, as) {
+		t.Fatalf("handler saw %+v, want releases %+v and acquires %+v", got[2], rs[:1], as)
 	}
 }
 
@@ -56,6 +60,8 @@ func TestParsePollRefusesMalformed(t *testing.T) {
 		{ReleaseParam: {"not-an-ip,uid,1,e"}},
 		{ReleaseParam: {"192.0.2.1,,1,e"}},
 		{ReleaseParam: {"192.0.2.1,uid,,e"}},
+		{AcquireParam: {"192.0.2.1,uid,1,"}},
+		{AcquireParam: {"192.0.2.1,uid,1"}},
 		many,
 	} {
 		if p, err := ParsePoll(q); err == nil {
