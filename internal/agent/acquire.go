@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"net/netip"
+	"slices"
 		"time"
 
 	"github.com/go-logr/logr"
@@ -38,15 +40,15 @@ type heldAcquire struct {
 // longer carries is kept until withAcquired drops it (the controller
 // stops sending it once it has written the move, and this agent's cache
 // may not show that write yet: dropping it at once would unbind the
-// address until the cache catches up). It reports whether p brought a new
-// instruction.
-func (a *Agent) takeAcquires(p report.Poll, now time.Time) bool {
+// address until the cache catches up). It returns the IPs of the
+// instructions p brought new.
+func (a *Agent) takeAcquires(p report.Poll, now time.Time) []netip.Addr {
 	a.releaseMu.Lock()
 	defer a.releaseMu.Unlock()
 	if a.acquires == nil {
 		a.acquires = map[types.UID]*heldAcquire{}
 	}
-	added := false
+	var added []netip.Addr
 	for _, ac := range p.Acquires {
 		uid := types.UID(ac.UID)
 		if h, ok := a.acquires[uid]; ok && h.Acquire == ac {
@@ -54,9 +56,32 @@ func (a *Agent) takeAcquires(p report.Poll, now time.Time) bool {
 			continue
 		}
 		a.acquires[uid] = &heldAcquire{Acquire: ac, carried: now}
-		added = true
+		added = append(added, ac.IP)
 	}
 	return added
+}
+
+// acquireAnswerWait bounds how long a poll that brings new acquire
+// instructions waits for their IPs to be bound and announced before it is
+// answered (awaitAnnounced): well inside the controller's poll timeout
+// (default 400 ms), and long enough for a reconcile that binds a few
+// hundred addresses, so that the controller sees them in this poll's
+// report and writes the moves without waiting for the next poll.
+const acquireAnswerWait = 150 * time.Millisecond
+
+// awaitAnnounced waits until every IP of ips is bound and announced on
+// the Node, or for at most d; it checks every 5 ms.
+func (a *Agent) awaitAnnounced(ips []netip.Addr, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		a.mu.Lock()
+		done := !slices.ContainsFunc(ips, func(ip netip.Addr) bool { e := a.state[ip]; return e == nil || !e.announced })
+		a.mu.Unlock()
+		if done || !time.Now().Before(deadline) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // kickReconcile asks for a reconcile unless one is already pending.

@@ -67,6 +67,10 @@ func TestAcquireBindsAheadOfStatus(t *testing.T) {
 		Acquires: []report.Acquire{acq(moved, "192.0.2.20"), acq(abandoned, "192.0.2.21"), acq(wrongIP, "192.0.2.99"), rel},
 		Releases: []report.Release{report.Release(rel)},
 	}
+	// The poll that brings the instructions is answered once they are
+	// announced, or after at most 150 ms (logged, not asserted: timing).
+	first := wantReport(pollWith(p), n.NodeIf, true, ip("192.0.2.20"), ip("192.0.2.21"))
+	t.Logf("the first poll's report: %v", cmpOrOK(first))
 	poll.Until(t, 10*time.Second, "the acquired IPs are bound and announced", func() error {
 		return wantReport(pollWith(p), n.NodeIf, true, ip("192.0.2.20"), ip("192.0.2.21"))
 	})
@@ -96,4 +100,12 @@ func TestAcquireBindsAheadOfStatus(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// cmpOrOK is err's message, or "as wanted" for nil.
+func cmpOrOK(err error) string {
+	if err != nil {
+		return err.Error()
+	}
+	return "as wanted"
 }

@@ -270,8 +270,10 @@ func (a *Agent) LastControllerPoll() time.Time {
 // the poll's release instructions (replacing those of the previous poll;
 // entries the poll no longer carries are kept while the cache still shows
 // their Egress older than the instruction, see withoutReleased), asks for a
-// reconcile when one names an IP the Node holds and is new, and returns
-// the report.
+// reconcile when one names an IP the Node holds and is new, takes the
+// poll's acquire instructions (a new one asks for a reconcile, and the
+// answer waits up to acquireAnswerWait for its IP to be announced, see
+// withAcquired), and returns the report.
 func (a *Agent) onPoll(p report.Poll) report.Report {
 	a.lastPoll.Store(time.Now().UnixNano())
 	newFor := false
@@ -293,11 +295,10 @@ func (a *Agent) onPoll(p report.Poll) report.Report {
 		taken = append(taken, r)
 	}
 	a.releaseMu.Unlock()
-	if a.takeAcquires(p, time.Now()) {
-		if len(p.Acquires) > 0 {
-			a.log.Info("the controller asks this Node to bind egress IPs before their move is written", "acquires", len(p.Acquires))
-		}
+	if added := a.takeAcquires(p, time.Now()); len(added) > 0 {
+		a.log.Info("the controller asks this Node to bind egress IPs before their move is written", "new", len(added), "acquires", len(p.Acquires))
 		a.kickReconcile()
+		a.awaitAnnounced(added, acquireAnswerWait)
 	}
 	if len(taken) > 0 {
 		a.mu.Lock()

@@ -335,10 +335,40 @@ func (l *Liveness) SetReleases(byNode map[string][]report.Release) {
 // holds, per Node, the IPs the pass waits for that Node to bind before it
 // writes their move (report.Acquire; see acquireHolds). A Node absent
 // from byNode is told nothing.
+//
+// A Node whose list gains an instruction is polled at once, outside the
+// regular and expedited rounds: its agent binds on the poll, so waiting
+// for the next round would add up to a poll interval (or the expedited
+// 100 ms) to the failover.
 func (l *Liveness) SetAcquires(byNode map[string][]report.Acquire) {
 	l.mu.Lock()
+	old := l.acquires
 	l.acquires = byNode
+	ctx := l.runCtx
 	l.mu.Unlock()
+	if ctx == nil {
+		return
+	}
+	for node, as := range byNode {
+		had := make(map[report.Acquire]bool, len(old[node]))
+		for _, a := range old[node] {
+			had[a] = true
+		}
+		if slices.ContainsFunc(as, func(a report.Acquire) bool { return !had[a] }) {
+			go l.pollOnce(ctx, node)
+		}
+	}
+}
+
+// pollOnce polls node once now (an acquire instruction for it is new).
+func (l *Liveness) pollOnce(ctx context.Context, node string) {
+	var n corev1.Node
+	if err := l.reader.Get(ctx, client.ObjectKey{Name: node}, &n); err != nil {
+		return
+	}
+	if addr, ok := nodeAddress(&n); ok {
+		l.poll(ctx, node, addr, true)
+	}
 }
 
 // pollFor returns what a poll of node carries: its Releases and Acquires.

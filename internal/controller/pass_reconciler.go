@@ -171,10 +171,16 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		deferredWrites.Add(float64(len(deferred)))
 		result.RequeueAfter = minPositive(result.RequeueAfter, time.Millisecond) // the next chunk, after this pass's writes
 	}
+	writesFrom := time.Now()
 	errs, unknown := r.runWrites(ctx, writes)
-	for _, e := range ew.written {
+	for i, e := range ew.written {
 		if e != nil {
 			r.written.record(e)
+			// The Events go after all of the pass's patches: each is one
+			// more create on the same API server, and a failover's
+			// hundreds of them issued beside the moves would slow the
+			// moves (docs/failover.md, "Failover at scale").
+			r.recordChange(e, out.Egresses[egs.Items[i].Name])
 		}
 	}
 	r.Liveness.SetReleases(releaseInstructions(ew.final(egs.Items), nodes.Items, r.Liveness.State, acquires))
@@ -199,7 +205,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			byPrio[w.prio]++
 		}
 		logger.Info("scheduling pass wrote many statuses", "moves", byPrio[prioMove], "readyChanges", byPrio[prioReady],
-			"assignments", byPrio[prioAssign], "other", byPrio[prioOther], "deferred", len(deferred), "heldForAcquire", len(holds), "duration", time.Since(start))
+			"assignments", byPrio[prioAssign], "other", byPrio[prioOther], "deferred", len(deferred), "heldForAcquire", len(holds), "planned", writesFrom.Sub(start), "duration", time.Since(start))
 	}
 	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "deferred", len(deferred), "heldForAcquire", len(holds), "duration", time.Since(start))
 	return result, nil
@@ -301,7 +307,8 @@ func (r *PassReconciler) prioritize(writes []statusWrite) (now, later []statusWr
 }
 
 // egressWriteSet are the Egress status patches of a pass: written holds
-// what each successful patch returned, patched marks the Egresses a patch
+// what each successful patch returned (the pass records their Events once
+// every patch is done), patched marks the Egresses a patch
 // was attempted for (both indexed like the Egresses read).
 type egressWriteSet struct {
 	writes  []statusWrite
@@ -343,7 +350,6 @@ func (r *PassReconciler) egressWrites(egs []v1.Egress, out *passOutput) *egressW
 				return err
 			}
 			w.written[i] = e.DeepCopy()
-			r.recordChange(e, ch)
 			return nil
 		}})
 	}
