@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"slices"
-		"time"
+	"time"
 
 	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"

@@ -79,8 +79,8 @@ type fakeAgent struct {
 	// acquired holds when a poll last carried each IP; acquirePolls
 	// counts the polls that carried any.
 	acquires, lazy bool
-	acquired     map[netip.Addr]time.Time
-	acquirePolls int
+	acquired       map[netip.Addr]time.Time
+	acquirePolls   int
 	// multi: the test has Egresses with spec.ips, whose IPs other than
 	// the first are not found by the status.egressNode field selector, so
 	// sync lists every Egress.
