@@ -139,7 +139,8 @@ func bindFlags(fs *flag.FlagSet) *controllerFlags {
 			"at least twice --agent-poll-interval.")
 	fs.DurationVar(&f.ctrlOpts.Pass.AcquireTimeout, "acquire-timeout", controller.DefaultAcquireTimeout,
 		"How long the move of an Egress off a dead Node is held back while the new Node binds the IP on the poll's "+
-			"instruction, so that the move and Ready are one status write; after it the move is written anyway. 0 turns the hold off.")
+			"instruction, so that the move and Ready are one status write; after it the move is written anyway. "+
+			"0 turns the hold off.")
 	fs.IntVar(&f.ctrlOpts.Liveness.FailureThreshold, "agent-failure-threshold", controller.DefaultFailureThreshold,
 		"Failed polls in a row before an agent can be declared dead.")
 	fs.IntVar(&f.ctrlOpts.Liveness.Port, "agent-report-port", 9445,

@@ -6,13 +6,13 @@ import (
 	"slices"
 	"time"
 
-	"github.com/go-logr/logr"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/resourceversion"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1alpha1 "github.com/egressip/egressip/api/v1alpha1"
 	"github.com/egressip/egressip/internal/report"
@@ -49,7 +49,14 @@ func (a *Agent) takeAcquires(p report.Poll, now time.Time) []netip.Addr {
 		a.acquires = map[types.UID]*heldAcquire{}
 	}
 	var added []netip.Addr
+	released := make(map[string]bool, len(p.Releases))
+	for _, r := range p.Releases {
+		released[r.UID] = true
+	}
 	for _, ac := range p.Acquires {
+		if released[ac.UID] {
+			continue // the release wins (withAcquired)
+		}
 		uid := types.UID(ac.UID)
 		if h, ok := a.acquires[uid]; ok && h.Acquire == ac {
 			h.carried = now
@@ -69,14 +76,20 @@ func (a *Agent) takeAcquires(p report.Poll, now time.Time) []netip.Addr {
 // report and writes the moves without waiting for the next poll.
 const acquireAnswerWait = 150 * time.Millisecond
 
-// awaitAnnounced waits until every IP of ips is bound and announced on
-// the Node, or for at most d; it checks every 5 ms.
-func (a *Agent) awaitAnnounced(ips []netip.Addr, d time.Duration) {
+// awaitAnnounced waits, for at most d and checking every 5 ms, until a
+// reconcile begun after the first `after` ones has finished (it saw the
+// new instructions) and every IP of ips that reconcile bound is
+// announced; IPs it did not bind (an instruction it refused) are not
+// waited for.
+func (a *Agent) awaitAnnounced(ips []netip.Addr, after int64, d time.Duration) {
 	deadline := time.Now().Add(d)
 	for {
-		a.mu.Lock()
-		done := !slices.ContainsFunc(ips, func(ip netip.Addr) bool { e := a.state[ip]; return e == nil || !e.announced })
-		a.mu.Unlock()
+		done := a.reconcileDone.Load() > after
+		if done {
+			a.mu.Lock()
+			done = !slices.ContainsFunc(ips, func(ip netip.Addr) bool { e := a.state[ip]; return e != nil && !e.announced })
+			a.mu.Unlock()
+		}
 		if done || !time.Now().Before(deadline) {
 			return
 		}
@@ -106,7 +119,8 @@ func (a *Agent) kickReconcile() {
 // and so is one for an Egress the controller asks this Node to release.
 // applied reports whether any copy was added (the caller then reconciles
 // again within acquireTTL).
-func (a *Agent) withAcquired(ctx context.Context, log logr.Logger, held []v1alpha1.Egress) (out []v1alpha1.Egress, applied bool) {
+func (a *Agent) withAcquired(ctx context.Context, held []v1alpha1.Egress) (out []v1alpha1.Egress, applied bool) {
+	log := ctrllog.FromContext(ctx)
 	now := time.Now()
 	a.releaseMu.Lock()
 	acs := make([]report.Acquire, 0, len(a.acquires))

@@ -69,8 +69,9 @@ func TestAcquireBindsAheadOfStatus(t *testing.T) {
 	}
 	// The poll that brings the instructions is answered once they are
 	// announced, or after at most 150 ms (logged, not asserted: timing).
+	asked := time.Now()
 	first := wantReport(pollWith(p), n.NodeIf, true, ip("192.0.2.20"), ip("192.0.2.21"))
-	t.Logf("the first poll's report: %v", cmpOrOK(first))
+	t.Logf("the first poll's report, answered after %v: %v", time.Since(asked).Round(time.Millisecond), cmpOrOK(first))
 	poll.Until(t, 10*time.Second, "the acquired IPs are bound and announced", func() error {
 		return wantReport(pollWith(p), n.NodeIf, true, ip("192.0.2.20"), ip("192.0.2.21"))
 	})

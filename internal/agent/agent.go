@@ -214,6 +214,9 @@ type Agent struct {
 	// lastPoll is when the report was last served to a poll, in Unix
 	// nanoseconds (0: never); see LastControllerPoll.
 	lastPoll atomic.Int64
+	// reconcileStarts counts the reconciles begun; reconcileDone is the
+	// number (in that count) of the last one finished (awaitAnnounced).
+	reconcileStarts, reconcileDone atomic.Int64
 	// releaseMu guards releases.
 	releaseMu sync.Mutex
 	// releases are the controller's release instructions (report.Release)
@@ -297,8 +300,9 @@ func (a *Agent) onPoll(p report.Poll) report.Report {
 	a.releaseMu.Unlock()
 	if added := a.takeAcquires(p, time.Now()); len(added) > 0 {
 		a.log.Info("the controller asks this Node to bind egress IPs before their move is written", "new", len(added), "acquires", len(p.Acquires))
+		after := a.reconcileStarts.Load()
 		a.kickReconcile()
-		a.awaitAnnounced(added, acquireAnswerWait)
+		a.awaitAnnounced(added, after, acquireAnswerWait)
 	}
 	if len(taken) > 0 {
 		a.mu.Lock()
@@ -784,7 +788,11 @@ func (a *Agent) setBoundGauge() {
 // On success it asks to run again after Config.ResyncPeriod.
 func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	start := time.Now()
-	defer func() { reconcileDuration.Observe(time.Since(start).Seconds()) }()
+	seq := a.reconcileStarts.Add(1)
+	defer func() {
+		reconcileDuration.Observe(time.Since(start).Seconds())
+		a.reconcileDone.Store(seq)
+	}()
 	log := ctrllog.FromContext(ctx)
 
 	if a.reader == nil {
@@ -799,7 +807,7 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err := a.reader.List(ctx, &pools); err != nil {
 		return reconcile.Result{}, fmt.Errorf("list ExternalIPPools: %w", err)
 	}
-	held, acquiring := a.withAcquired(ctx, log, a.withoutReleased(log, held))
+	held, acquiring := a.withAcquired(ctx, a.withoutReleased(log, held))
 	d := computeDesired(a.cfg.NodeName, held, pools.Items)
 	for _, s := range d.skipped {
 		log.Info("ignoring Egress assigned to this node", "egress", klog.KRef("", s.name), "reason", s.reason)

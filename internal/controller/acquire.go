@@ -43,6 +43,9 @@ type heldMove struct {
 // one write per Egress instead of two). A move is held when all hold:
 //   - timeout is positive and the hold began (since; now when new) less
 //     than timeout ago;
+//   - the Egress's pool is not cloud-backed (cloud names the pools that
+//     are: there the address must be attached to the new Node's
+//     interface first, which the move's status drives);
 //   - the Egress, not being deleted and without spec.ips, keeps its
 //     address and leaves a Node whose agent is dead for a Node whose
 //     agent answers and takes acquire instructions (report.Report.Acquires);
@@ -53,7 +56,7 @@ type heldMove struct {
 // Node must release first, which the status write tells it. At most
 // report.MaxReleases moves to one Node are held (one poll's worth); the
 // others are written at once. The result is in the order of egs.
-func acquireHolds(egs []v1.Egress, changes map[string]egressChange, agents func(string) AgentState, since func(acquireKey) (time.Time, bool), now time.Time, timeout time.Duration) []heldMove {
+func acquireHolds(egs []v1.Egress, changes map[string]egressChange, cloud map[string]bool, agents func(string) AgentState, since func(acquireKey) (time.Time, bool), now time.Time, timeout time.Duration) []heldMove {
 	if timeout <= 0 {
 		return nil
 	}
@@ -62,7 +65,7 @@ func acquireHolds(egs []v1.Egress, changes map[string]egressChange, agents func(
 	for i := range egs {
 		e := &egs[i]
 		ch, ok := changes[e.Name]
-		if !ok || !holdable(e, &ch.Status, agents) {
+		if !ok || cloud[e.Spec.ExternalIPPool] || !holdable(e, &ch.Status, agents) {
 			continue
 		}
 		k := acquireKey{UID: e.UID, Node: ch.Status.EgressNode}
@@ -156,4 +159,15 @@ func (w *egressWriteSet) hold(holds []heldMove) {
 		w.patched[h.index] = false
 	}
 	w.writes = slices.DeleteFunc(w.writes, func(sw statusWrite) bool { return sw.index >= 0 && held[sw.index] })
+}
+
+// cloudPools names the cloud-backed pools of pools.
+func cloudPools(pools []v1.ExternalIPPool) map[string]bool {
+	out := map[string]bool{}
+	for i := range pools {
+		if pools[i].Spec.Cloud != nil {
+			out[pools[i].Name] = true
+		}
+	}
+	return out
 }

@@ -50,6 +50,7 @@ func TestAcquireHolds(t *testing.T) {
 		toIP  string
 		conds []metav1.Condition
 		multi bool
+		pool  string
 		since time.Duration // how long ago the hold began; 0: new
 		held  bool
 	}
@@ -65,11 +66,13 @@ func TestAcquireHolds(t *testing.T) {
 		{name: "bind refused", from: "dead", to: "new", conds: conds(v1.ReasonScheduled, v1.ReasonBindRefused)},
 		{name: "attaching", from: "dead", to: "new", conds: conds(v1.ReasonAttaching, v1.ReasonBinding)},
 		{name: "spec.ips", from: "dead", to: "new", multi: true},
+		{name: "cloud-backed pool", from: "dead", to: "new", pool: "cloud"},
 		{name: "unassigned", from: "dead", to: ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := v1.Egress{ObjectMeta: metav1.ObjectMeta{Name: "e", UID: types.UID("u1"), ResourceVersion: "41"},
 				Status: v1.EgressStatus{EgressIP: "192.0.2.5", EgressNode: c.from}}
+			e.Spec.ExternalIPPool = c.pool
 			if c.multi {
 				e.Spec.IPs = []v1.EgressIPSource{{}}
 			}
@@ -84,7 +87,7 @@ func TestAcquireHolds(t *testing.T) {
 			if c.since > 0 {
 				since = func(k acquireKey) (time.Time, bool) { return now.Add(-c.since), k == acquireKey{"u1", c.to} }
 			}
-			got := acquireHolds([]v1.Egress{e}, map[string]egressChange{"e": {Status: st}}, agents, since, now, time.Second)
+			got := acquireHolds([]v1.Egress{e}, map[string]egressChange{"e": {Status: st}}, map[string]bool{"cloud": true}, agents, since, now, time.Second)
 			var want []heldMove
 			if c.held {
 				want = []heldMove{{index: 0, key: acquireKey{"u1", "new"}, acquire: report.Acquire{IP: netip.MustParseAddr("192.0.2.5"), UID: "u1", ResourceVersion: "41", Egress: "e"}}}
@@ -92,7 +95,7 @@ func TestAcquireHolds(t *testing.T) {
 			if diff := cmp.Diff(want, got, cmp.AllowUnexported(heldMove{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" {
 				t.Errorf("holds (-want +got):\n%s", diff)
 			}
-			if none := acquireHolds([]v1.Egress{e}, map[string]egressChange{"e": {Status: st}}, agents, since, now, 0); len(none) != 0 {
+			if none := acquireHolds([]v1.Egress{e}, map[string]egressChange{"e": {Status: st}}, nil, agents, since, now, 0); len(none) != 0 {
 				t.Errorf("timeout 0 held %v", none)
 			}
 		})

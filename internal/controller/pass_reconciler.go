@@ -157,7 +157,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	setPassMetrics(&out)
 
 	ew := r.egressWrites(egs.Items, &out)
-	holds := acquireHolds(egs.Items, out.Egresses, r.Liveness.State, r.acquireStarted, start, r.Config.AcquireTimeout)
+	holds := acquireHolds(egs.Items, out.Egresses, cloudPools(pools.Items), r.Liveness.State, r.acquireStarted, start, r.Config.AcquireTimeout)
 	ew.hold(holds)
 	result.RequeueAfter = minPositive(result.RequeueAfter, r.trackAcquires(holds, start))
 	acquires := acquireInstructions(holds)
