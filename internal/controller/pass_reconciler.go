@@ -48,7 +48,8 @@ type PassReconciler struct {
 	Config   PassConfig
 	// Cloud serves cloud-backed pools; nil without a cloud provider.
 	Cloud *CloudActuator
-	// WriteParallelism bounds concurrent status patches. Default 16.
+	// WriteParallelism bounds concurrent status patches. Default
+	// DefaultWriteParallelism.
 	WriteParallelism int
 	// DeferrableWrites is how many patches one pass issues at most
 	// when some are deferrable (writePriority prioAssign and prioOther):
@@ -408,6 +409,16 @@ func (r *PassReconciler) poolWrites(pools []v1.ExternalIPPool, out *passOutput) 
 	return writes
 }
 
+// DefaultWriteParallelism is PassReconciler.WriteParallelism's default:
+// how many status patches a pass has in flight at once. The scale test
+// (1,000 Nodes, 5,000 Egresses, a Node holding 206 dying) measured the
+// failover's 206 patches against the same API server at 1.22 s 16 at a
+// time and 0.45 s 64 at a time: a patch waits mostly on the API server's
+// round trip, not on its CPU. 64 stays well below kube-apiserver's
+// default --max-mutating-requests-inflight (200), and the client's rate
+// limit (--kube-api-qps, --kube-api-burst) still bounds the rate.
+const DefaultWriteParallelism = 64
+
 // runWrites issues writes, WriteParallelism at a time, counting each
 // result. A conflict or a missing object is no error (the cache is
 // behind; the watch event that follows brings a new pass). unknown is set
@@ -418,7 +429,7 @@ func (r *PassReconciler) runWrites(ctx context.Context, writes []statusWrite) (e
 	var unsure atomic.Bool
 	par := r.WriteParallelism
 	if par <= 0 {
-		par = 16
+		par = DefaultWriteParallelism
 	}
 	workqueue.ParallelizeUntil(ctx, par, len(writes), func(i int) {
 		w := writes[i]

@@ -444,7 +444,7 @@ func TestScale(t *testing.T) {
 	n := int(coldWrites)
 	var failed sync.Map
 	loopStart := time.Now()
-	workqueue.ParallelizeUntil(ctx, 16, len(list.Items), func(i int) {
+	workqueue.ParallelizeUntil(ctx, DefaultWriteParallelism, len(list.Items), func(i int) {
 		e := &list.Items[i]
 		for k := i; k < n; k += len(list.Items) {
 			patch := client.MergeFromWithOptions(e.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -457,16 +457,16 @@ func TestScale(t *testing.T) {
 	})
 	loopTook := time.Since(loopStart)
 	failed.Range(func(k, v any) bool { t.Errorf("plain loop: %s: %v", k, v); return true })
-	t.Logf("plain loop: %d status patches at %d QPS, burst %d, 16 at a time: %v (%.0f/s); the controller's cold start issued them and had all Ready in %v (%.2fx the loop)",
-		n, DefaultKubeAPIQPS, DefaultKubeAPIBurst, loopTook.Round(time.Millisecond), float64(n)/loopTook.Seconds(), readyAt.Round(time.Millisecond), readyAt.Seconds()/loopTook.Seconds())
+	t.Logf("plain loop: %d status patches at %d QPS, burst %d, %d at a time: %v (%.0f/s); the controller's cold start issued them and had all Ready in %v (%.2fx the loop)",
+		n, DefaultKubeAPIQPS, DefaultKubeAPIBurst, DefaultWriteParallelism, loopTook.Round(time.Millisecond), float64(n)/loopTook.Seconds(), readyAt.Round(time.Millisecond), readyAt.Seconds()/loopTook.Seconds())
 
 	// The failover's writes alone: one patch (the move with Ready, as the
 	// acquire instructions allow), then two (one after the other: the move,
 	// then Ready, as without them) on each of as many Egresses as the
 	// victim held, from a client with a full burst, so that the rate limit
 	// (100/s, which bounds the loop above) does not count: what the API
-	// server takes for them. 16 at a time (the pass's WriteParallelism),
-	// and 64.
+	// server takes for them. 16 at a time (the pass's parallelism before),
+	// and 64 (DefaultWriteParallelism).
 	for _, per := range []int{1, 2} {
 		for _, par := range []int{16, 64} {
 			took := failoverLoop(ctx, t, loopCfg, list.Items[:len(held)], per, par)

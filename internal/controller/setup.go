@@ -91,8 +91,7 @@ const (
 )
 
 // deferrableWrites is PassReconciler.DeferrableWrites for a client limited
-// to qps requests per second: one second's worth, at least 16 (one round
-// of WriteParallelism); unlimited when the client has no rate limit
+// to qps requests per second: one second's worth, at least 16; unlimited when the client has no rate limit
 // (qps < 0).
 func deferrableWrites(qps float32) int {
 	if qps < 0 {
