@@ -40,7 +40,9 @@ type heldAcquire struct {
 // longer carries is kept until withAcquired drops it (the controller
 // stops sending it once it has written the move, and this agent's cache
 // may not show that write yet: dropping it at once would unbind the
-// address until the cache catches up). It returns the IPs of the
+// address until the cache catches up). An instruction for an Egress the
+// agent holds a release instruction for (onPoll takes p's releases first)
+// is ignored, the rule withAcquired applies. It returns the IPs of the
 // instructions p brought new.
 func (a *Agent) takeAcquires(p report.Poll, now time.Time) []netip.Addr {
 	a.releaseMu.Lock()
@@ -49,15 +51,11 @@ func (a *Agent) takeAcquires(p report.Poll, now time.Time) []netip.Addr {
 		a.acquires = map[types.UID]*heldAcquire{}
 	}
 	var added []netip.Addr
-	released := make(map[string]bool, len(p.Releases))
-	for _, r := range p.Releases {
-		released[r.UID] = true
-	}
 	for _, ac := range p.Acquires {
-		if released[ac.UID] {
-			continue // the release wins (withAcquired)
-		}
 		uid := types.UID(ac.UID)
+		if _, released := a.releases[uid]; released {
+			continue // the release wins, as in withAcquired
+		}
 		if h, ok := a.acquires[uid]; ok && h.Acquire == ac {
 			h.carried = now
 			continue
