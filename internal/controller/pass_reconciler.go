@@ -173,7 +173,8 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 		result.RequeueAfter = minPositive(result.RequeueAfter, time.Millisecond) // the next chunk, after this pass's writes
 	}
 	writesFrom := time.Now()
-	errs, unknown := r.runWrites(ctx, writes)
+	errs, unknown, slowest := r.runWrites(ctx, writes)
+	writesTook := time.Since(writesFrom)
 	for i, e := range ew.written {
 		if e != nil {
 			r.written.record(e)
@@ -206,7 +207,8 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 			byPrio[w.prio]++
 		}
 		logger.Info("scheduling pass wrote many statuses", "moves", byPrio[prioMove], "readyChanges", byPrio[prioReady],
-			"assignments", byPrio[prioAssign], "other", byPrio[prioOther], "deferred", len(deferred), "heldForAcquire", len(holds), "planned", writesFrom.Sub(start), "duration", time.Since(start))
+			"assignments", byPrio[prioAssign], "other", byPrio[prioOther], "deferred", len(deferred), "heldForAcquire", len(holds), "planned", writesFrom.Sub(start), "writing", writesTook, "slowestWrite", slowest,
+			"duration", time.Since(start))
 	}
 	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "deferred", len(deferred), "heldForAcquire", len(holds), "duration", time.Since(start))
 	return result, nil
@@ -423,10 +425,12 @@ const DefaultWriteParallelism = 64
 // result. A conflict or a missing object is no error (the cache is
 // behind; the watch event that follows brings a new pass). unknown is set
 // when an Egress patch failed otherwise: it may have been applied all the
-// same.
-func (r *PassReconciler) runWrites(ctx context.Context, writes []statusWrite) (errs []error, unknown bool) {
+// same. slowest is the longest any one write took, from its start to its
+// answer (a wait for the client's rate limiter included).
+func (r *PassReconciler) runWrites(ctx context.Context, writes []statusWrite) (errs []error, unknown bool, slowest time.Duration) {
 	errs = make([]error, len(writes))
 	var unsure atomic.Bool
+	var slowestNs atomic.Int64
 	par := r.WriteParallelism
 	if par <= 0 {
 		par = DefaultWriteParallelism
@@ -437,7 +441,14 @@ func (r *PassReconciler) runWrites(ctx context.Context, writes []statusWrite) (e
 		if _, ok := w.obj.(*v1.ExternalIPPool); ok {
 			kind = kindExternalIPPool
 		}
+		began := time.Now()
 		err := w.do(ctx)
+		for took := int64(time.Since(began)); ; {
+			cur := slowestNs.Load()
+			if took <= cur || slowestNs.CompareAndSwap(cur, took) {
+				break
+			}
+		}
 		switch {
 		case err == nil:
 			statusWrites.WithLabelValues(kind, resultOK).Inc()
@@ -451,7 +462,7 @@ func (r *PassReconciler) runWrites(ctx context.Context, writes []statusWrite) (e
 			}
 		}
 	})
-	return errs, unsure.Load()
+	return errs, unsure.Load(), time.Duration(slowestNs.Load())
 }
 
 // trackReleases keeps when each wait of waits began (now for new ones) and

@@ -20,7 +20,9 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +34,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
@@ -154,6 +159,54 @@ func failoverLoop(ctx context.Context, t *testing.T, cfg *rest.Config, egs []v1.
 	took := time.Since(start)
 	failed.Range(func(k, v any) bool { t.Errorf("failover-sized loop: %s: %v", k, v); return true })
 	return took
+}
+
+// startFailoverProfiles, when SCALE_PROFILE_DIR names a directory,
+// starts a CPU profile of this process (controller, fake agents, test)
+// into failover-self.pprof there and one of kube-apiserver (its
+// /debug/pprof/profile, 4 s) into failover-apiserver.pprof; the returned
+// function ends this process's profile. Without SCALE_PROFILE_DIR it does
+// nothing. For finding where a failover's time goes; docs/failover.md.
+func startFailoverProfiles(ctx context.Context, t *testing.T) func() {
+	dir := os.Getenv("SCALE_PROFILE_DIR")
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, "failover-self.pprof"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		rc, err := rest.RESTClientFor(restConfigForRaw(env.Config))
+		if err != nil {
+			t.Logf("kube-apiserver profile: %v", err)
+			return
+		}
+		b, err := rc.Get().AbsPath("/debug/pprof/profile").Param("seconds", "4").DoRaw(ctx)
+		if err != nil {
+			t.Logf("kube-apiserver profile: %v", err)
+			return
+		}
+		if err := os.WriteFile(filepath.Join(dir, "failover-apiserver.pprof"), b, 0o644); err != nil {
+			t.Logf("kube-apiserver profile: %v", err)
+		}
+	}()
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
+}
+
+// restConfigForRaw is cfg made fit for rest.RESTClientFor on paths
+// outside an API group.
+func restConfigForRaw(cfg *rest.Config) *rest.Config {
+	c := rest.CopyConfig(cfg)
+	c.GroupVersion = &schema.GroupVersion{}
+	c.NegotiatedSerializer = serializer.NewCodecFactory(kruntime.NewScheme()).WithoutConversion()
+	return c
 }
 
 // cpuTimes is the CPU time (user + system) used so far by this process
@@ -382,6 +435,7 @@ func TestScale(t *testing.T) {
 	)
 	wk0, _, _ := egressWriteCount()
 	cs0, ca0, ce0 := cpuTimes()
+	stopProfiles := startFailoverProfiles(ctx, t)
 	agents.mu.Lock()
 	killed := time.Now()
 	agents.dead[victim] = true
@@ -403,6 +457,7 @@ func TestScale(t *testing.T) {
 	select {
 	case <-allDone:
 		cs1, ca1, ce1 := cpuTimes()
+		stopProfiles()
 		wall := time.Since(killed).Seconds()
 		t.Logf("CPU from the kill to all Ready (%.2f s, 2 cores): this process (controller, fake agents and their polls) %.2f s, kube-apiserver %.2f s, etcd %.2f s",
 			wall, (cs1 - cs0).Seconds(), (ca1 - ca0).Seconds(), (ce1 - ce0).Seconds())
