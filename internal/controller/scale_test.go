@@ -165,7 +165,9 @@ func failoverLoop(ctx context.Context, t *testing.T, cfg *rest.Config, egs []v1.
 // starts a CPU profile of this process (controller, fake agents, test)
 // into failover-self.pprof there and one of kube-apiserver (its
 // /debug/pprof/profile, 4 s) into failover-apiserver.pprof; the returned
-// function ends this process's profile. Without SCALE_PROFILE_DIR it does
+// function ends this process's profile. kube-apiserver's metrics (request
+// and etcd latencies, API Priority and Fairness waits) are saved at the
+// start and the end (failover-apiserver-metrics-before.txt, -after.txt). Without SCALE_PROFILE_DIR it does
 // nothing. For finding where a failover's time goes; docs/failover.md.
 func startFailoverProfiles(ctx context.Context, t *testing.T) func() {
 	dir := os.Getenv("SCALE_PROFILE_DIR")
@@ -194,9 +196,29 @@ func startFailoverProfiles(ctx context.Context, t *testing.T) func() {
 			t.Logf("kube-apiserver profile: %v", err)
 		}
 	}()
+	saveAPIServerMetrics(ctx, t, filepath.Join(dir, "failover-apiserver-metrics-before.txt"))
 	return func() {
 		pprof.StopCPUProfile()
 		_ = f.Close()
+		saveAPIServerMetrics(ctx, t, filepath.Join(dir, "failover-apiserver-metrics-after.txt"))
+	}
+}
+
+// saveAPIServerMetrics writes kube-apiserver's /metrics to path, logging
+// what failed.
+func saveAPIServerMetrics(ctx context.Context, t *testing.T, path string) {
+	rc, err := rest.RESTClientFor(restConfigForRaw(env.Config))
+	if err != nil {
+		t.Logf("kube-apiserver metrics: %v", err)
+		return
+	}
+	b, err := rc.Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		t.Logf("kube-apiserver metrics: %v", err)
+		return
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Logf("kube-apiserver metrics: %v", err)
 	}
 }
 
