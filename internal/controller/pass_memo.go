@@ -44,6 +44,8 @@ type egressMemo struct {
 	// pass counts the passes that ended; memoEntry.pass says in which one
 	// an entry was last used.
 	pass uint64
+	// hits counts the statuses replayed from the memo since it was made.
+	hits uint64
 }
 
 // memoEntry is one Egress's remembered outcome.
@@ -111,14 +113,14 @@ type allocKey struct {
 // it answered and lives, the report's entries for ip, and its ownership
 // finding.
 type agentFacts struct {
-	known, dead          bool
-	bound                report.BoundIP
-	boundOK              bool
-	refusedMsg           string
-	refusedOK            bool
-	ownership            report.OwnershipStatus
-	hasOwnership         bool
-	conflictOK           bool
+	known, dead  bool
+	bound        report.BoundIP
+	boundOK      bool
+	refusedMsg   string
+	refusedOK    bool
+	ownership    report.OwnershipStatus
+	hasOwnership bool
+	conflictOK   bool
 }
 
 // factsOf reads node's agent state a for ip.
@@ -182,6 +184,7 @@ func (m *egressMemo) lookup(p *pass, i int, key *memoKey) *memoEntry {
 		return nil
 	}
 	en.pass = m.pass
+	m.hits++
 	return en
 }
 
