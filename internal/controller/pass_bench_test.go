@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -55,7 +56,7 @@ func passBenchInput(sc passBenchScenario) passInput {
 	}
 	for i := range sc.egresses {
 		in.Egresses = append(in.Egresses, v1.Egress{
-			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("egress-%06d", i), Generation: 1, UID: types.UID(fmt.Sprintf("uid-%06d", i)),
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("egress-%06d", i), Generation: 1, UID: types.UID(fmt.Sprintf("uid-%06d", i)), ResourceVersion: "1",
 				CreationTimestamp: metav1.NewTime(epoch.Add(time.Duration(i) * time.Second))},
 			Spec: v1.EgressSpec{ExternalIPPool: "bench", AppliedTo: v1.AppliedTo{
 				PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": fmt.Sprintf("app-%d", i)}}}},
@@ -76,15 +77,18 @@ func benchAgents(bound map[string][]report.BoundIP) func(string) AgentState {
 }
 
 // applyPass writes out's statuses into in's Egresses, as the API server
-// would hold them after the pass's patches, and makes every agent report
-// the addresses now assigned to its Node bound and announced.
+// would hold them after the pass's patches (a new resource version for
+// each status that changes), and makes every agent report the addresses
+// now assigned to its Node bound and announced.
 func applyPass(in passInput, out passOutput) passInput {
 	in.Egresses = cloneEgresses(in.Egresses)
 	bound := map[string][]report.BoundIP{}
 	for i := range in.Egresses {
 		e := &in.Egresses[i]
-		if ch, ok := out.Egresses[e.Name]; ok {
+		if ch, ok := out.Egresses[e.Name]; ok && !egressStatusEqual(&e.Status, &ch.Status) {
 			e.Status = ch.Status
+			rv, _ := strconv.Atoi(e.ResourceVersion)
+			e.ResourceVersion = strconv.Itoa(rv + 1)
 		}
 		if e.Status.EgressNode != "" {
 			bound[e.Status.EgressNode] = append(bound[e.Status.EgressNode], report.BoundIP{IP: netip.MustParseAddr(e.Status.EgressIP), Interface: "eth0", Announced: true})
@@ -116,10 +120,11 @@ func cloneEgresses(egs []v1.Egress) []v1.Egress {
 // differ from what was read (built, not sent: the reconciler's client is
 // never called here).
 func passPatches(r *PassReconciler, in passInput) int {
-	in.Selectors = &r.selectors
+	in.Selectors, in.Memo = &r.selectors, &r.statuses
 	out := plan(in)
 	r.selectors.endPass()
 	ew := r.egressWrites(in.Egresses, &out)
+	r.statuses.endPass()
 	return len(ew.writes) + len(r.poolWrites(in.Pools, &out))
 }
 

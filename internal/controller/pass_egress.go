@@ -36,12 +36,36 @@ func (p *pass) egressStatuses() {
 			p.out.Egresses[es.e.Name] = es.ch
 			continue
 		}
+		key, memo := memoKey{}, false
+		if p.in.Memo != nil {
+			key, memo = p.memoKeyOf(i)
+		}
+		if memo {
+			if en := p.in.Memo.lookup(p, i, &key); en != nil {
+				p.replay(i, en)
+				continue
+			}
+		}
+		awaited, conflicts := len(p.out.Awaited), p.out.Conflicts
 		es := p.egressStatus(i)
 		es.ch.Status = es.st
 		es.ch.IPChangedNote = ipChangedNote(es.e, es.st)
+		if memo {
+			es.ch = p.in.Memo.store(p, i, &key, es.ch, p.out.Awaited[awaited:], p.out.Conflicts > conflicts).ch
+		}
 		p.out.Egresses[es.e.Name] = es.ch
 	}
 	setSharedWith(p.out.Egresses)
+}
+
+// replay puts the change a memo entry remembers for Egress i into the
+// output, with its effects, as egressStatus would have computed them.
+func (p *pass) replay(i int, en *memoEntry) {
+	p.out.Awaited = append(p.out.Awaited, en.awaited...)
+	if en.conflict {
+		p.out.Conflicts++
+	}
+	p.out.Egresses[p.egs[i].Name] = en.ch
 }
 
 // kindOf is the poolKind of Egress i's pool (l2Pool when the pool does

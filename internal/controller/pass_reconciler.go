@@ -90,6 +90,8 @@ type PassReconciler struct {
 	acquireSince map[acquireKey]time.Time
 	// selectors remembers the selectors' validity across passes.
 	selectors selectorMemo
+	// statuses remembers the Egress statuses across passes (egressMemo).
+	statuses egressMemo
 	// beforePass, when set (tests only), runs at the start of every pass
 	// with the cache the pass reads, so a test can hold passes while it
 	// makes several changes that one pass must see together.
@@ -134,7 +136,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	// are computed against egs as read, so a count that changed is
 	// written with the rest.
 	in := passInput{Pools: pools.Items, Egresses: r.Selected.overlay(egs.Items), Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config,
-		Now: start, ReleaseSince: func(k releaseKey) time.Time { return r.releaseSince[k] }, Selectors: &r.selectors}
+		Now: start, ReleaseSince: func(k releaseKey) time.Time { return r.releaseSince[k] }, Selectors: &r.selectors, Memo: &r.statuses}
 	var result reconcile.Result
 	if r.Cloud != nil {
 		if !r.Cloud.Ready() {
@@ -158,6 +160,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	setPassMetrics(&out)
 
 	ew := r.egressWrites(egs.Items, &out)
+	r.statuses.endPass()
 	holds := acquireHolds(egs.Items, out.Egresses, cloudPools(pools.Items), r.Liveness.State, r.acquireStarted, start, r.Config.AcquireTimeout)
 	ew.hold(holds)
 	result.RequeueAfter = minPositive(result.RequeueAfter, r.trackAcquires(holds, start))
@@ -342,13 +345,15 @@ func (r *PassReconciler) egressWrites(egs []v1.Egress, out *passOutput) *egressW
 	for i := range egs {
 		e := &egs[i]
 		ch, ok := out.Egresses[e.Name]
-		if !ok || egressStatusEqual(&e.Status, &ch.Status) {
+		if !ok || statusEqualToRead(&e.Status, &ch) {
 			continue
 		}
 		w.patched[i] = true
 		w.writes = append(w.writes, statusWrite{obj: e, prio: egressWritePriority(&e.Status, &ch.Status), index: i, do: func(ctx context.Context) error {
 			patch := client.MergeFromWithOptions(e.DeepCopy(), client.MergeFromWithOptimisticLock{})
-			e.Status = ch.Status
+			// A copy: the client decodes the answer into e, and ch's
+			// lists may be a memo entry's (egressMemo).
+			ch.Status.DeepCopyInto(&e.Status)
 			if err := r.Client.Status().Patch(ctx, e, patch); err != nil {
 				return err
 			}

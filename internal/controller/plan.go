@@ -75,6 +75,10 @@ type passInput struct {
 	// Egress's selectors in every pass); the caller ends its pass
 	// (selectorMemo.endPass) after plan.
 	Selectors *selectorMemo
+	// Memo remembers Egress statuses across passes (egressMemo; nil:
+	// compute every Egress's status, the reference); the caller ends
+	// its pass (egressMemo.endPass) after plan and the status diff.
+	Memo *egressMemo
 }
 
 // releaseExpired reports whether the wait for k has lasted
@@ -103,6 +107,11 @@ type egressChange struct {
 	// ConflictEvent, when set, is the note of a Warning Event
 	// (v1.ReasonDuplicateIP): another host answers for the Egress's IP.
 	ConflictEvent string
+
+	// memo is the memo entry this change was computed for or replayed
+	// from (nil without one): statusEqualToRead asks it how the status
+	// compares with the one read.
+	memo *memoEntry
 }
 
 // passOutput is what a pass decides.
