@@ -138,6 +138,8 @@ func (s *Server) handle(c net.Conn) {
 	defer func() { _ = c.Close() }()
 	if cpu := s.pin.Load(); cpu >= 0 {
 		// The goroutine ends locked: the runtime then ends the thread.
+		// If the thread cannot be pinned the connection is closed
+		// unserved, so a measurement fails instead of running unpinned.
 		if err := pinThread(int(cpu)); err != nil {
 			return
 		}
