@@ -24,6 +24,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -584,4 +586,118 @@ func ForeignRuleset(ns *NS, table string) (string, error) {
 		}
 	}
 	return b.String(), nil
+}
+
+// CPUs are the two CPUs SplitCPUs charges the harness's work to.
+type CPUs struct {
+	// Home carries the home Node, its Pods and the clients in them.
+	Home int
+	// Away carries the rest: the fabric bridge, the other Nodes and their
+	// Pods, the router and the external server.
+	Away int
+}
+
+// SplitCPUs makes the harness charge its work to two CPUs the way two
+// groups of machines would, instead of to whichever CPU sent the packet:
+// the home Node and its Pods on the first CPU this process may use, every
+// other namespace (the fabric, the other Nodes, the router, the external
+// server) on the second. It returns the two CPUs; Bulk pinned to Home is a
+// client on the home Node's machine.
+//
+// Without it, a veth hands every packet to the backlog of the CPU that
+// sent it, so one transfer's forwarding on every hop (both Nodes, the
+// bridge, the router) runs in the sender's softirq on one CPU and a path
+// through more namespaces is slower by their whole cost. With it, each
+// namespace's veths steer what they receive to their group's CPU (RPS:
+// rps_cpus of every receive queue, the backlog of the CPU it names, as a
+// machine's NIC interrupts its own CPUs), and the server handles each
+// connection on a thread pinned to Away. The split is fixed per namespace,
+// not per path, so the tunnel path (home Node, then the egress Node, the
+// router, the server) and the direct path (home Node, then the router,
+// the server) are modelled alike; the egress Node shares Away with the
+// router and the server, which charges the tunnel more than separate
+// machines would.
+//
+// Errors: fewer than two CPUs allowed to this process, or a failure to
+// list a namespace's links or to write rps_cpus (through `ip netns exec`,
+// which mounts the namespace's own sysfs).
+func (c *Cluster) SplitCPUs(home *Node) (CPUs, error) {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		return CPUs{}, fmt.Errorf("CPUs of this process: %w", err)
+	}
+	var cpus []int
+	for i := 0; i < 1024 && len(cpus) < 2; i++ { // the CPUs a CPUSet holds
+		if set.IsSet(i) {
+			cpus = append(cpus, i)
+		}
+	}
+	if len(cpus) < 2 {
+		return CPUs{}, fmt.Errorf("split CPUs: this process may use %d CPU(s), needs 2", set.Count())
+	}
+	split := CPUs{Home: cpus[0], Away: cpus[1]}
+	homeNS := map[string]bool{home.Name: true}
+	for _, p := range home.Pods {
+		homeNS[p.Name] = true
+	}
+	for _, n := range c.all {
+		cpu := split.Away
+		if homeNS[n.Name] {
+			cpu = split.Home
+		}
+		if err := steerVeths(n, cpu); err != nil {
+			return CPUs{}, err
+		}
+	}
+	c.Server.pin.Store(int32(split.Away))
+	return split, nil
+}
+
+// steerVeths writes rps_cpus of every receive queue of every veth in ns
+// to the mask of one CPU.
+func steerVeths(ns *NS, cpu int) error {
+	h, err := ns.OpenNetlink()
+	if err != nil {
+		return err
+	}
+	links, err := h.LinkList()
+	h.Close()
+	if err != nil {
+		return fmt.Errorf("links of %s: %w", ns.Name, err)
+	}
+	script := `m=$1; shift; for d; do for q in /sys/class/net/$d/queues/rx-*/rps_cpus; do echo $m > $q || exit 1; done; done`
+	args := []string{"netns", "exec", ns.Name, "sh", "-c", script, "sh", cpuMask(cpu)}
+	for _, l := range links {
+		if l.Type() == "veth" {
+			args = append(args, l.Attrs().Name)
+		}
+	}
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("rps_cpus in %s: %w: %s", ns.Name, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// cpuMask is the sysfs bitmap (hexadecimal 32-bit words, most significant
+// first, separated by commas) with only cpu set.
+func cpuMask(cpu int) string {
+	words := make([]string, cpu/32+1)
+	for i := range words {
+		words[i] = "00000000"
+	}
+	words[0] = fmt.Sprintf("%08x", uint32(1)<<(cpu%32))
+	return strings.Join(words, ",")
+}
+
+// pinThread binds the calling goroutine to its OS thread and that thread
+// to cpu. There is no undoing it: the caller's goroutine must exit still
+// locked, so that the Go runtime ends the thread instead of reusing it.
+func pinThread(cpu int) error {
+	runtime.LockOSThread()
+	var set unix.CPUSet
+	set.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &set); err != nil {
+		return fmt.Errorf("pin thread to CPU %d: %w", cpu, err)
+	}
+	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/ipv4"
@@ -43,11 +44,16 @@ type Server struct {
 	probes  map[string][]time.Time
 	seqs    map[string][]int
 	wg      sync.WaitGroup
+	// pin is the CPU each TCP connection is handled on (its goroutine
+	// on a thread of its own, pinned: pinThread), -1 for any; set by
+	// Cluster.SplitCPUs.
+	pin atomic.Int32
 }
 
 // StartServer starts a Server in ns.
 func StartServer(ns *NS) (*Server, error) {
 	s := &Server{sources: map[netip.Addr]int{}, probes: map[string][]time.Time{}, seqs: map[string][]int{}}
+	s.pin.Store(-1)
 	if err := ns.Do(func() (err error) {
 		if s.tcp, err = net.Listen("tcp", fmt.Sprintf("[::]:%d", ServerPort)); err != nil {
 			return err
@@ -130,6 +136,14 @@ func (s *Server) serveTCP() {
 
 func (s *Server) handle(c net.Conn) {
 	defer func() { _ = c.Close() }()
+	if cpu := s.pin.Load(); cpu >= 0 {
+		// The goroutine ends locked: the runtime then ends the thread.
+		// If the thread cannot be pinned the connection is closed
+		// unserved, so a measurement fails instead of running unpinned.
+		if err := pinThread(int(cpu)); err != nil {
+			return
+		}
+	}
 	ip := s.saw(c.RemoteAddr())
 	r := bufio.NewReader(c)
 	line, err := r.ReadString('\n')
@@ -267,6 +281,12 @@ func UDPWho(ctx context.Context, ns *NS, dst netip.Addr) (netip.Addr, error) {
 // Bulk sends n bytes from ns to the server (SINK) or receives n bytes
 // (SOURCE, when download) and returns the elapsed time.
 func Bulk(ctx context.Context, ns *NS, dst netip.Addr, n int64, download bool) (time.Duration, error) {
+	return BulkOn(ctx, ns, dst, n, download, -1)
+}
+
+// BulkOn is Bulk with the client's reads and writes on a thread pinned to
+// cpu (any CPU when cpu < 0), as Cluster.SplitCPUs's Home expects.
+func BulkOn(ctx context.Context, ns *NS, dst netip.Addr, n int64, download bool, cpu int) (time.Duration, error) {
 	c, err := dialIn(ctx, ns, "tcp", netip.AddrPortFrom(dst, ServerPort))
 	if err != nil {
 		return 0, err
@@ -275,6 +295,31 @@ func Bulk(ctx context.Context, ns *NS, dst netip.Addr, n int64, download bool) (
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
+	if cpu < 0 {
+		return bulk(c, n, download)
+	}
+	type result struct {
+		d   time.Duration
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// The goroutine ends locked: the runtime then ends the thread.
+		if err := pinThread(cpu); err != nil {
+			done <- result{err: err}
+			return
+		}
+		d, err := bulk(c, n, download)
+		done <- result{d, err}
+	}()
+	r := <-done
+	return r.d, r.err
+}
+
+// bulk runs one SINK or SOURCE exchange of n bytes on c and returns its
+// time from the command to the last byte (download) or to the server's
+// count (upload).
+func bulk(c net.Conn, n int64, download bool) (time.Duration, error) {
 	start := time.Now()
 	if download {
 		if _, err := fmt.Fprintf(c, "SOURCE %d\n", n); err != nil {
