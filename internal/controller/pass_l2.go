@@ -32,7 +32,7 @@ func (l2Pool) excludeNodes(p *pass, ps *poolState) {
 // Node's address keeps it, in conflict), else the address the status
 // holds if the pool can still give it and no Egress in use claims it.
 func (l2Pool) keep(p *pass, ps *poolState, i int) bool {
-	e := &p.egs[i]
+	e := p.egs[i]
 	if e.Spec.EgressIP != "" {
 		ip, err := netip.ParseAddr(e.Spec.EgressIP)
 		if o := p.multiOwner[ip]; err == nil && o != "" {
@@ -77,7 +77,7 @@ func (l2Pool) ready(*pass, *poolState) {}
 
 // allocateNew gives Egress i the lowest free address, or PoolExhausted.
 func (l2Pool) allocateNew(p *pass, ps *poolState, i int) {
-	e := &p.egs[i]
+	e := p.egs[i]
 	ip, err := ps.alloc.Allocate()
 	if err != nil {
 		p.alloc[i].cond = allocatedCond(false, v1.ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or delete an Egress", e.Spec.ExternalIPPool, ps.alloc.Used(), ps.alloc.Total()))

@@ -140,7 +140,7 @@ func (p *pass) schedPools() ([]scheduler.Pool, map[string]poolMatch) {
 func (p *pass) schedEgresses() []scheduler.Egress {
 	out := make([]scheduler.Egress, len(p.egs))
 	for i := range p.egs {
-		e := &p.egs[i]
+		e := p.egs[i]
 		if p.isMulti(i) {
 			out[i] = scheduler.Egress{Name: e.Name, Created: e.CreationTimestamp.Time, Slots: p.schedSlots(i)}
 			continue

@@ -190,7 +190,7 @@ func matchLabelsValid(sel *metav1.LabelSelector) bool {
 // get a new address, so the source address of an Egress in use never
 // changes because another claims it (issue 23). Addresses held once are
 // not in the map.
-func statusKeepers(egs []v1.Egress) map[netip.Addr]int {
+func statusKeepers(egs []*v1.Egress) map[netip.Addr]int {
 	byIP := map[netip.Addr][]int{}
 	for i := range egs {
 		if egs[i].Spec.EgressIP != "" {
@@ -205,7 +205,7 @@ func statusKeepers(egs []v1.Egress) map[netip.Addr]int {
 		if len(claim) < 2 {
 			continue
 		}
-		keeper[ip] = slices.MinFunc(claim, func(a, b int) int { return inUseFirst(&egs[a], &egs[b]) })
+		keeper[ip] = slices.MinFunc(claim, func(a, b int) int { return inUseFirst(egs[a], egs[b]) })
 	}
 	return keeper
 }
