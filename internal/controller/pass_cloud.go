@@ -150,7 +150,7 @@ func (k *cloudKind) keep(p *pass, ps *poolState, i int) bool {
 		return false
 	}
 	cp.used[ip] = true
-	p.allocated(i, ip, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+	p.allocated(i, ip, allocatedMsg(ip, e.Spec.ExternalIPPool))
 	if e.Status.EgressIP == "" {
 		p.alloc[i].preferred = k.c.attached[ip]
 	}

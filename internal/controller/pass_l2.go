@@ -58,14 +58,14 @@ func (l2Pool) keep(p *pass, ps *poolState, i int) bool {
 	}
 	if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) && p.keeps(i, ip) {
 		if err := ps.alloc.Reserve(ip); err == nil {
-			p.allocated(i, ip, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+			p.allocated(i, ip, allocatedMsg(ip, e.Spec.ExternalIPPool))
 			return true
 		}
 	}
 	ip, kept, o, note := statusIPKept(e, ps.pool, p.nodeIdx, p.conflictHeld)
 	if kept {
 		p.conflictHeld[ip] = true
-		p.allocated(i, ip, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+		p.allocated(i, ip, allocatedMsg(ip, e.Spec.ExternalIPPool))
 		p.alloc[i].conflict = o
 		return true
 	}
@@ -83,7 +83,7 @@ func (l2Pool) allocateNew(p *pass, ps *poolState, i int) {
 		p.alloc[i].cond = allocatedCond(false, v1.ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or delete an Egress", e.Spec.ExternalIPPool, ps.alloc.Used(), ps.alloc.Total()))
 		return
 	}
-	p.allocated(i, ip, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+	p.allocated(i, ip, allocatedMsg(ip, e.Spec.ExternalIPPool))
 }
 
 func (l2Pool) fits(*pass, string) bool { return true }

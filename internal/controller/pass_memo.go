@@ -222,7 +222,11 @@ func (m *egressMemo) endPass() {
 func statusEqualToRead(read *v1.EgressStatus, ch *egressChange) bool {
 	en := ch.memo
 	if en == nil {
-		return egressStatusEqual(read, &ch.Status)
+		// A copy: egressStatusEqual's reflection makes what it is given
+		// escape, and ch itself would then live on the heap in every
+		// caller, memo entry or not.
+		st := ch.Status
+		return egressStatusEqual(read, &st)
 	}
 	if en.same == sameUnknown {
 		a, b := *read, ch.Status
