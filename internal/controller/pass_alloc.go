@@ -20,7 +20,7 @@ func (p *pass) allocate() {
 	p.slots = make([][]ipSlot, len(p.egs))
 	p.multiOwner = map[netip.Addr]string{}
 	for i := range p.egs {
-		e := &p.egs[i]
+		e := p.egs[i]
 		ps := p.pools[e.Spec.ExternalIPPool]
 		switch {
 		case len(e.Spec.IPs) > 0:

@@ -241,3 +241,61 @@ func processCPU(b *testing.B) time.Duration {
 func reportCPU(b *testing.B, start time.Duration) {
 	b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op")
 }
+
+// BenchmarkColdStatusFloor times the least work any cold pass does per
+// Egress, whatever its design, on BenchmarkPass's scenarios: with each
+// Egress's address and Node already decided (from the cold pass's
+// output, so allocation and scheduling cost nothing here), build its
+// status as the pass writes it: the address as text, the three
+// conditions IPAllocated, Assigned and Ready (Binding) with their
+// messages, one transition time, into a slice indexed like the input (no
+// map, no diff: every status of a cold pass is new). It is a floor for
+// the target, not a pass: a cold pass costs at least this plus
+// allocation and scheduling.
+func BenchmarkColdStatusFloor(b *testing.B) {
+	for _, sc := range passBenchScenarios {
+		st, ok := passBenchCache[sc.name]
+		if !ok {
+			cold, warm := passBenchStates(b, sc)
+			st = [2]passInput{cold, warm}
+			passBenchCache[sc.name] = st
+		}
+		cold := st[0]
+		out := plan(cold)
+		type decided struct {
+			ip         netip.Addr
+			node, pool string
+			gen        int64
+		}
+		in := make([]decided, len(cold.Egresses))
+		for i := range cold.Egresses {
+			e := &cold.Egresses[i]
+			s := out.Egresses[e.Name].Status
+			in[i] = decided{ip: netip.MustParseAddr(s.EgressIP), node: s.EgressNode, pool: e.Spec.ExternalIPPool, gen: e.Generation}
+		}
+		b.Run(sc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			cpu := processCPU(b)
+			for b.Loop() {
+				now := metav1.NewTime(cold.Now)
+				sts := make([]v1.EgressStatus, len(in))
+				for i := range in {
+					d := &in[i]
+					ip := d.ip.String()
+					sts[i] = v1.EgressStatus{EgressIP: ip, EgressNode: d.node, Conditions: []metav1.Condition{
+						{Type: v1.ConditionIPAllocated, Status: metav1.ConditionTrue, Reason: v1.ReasonAllocated,
+							Message: allocatedMsg(d.ip, d.pool), ObservedGeneration: d.gen, LastTransitionTime: now},
+						{Type: v1.ConditionAssigned, Status: metav1.ConditionTrue, Reason: v1.ReasonScheduled,
+							Message: ip + " is assigned to Node " + d.node, ObservedGeneration: d.gen, LastTransitionTime: now},
+						{Type: v1.ConditionReady, Status: metav1.ConditionFalse, Reason: v1.ReasonBinding,
+							Message: "waiting for the agent on Node " + d.node + " to bind and announce " + ip, ObservedGeneration: d.gen, LastTransitionTime: now},
+					}}
+				}
+				if len(sts) != len(in) {
+					b.Fatal("lost statuses")
+				}
+			}
+			reportCPU(b, cpu)
+		})
+	}
+}

@@ -131,7 +131,7 @@ func (*cloudKind) excludeNodes(*pass, *poolState) {}
 // holds it, else the address the status holds (or the previous pass
 // gave, while its status write is not in the cache yet).
 func (k *cloudKind) keep(p *pass, ps *poolState, i int) bool {
-	e, cp, ci := &p.egs[i], k.cp, k.c.in
+	e, cp, ci := p.egs[i], k.cp, k.c.in
 	if e.Spec.EgressIP != "" {
 		k.keepNamed(p, ps, i)
 		return true
@@ -150,7 +150,7 @@ func (k *cloudKind) keep(p *pass, ps *poolState, i int) bool {
 		return false
 	}
 	cp.used[ip] = true
-	p.allocated(i, ip, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+	p.allocated(i, ip, allocatedMsg(ip, e.Spec.ExternalIPPool))
 	if e.Status.EgressIP == "" {
 		p.alloc[i].preferred = k.c.attached[ip]
 	}
@@ -159,7 +159,7 @@ func (k *cloudKind) keep(p *pass, ps *poolState, i int) bool {
 
 // keepNamed takes the address spec.egressIP of Egress i names.
 func (k *cloudKind) keepNamed(p *pass, ps *poolState, i int) {
-	e, cp, ci := &p.egs[i], k.cp, k.c.in
+	e, cp, ci := p.egs[i], k.cp, k.c.in
 	ip, err := netip.ParseAddr(e.Spec.EgressIP)
 	if err == nil {
 		err = cp.checkNamed(ip, ps.pool)
@@ -189,7 +189,7 @@ func (k *cloudKind) ready(p *pass, _ *poolState) {
 // allocateNew gives Egress i a warm address, or WaitingForWarmIP while
 // the pool attaches one.
 func (k *cloudKind) allocateNew(p *pass, _ *poolState, i int) {
-	e, cp := &p.egs[i], k.cp
+	e, cp := p.egs[i], k.cp
 	ip, node, ok := cp.takeWarm()
 	if !ok {
 		cp.pending++
@@ -444,7 +444,7 @@ func (c *cloudPass) collectLeftovers(p *pass) {
 	}
 	held := map[netip.Addr]bool{}
 	for i := range p.egs {
-		for ip := range heldIPs(&p.egs[i]) {
+		for ip := range heldIPs(p.egs[i]) {
 			held[ip] = true
 		}
 	}

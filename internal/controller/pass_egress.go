@@ -79,7 +79,7 @@ func (p *pass) kindOf(i int) poolKind {
 
 // egressStatus decides Egress i's status.
 func (p *pass) egressStatus(i int) *egressStatus {
-	e := &p.egs[i]
+	e := p.egs[i]
 	// selectedPods and shadowedBy are the member publication's counts
 	// (PassReconciler.Selected, already in e): kept as they are.
 	es := &egressStatus{i: i, e: e, st: v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions), SelectedPods: e.Status.SelectedPods, ShadowedBy: e.Status.ShadowedBy}}

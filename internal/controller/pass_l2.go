@@ -32,7 +32,7 @@ func (l2Pool) excludeNodes(p *pass, ps *poolState) {
 // Node's address keeps it, in conflict), else the address the status
 // holds if the pool can still give it and no Egress in use claims it.
 func (l2Pool) keep(p *pass, ps *poolState, i int) bool {
-	e := &p.egs[i]
+	e := p.egs[i]
 	if e.Spec.EgressIP != "" {
 		ip, err := netip.ParseAddr(e.Spec.EgressIP)
 		if o := p.multiOwner[ip]; err == nil && o != "" {
@@ -58,14 +58,14 @@ func (l2Pool) keep(p *pass, ps *poolState, i int) bool {
 	}
 	if ip, err := netip.ParseAddr(e.Status.EgressIP); err == nil && ps.pool.Contains(ip) && !ps.alloc.IsAllocated(ip) && p.keeps(i, ip) {
 		if err := ps.alloc.Reserve(ip); err == nil {
-			p.allocated(i, ip, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+			p.allocated(i, ip, allocatedMsg(ip, e.Spec.ExternalIPPool))
 			return true
 		}
 	}
 	ip, kept, o, note := statusIPKept(e, ps.pool, p.nodeIdx, p.conflictHeld)
 	if kept {
 		p.conflictHeld[ip] = true
-		p.allocated(i, ip, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+		p.allocated(i, ip, allocatedMsg(ip, e.Spec.ExternalIPPool))
 		p.alloc[i].conflict = o
 		return true
 	}
@@ -77,13 +77,13 @@ func (l2Pool) ready(*pass, *poolState) {}
 
 // allocateNew gives Egress i the lowest free address, or PoolExhausted.
 func (l2Pool) allocateNew(p *pass, ps *poolState, i int) {
-	e := &p.egs[i]
+	e := p.egs[i]
 	ip, err := ps.alloc.Allocate()
 	if err != nil {
 		p.alloc[i].cond = allocatedCond(false, v1.ReasonPoolExhausted, fmt.Sprintf("ExternalIPPool %q has no free IP (%d of %d used); add a range or delete an Egress", e.Spec.ExternalIPPool, ps.alloc.Used(), ps.alloc.Total()))
 		return
 	}
-	p.allocated(i, ip, fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, e.Spec.ExternalIPPool))
+	p.allocated(i, ip, allocatedMsg(ip, e.Spec.ExternalIPPool))
 }
 
 func (l2Pool) fits(*pass, string) bool { return true }

@@ -140,7 +140,7 @@ func factsOf(a *AgentState, ip netip.Addr) agentFacts {
 // or ok false when the Egress is not one the memo serves (see above): its
 // status is then computed in every pass.
 func (p *pass) memoKeyOf(i int) (key memoKey, ok bool) {
-	e := &p.egs[i]
+	e := p.egs[i]
 	a := &p.alloc[i]
 	if p.cloud != nil || p.isMulti(i) || e.UID == "" || e.ResourceVersion == "" || a.conflict != nil || !a.ip.IsValid() {
 		return memoKey{}, false
@@ -177,7 +177,7 @@ func (p *pass) memoKeyOf(i int) (key memoKey, ok bool) {
 // lookup returns the entry of Egress i when its inputs are those of key
 // and the lists the pass holds for it, marking it used; else nil.
 func (m *egressMemo) lookup(p *pass, i int, key *memoKey) *memoEntry {
-	e := &p.egs[i]
+	e := p.egs[i]
 	en := m.entries[e.UID]
 	if en == nil || en.key != *key || !slices.Equal(en.holders, p.sched.holders[key.alloc.ip]) ||
 		!slices.Equal(en.refusals, p.sched.refused[e.Name]) || !slices.Equal(en.shadowedBy, e.Status.ShadowedBy) {
@@ -191,7 +191,7 @@ func (m *egressMemo) lookup(p *pass, i int, key *memoKey) *memoEntry {
 // store remembers what the pass computed for Egress i under key: the
 // change ch and its effects (awaited, conflict). It returns the entry.
 func (m *egressMemo) store(p *pass, i int, key *memoKey, ch egressChange, awaited []string, conflict bool) *memoEntry {
-	e := &p.egs[i]
+	e := p.egs[i]
 	if m.entries == nil {
 		m.entries = map[types.UID]*memoEntry{}
 	}
@@ -222,7 +222,11 @@ func (m *egressMemo) endPass() {
 func statusEqualToRead(read *v1.EgressStatus, ch *egressChange) bool {
 	en := ch.memo
 	if en == nil {
-		return egressStatusEqual(read, &ch.Status)
+		// A copy: egressStatusEqual's reflection makes what it is given
+		// escape, and ch itself would then live on the heap in every
+		// caller, memo entry or not.
+		st := ch.Status
+		return egressStatusEqual(read, &st)
 	}
 	if en.same == sameUnknown {
 		a, b := *read, ch.Status

@@ -103,7 +103,7 @@ func (p *pass) slotPool(s *ipSlot) (*poolState, string, string) {
 // allows them and no older Egress uses them. It returns whether some IP
 // still needs a new address (multiAllocate).
 func (p *pass) multiKeep(i int) bool {
-	e := &p.egs[i]
+	e := p.egs[i]
 	slots := expandSlots(e)
 	held := map[netip.Addr]*v1.EgressIPStatus{}
 	byPool := map[string][]netip.Addr{}

@@ -33,7 +33,7 @@ type ipMove struct {
 
 // multiStatus decides multi-IP Egress i's status.
 func (p *pass) multiStatus(i int) *egressStatus {
-	e := &p.egs[i]
+	e := p.egs[i]
 	es := &egressStatus{i: i, e: e, st: v1.EgressStatus{Conditions: slices.Clone(e.Status.Conditions), SelectedPods: e.Status.SelectedPods, ShadowedBy: e.Status.ShadowedBy}}
 	meta.SetStatusCondition(&es.st.Conditions, withGen(p.alloc[i].cond, e.Generation))
 	slots := p.slots[i]

@@ -18,7 +18,7 @@ import (
 func (p *pass) poolStatuses() {
 	users := map[string][]string{}
 	for i := range p.egs {
-		e := &p.egs[i]
+		e := p.egs[i]
 		if e.Spec.ExternalIPPool != "" {
 			users[e.Spec.ExternalIPPool] = append(users[e.Spec.ExternalIPPool], e.Name)
 		}

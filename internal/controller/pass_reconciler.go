@@ -349,11 +349,14 @@ func (r *PassReconciler) egressWrites(egs []v1.Egress, out *passOutput) *egressW
 			continue
 		}
 		w.patched[i] = true
+		// The closure captures its own copy: capturing ch moved it to the
+		// heap for every Egress, written or not.
+		wch := ch
 		w.writes = append(w.writes, statusWrite{obj: e, prio: egressWritePriority(&e.Status, &ch.Status), index: i, do: func(ctx context.Context) error {
 			patch := client.MergeFromWithOptions(e.DeepCopy(), client.MergeFromWithOptimisticLock{})
-			// A copy: the client decodes the answer into e, and ch's
+			// A copy: the client decodes the answer into e, and wch's
 			// lists may be a memo entry's (egressMemo).
-			ch.Status.DeepCopyInto(&e.Status)
+			wch.Status.DeepCopyInto(&e.Status)
 			if err := r.Client.Status().Patch(ctx, e, patch); err != nil {
 				return err
 			}

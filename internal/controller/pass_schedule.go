@@ -3,6 +3,7 @@ package controller
 import (
 	"net/netip"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/egressip/egressip/internal/scheduler"
@@ -67,16 +68,7 @@ func (p *pass) schedule() {
 		}
 		s.moveReason[m.Egress] = m.Reason
 	}
-	s.holders = map[netip.Addr][]string{}
-	for i := range p.in.Nodes {
-		st := p.in.Agents(p.in.Nodes[i].Name)
-		if !st.Known || st.Dead {
-			continue
-		}
-		for _, b := range st.Report.Bound {
-			s.holders[b.IP] = append(s.holders[b.IP], p.in.Nodes[i].Name)
-		}
-	}
+	s.holders = holdersOf(p.in.Nodes, p.in.Agents)
 	s.refused = refusalsOf(p.in.Nodes, p.in.Agents)
 	s.owners = macOwners(p.in.Nodes, p.in.Agents)
 }
@@ -140,7 +132,7 @@ func (p *pass) schedPools() ([]scheduler.Pool, map[string]poolMatch) {
 func (p *pass) schedEgresses() []scheduler.Egress {
 	out := make([]scheduler.Egress, len(p.egs))
 	for i := range p.egs {
-		e := &p.egs[i]
+		e := p.egs[i]
 		if p.isMulti(i) {
 			out[i] = scheduler.Egress{Name: e.Name, Created: e.CreationTimestamp.Time, Slots: p.schedSlots(i)}
 			continue
@@ -157,4 +149,37 @@ func (p *pass) schedEgresses() []scheduler.Egress {
 		}
 	}
 	return out
+}
+
+// holdersOf lists, per address, the Nodes (in the order of nodes) whose
+// known, alive agents report it bound. An address held by one Node (the
+// common case) gets a slice of one shared backing array, capped so that
+// appending to it copies: one allocation per pass instead of one per
+// address.
+func holdersOf(nodes []corev1.Node, agents func(string) AgentState) map[netip.Addr][]string {
+	reports := make([]AgentState, len(nodes))
+	n := 0
+	for i := range nodes {
+		reports[i] = agents(nodes[i].Name)
+		if st := &reports[i]; st.Known && !st.Dead {
+			n += len(st.Report.Bound)
+		}
+	}
+	holders := make(map[netip.Addr][]string, n)
+	names := make([]string, 0, n)
+	for i := range nodes {
+		st := &reports[i]
+		if !st.Known || st.Dead {
+			continue
+		}
+		for _, b := range st.Report.Bound {
+			if h, ok := holders[b.IP]; ok {
+				holders[b.IP] = append(h, nodes[i].Name)
+				continue
+			}
+			names = append(names, nodes[i].Name)
+			holders[b.IP] = names[len(names)-1 : len(names) : len(names)]
+		}
+	}
+	return holders
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -497,4 +498,17 @@ func TestOverlappingPoolsOlderWins(t *testing.T) {
 		c := meta.FindStatusCondition(e.Status.Conditions, v1.ConditionIPAllocated)
 		return c != nil && c.Reason == v1.ReasonPoolInvalid && strings.Contains(c.Message, `overlaps ExternalIPPool "overlap-old"`), describe(e)
 	})
+}
+
+// TestAllocatedMsg holds allocatedMsg to the message it replaces, for
+// IPv4 and IPv6 addresses and pool names that %q escapes.
+func TestAllocatedMsg(t *testing.T) {
+	for _, ip := range []string{"198.18.0.1", "2001:db8::1", "::ffff:10.0.0.1"} {
+		for _, pool := range []string{"bench", "", "a\"b", "é\t\\"} {
+			a := netip.MustParseAddr(ip)
+			if got, want := allocatedMsg(a, pool), fmt.Sprintf("%s allocated from ExternalIPPool %q", a, pool); got != want {
+				t.Errorf("allocatedMsg(%s, %q) = %q, want %q", ip, pool, got, want)
+			}
+		}
+	}
 }
