@@ -454,7 +454,6 @@ func conditionTrue(n *corev1.Node, t corev1.NodeConditionType) bool {
 	return false
 }
 
-// allocatedCond is the IPAllocated condition of an Egress.
 // allocatedMsg is the IPAllocated message of an Egress given ip from pool:
 // "<ip> allocated from ExternalIPPool <pool, quoted as by %q>". It is
 // fmt.Sprintf("%s allocated from ExternalIPPool %q", ip, pool) in one
@@ -469,6 +468,7 @@ func allocatedMsg(ip netip.Addr, pool string) string {
 	return string(b)
 }
 
+// allocatedCond is the IPAllocated condition of an Egress.
 func allocatedCond(ok bool, reason, msg string) metav1.Condition {
 	s := metav1.ConditionFalse
 	if ok {
