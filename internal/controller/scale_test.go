@@ -479,8 +479,8 @@ func TestScale(t *testing.T) {
 	select {
 	case <-allDone:
 		cs1, ca1, ce1 := cpuTimes()
-		stopProfiles()
 		wall := time.Since(killed).Seconds()
+		stopProfiles()
 		t.Logf("CPU from the kill to all Ready (%.2f s, 2 cores): this process (controller, fake agents and their polls) %.2f s, kube-apiserver %.2f s, etcd %.2f s",
 			wall, (cs1 - cs0).Seconds(), (ca1 - ca0).Seconds(), (ce1 - ce0).Seconds())
 	case <-time.After(2 * time.Minute):
@@ -499,7 +499,7 @@ func TestScale(t *testing.T) {
 	}
 	agents.onChange = nil
 	agents.mu.Unlock()
-	t.Logf("failover at scale: killed %s holding %d Egresses; first moved after %v, all %d Ready elsewhere after %v (target: crash-failover median 1.91 s + 1.5 s = 3.41 s); Egress status writes %.0f",
+	t.Logf("failover at scale: killed %s holding %d Egresses; first moved after %v, all %d Ready elsewhere after %v (target: crash-failover median 1.81 s + 1.5 s = 3.31 s); Egress status writes %.0f",
 		victim, len(held), first.Round(time.Millisecond), len(held), last.Round(time.Millisecond), wk1-wk0)
 
 	// The plain loop: the controller stopped, as many status patches as
