@@ -35,6 +35,8 @@ type memoWorld struct {
 	since  map[releaseKey]time.Time
 	rv     int
 	nextEg int
+	// releaseTimeout is the pass's ReleaseTimeout (its messages quote it).
+	releaseTimeout time.Duration
 }
 
 // memoAgent is one Node's agent as the poller sees it.
@@ -45,12 +47,20 @@ type memoAgent struct {
 	refusedEgs   map[string]string
 	conflicts    map[netip.Addr]bool
 	ownershipBad bool
+	// iface is the interface the agent reports its addresses bound on
+	// ("" for eth0); ownershipAlt picks the other unhealthy finding.
+	iface        string
+	ownershipAlt bool
 }
 
 func (a *memoAgent) state(node string) AgentState {
 	st := AgentState{Known: a.known, Dead: a.dead, Report: report.Report{Node: node, MACs: []string{"02:00:00:00:00:" + node[len(node)-2:]}}}
+	iface := a.iface
+	if iface == "" {
+		iface = "eth0"
+	}
 	for ip, ann := range a.bound {
-		st.Report.Bound = append(st.Report.Bound, report.BoundIP{IP: ip, Interface: "eth0", Announced: ann})
+		st.Report.Bound = append(st.Report.Bound, report.BoundIP{IP: ip, Interface: iface, Announced: ann})
 	}
 	for ip, msg := range a.refusedIPs {
 		st.Report.Refused = append(st.Report.Refused, report.RefusedIP{IP: ip, Message: msg})
@@ -63,7 +73,10 @@ func (a *memoAgent) state(node string) AgentState {
 		st.Report.RefusedEgresses = append(st.Report.RefusedEgresses, report.RefusedEgress{Egress: eg, Message: msg})
 	}
 	slices.SortFunc(st.Report.RefusedEgresses, func(x, y report.RefusedEgress) int { return strings.Compare(x.Egress, y.Egress) })
-	if a.ownershipBad {
+	switch {
+	case a.ownershipBad && a.ownershipAlt:
+		st.Report.Ownership = &report.OwnershipStatus{Mode: "protocol", Healthy: false, Reason: "ProtocolUnsupported", Message: "no IFA_PROTO"}
+	case a.ownershipBad:
 		st.Report.Ownership = &report.OwnershipStatus{Mode: "record", Healthy: false, Reason: "RecordUnwritable", Message: "read-only /run"}
 	}
 	st.Report.Sort()
@@ -72,7 +85,7 @@ func (a *memoAgent) state(node string) AgentState {
 
 func newMemoWorld(seed uint64) *memoWorld {
 	w := &memoWorld{rng: rand.New(rand.NewPCG(seed, 22)), agents: map[string]*memoAgent{}, since: map[releaseKey]time.Time{},
-		now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+		now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), releaseTimeout: 2 * time.Second}
 	w.pools = []v1.ExternalIPPool{l2PoolOf("10.0.0.0/28", 1), l2PoolOf("10.1.0.0/29", 2), l2PoolOf("10.2.0.0/30", 3)}
 	w.pools[0].Name, w.pools[1].Name, w.pools[2].Name = "a", "b", "c"
 	w.pools[1].Spec.NodeSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"zone": "x"}}
@@ -147,7 +160,7 @@ func (w *memoWorld) input() passInput {
 	return passInput{
 		Pools: w.pools, Egresses: cloneEgresses(w.egs), Nodes: w.nodes, Now: w.now,
 		Agents:       func(n string) AgentState { return agents[n] },
-		Config:       PassConfig{DefaultCapacity: 3, ReleaseTimeout: 2 * time.Second},
+		Config:       PassConfig{DefaultCapacity: 3, ReleaseTimeout: w.releaseTimeout},
 		ReleaseSince: func(k releaseKey) time.Time { return since[k] },
 	}
 }
@@ -242,13 +255,32 @@ func (w *memoWorld) perturb() {
 			}
 		case 4:
 			a := w.agents[w.nodes[w.rng.IntN(len(w.nodes))].Name]
-			switch w.rng.IntN(3) {
+			switch w.rng.IntN(6) {
 			case 0:
 				a.dead, a.known = !a.dead, true
 			case 1:
 				a.known = !a.known
-			default:
+			case 2:
 				a.ownershipBad = !a.ownershipBad
+			case 3:
+				// The same finding's other form: mode, reason and message
+				// change, health does not.
+				a.ownershipAlt = !a.ownershipAlt
+			case 4:
+				if a.iface == "" {
+					a.iface = "bond0"
+				} else {
+					a.iface = ""
+				}
+			default:
+				// The release timeout (a flag) changes with a restart in
+				// practice; the memo must not replay messages quoting the
+				// old one.
+				if w.releaseTimeout == 2*time.Second {
+					w.releaseTimeout = 3 * time.Second
+				} else {
+					w.releaseTimeout = 2 * time.Second
+				}
 			}
 		case 5:
 			n := &w.nodes[w.rng.IntN(len(w.nodes))]
@@ -263,10 +295,15 @@ func (w *memoWorld) perturb() {
 			name := w.nodes[w.rng.IntN(len(w.nodes))].Name
 			a := w.agents[name]
 			for ip := range a.bound {
-				if w.rng.IntN(2) == 0 {
+				switch w.rng.IntN(3) {
+				case 0:
 					a.refusedIPs[ip] = "EADDRINUSE " + ip.String()
 					delete(a.bound, ip)
-				} else {
+				case 1:
+					// Still refused, for another reason.
+					a.refusedIPs[ip] = "EPERM " + ip.String()
+					delete(a.bound, ip)
+				default:
 					delete(a.refusedIPs, ip)
 				}
 				break
@@ -420,4 +457,31 @@ func TestIncrementalPassMatchesReference(t *testing.T) {
 		t.Fatalf("the memo served %d of %d Egress statuses; want at least a fifth", hits, total)
 	}
 	t.Logf("the memo served %d of %d Egress statuses", hits, total)
+}
+
+// TestAgentSnapshot checks that a pass sees one view of each agent: the
+// poller's state changing between two reads of a Node within a pass does
+// not reach the second read, while other Nodes are still read when first
+// asked for.
+func TestAgentSnapshot(t *testing.T) {
+	calls := map[string]int{}
+	live := map[string]AgentState{"n1": {Known: true, Report: report.Report{Node: "n1"}}}
+	snap := agentSnapshot(func(node string) AgentState {
+		calls[node]++
+		return live[node]
+	})
+	if got := snap("n1"); !got.Known {
+		t.Fatalf("first read of n1: %+v, want known", got)
+	}
+	live["n1"] = AgentState{Known: true, Dead: true}
+	live["n2"] = AgentState{Known: true}
+	if got := snap("n1"); got.Dead {
+		t.Errorf("second read of n1 within the pass: dead, want the first read's live state")
+	}
+	if got := snap("n2"); !got.Known {
+		t.Errorf("first read of n2: %+v, want known", got)
+	}
+	if calls["n1"] != 1 || calls["n2"] != 1 {
+		t.Errorf("reads of the poller's state: %v, want one per Node", calls)
+	}
 }

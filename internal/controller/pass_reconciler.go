@@ -135,7 +135,7 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	// The plan sees the member publication's latest counts; the patches
 	// are computed against egs as read, so a count that changed is
 	// written with the rest.
-	in := passInput{Pools: pools.Items, Egresses: r.Selected.overlay(egs.Items), Nodes: nodes.Items, Agents: r.Liveness.State, Config: r.Config,
+	in := passInput{Pools: pools.Items, Egresses: r.Selected.overlay(egs.Items), Nodes: nodes.Items, Agents: agentSnapshot(r.Liveness.State), Config: r.Config,
 		Now: start, ReleaseSince: func(k releaseKey) time.Time { return r.releaseSince[k] }, Selectors: &r.selectors, Memo: &r.statuses}
 	var result reconcile.Result
 	if r.Cloud != nil {
@@ -215,6 +215,24 @@ func (r *PassReconciler) Reconcile(ctx context.Context, _ reconcile.Request) (re
 	}
 	logger.V(1).Info("scheduling pass done", "egresses", len(egs.Items), "nodes", len(nodes.Items), "writes", len(writes), "deferred", len(deferred), "heldForAcquire", len(holds), "duration", time.Since(start))
 	return result, nil
+}
+
+// agentSnapshot is state read at most once per Node: the first answer for
+// a Node is the answer for the rest of the pass. The liveness poller's
+// state changes while a pass runs; a pass that read a Node's agent twice
+// (the memo's key, then the conditions) could otherwise remember a status
+// under facts it was not computed from (egressMemo). Not safe for
+// concurrent use: plan runs on one goroutine.
+func agentSnapshot(state func(node string) AgentState) func(node string) AgentState {
+	seen := map[string]AgentState{}
+	return func(node string) AgentState {
+		if s, ok := seen[node]; ok {
+			return s
+		}
+		s := state(node)
+		seen[node] = s
+		return s
+	}
 }
 
 // setPassMetrics exports what a pass found: the unplaced Egresses by
