@@ -29,6 +29,13 @@ import (
 // TestIncrementalPassMatchesReference checks, over randomized sequences of
 // passes, that the memo changes nothing in the output.
 //
+// A replayed change keeps the transition times it was computed with: after
+// a failed or deferred write, the write carries the time the condition
+// first changed rather than the time of the pass that retries it (the
+// differential test compares statuses with those times set aside). The
+// pass reads each agent once (agentSnapshot), so a key's agent facts are
+// those the status was computed from.
+//
 // Only the common case is remembered, and everything else is recomputed
 // in every pass: the Egress has a single IP in a valid L2 pool (no cloud
 // provider in the pass), an address that is no Node's, and its Node
