@@ -178,12 +178,7 @@ var passBenchCache = map[string][2]passInput{}
 // issue's target: pass at most 3 x schedule).
 func BenchmarkPass(b *testing.B) {
 	for _, sc := range passBenchScenarios {
-		st, ok := passBenchCache[sc.name]
-		if !ok {
-			cold, warm := passBenchStates(b, sc)
-			st = [2]passInput{cold, warm}
-			passBenchCache[sc.name] = st
-		}
+		st := cachedPassBenchStates(b, sc)
 		cold, warm := st[0], st[1]
 		b.Run(sc.name, func(b *testing.B) {
 			for _, c := range []struct {
@@ -242,6 +237,18 @@ func reportCPU(b *testing.B, start time.Duration) {
 	b.ReportMetric(float64(processCPU(b)-start)/float64(b.N), "cpu-ns/op")
 }
 
+// cachedPassBenchStates is passBenchStates of sc (cold, then warm), built
+// once per test binary run and kept in passBenchCache.
+func cachedPassBenchStates(b *testing.B, sc passBenchScenario) [2]passInput {
+	st, ok := passBenchCache[sc.name]
+	if !ok {
+		cold, warm := passBenchStates(b, sc)
+		st = [2]passInput{cold, warm}
+		passBenchCache[sc.name] = st
+	}
+	return st
+}
+
 // BenchmarkColdStatusFloor times the least work any cold pass does per
 // Egress, whatever its design, on BenchmarkPass's scenarios: with each
 // Egress's address and Node already decided (from the cold pass's
@@ -254,12 +261,7 @@ func reportCPU(b *testing.B, start time.Duration) {
 // allocation and scheduling.
 func BenchmarkColdStatusFloor(b *testing.B) {
 	for _, sc := range passBenchScenarios {
-		st, ok := passBenchCache[sc.name]
-		if !ok {
-			cold, warm := passBenchStates(b, sc)
-			st = [2]passInput{cold, warm}
-			passBenchCache[sc.name] = st
-		}
+		st := cachedPassBenchStates(b, sc)
 		cold := st[0]
 		out := plan(cold)
 		type decided struct {

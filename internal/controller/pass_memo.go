@@ -5,7 +5,6 @@ import (
 	"slices"
 	"time"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	v1 "github.com/egressip/egressip/api/v1alpha1"
@@ -100,19 +99,14 @@ type memoKey struct {
 	resourceVersion string
 	selected        int32
 	hasSelected     bool
-	alloc           allocKey
-	placed          scheduler.Placement
-	moveReason      string
-	releaseTimeout  time.Duration
-	agent           agentFacts
-}
-
-// allocKey is egressAlloc without its conflict (memoized Egresses have
-// none).
-type allocKey struct {
-	ip                            netip.Addr
-	cond                          metav1.Condition
-	rejected, preferred, heldNote string
+	// alloc is what allocation decided, whole: a field added to
+	// egressAlloc is in the key without a change here (its conflict is
+	// always nil: memoKeyOf serves no Egress with one).
+	alloc          egressAlloc
+	placed         scheduler.Placement
+	moveReason     string
+	releaseTimeout time.Duration
+	agent          agentFacts
 }
 
 // agentFacts is what the status of an Egress with address ip on a Node
@@ -143,8 +137,7 @@ func factsOf(a *AgentState, ip netip.Addr) agentFacts {
 	return f
 }
 
-// memoKeyOf returns the memo key of Egress i and its Node's agent state,
-// or ok false when the Egress is not one the memo serves (see above): its
+// memoKeyOf returns the memo key of Egress i, or ok false when the Egress is not one the memo serves (see above): its
 // status is then computed in every pass.
 func (p *pass) memoKeyOf(i int) (key memoKey, ok bool) {
 	e := p.egs[i]
@@ -166,7 +159,7 @@ func (p *pass) memoKeyOf(i int) (key memoKey, ok bool) {
 	st := p.in.Agents(pl.Node)
 	key = memoKey{
 		resourceVersion: e.ResourceVersion,
-		alloc:           allocKey{ip: a.ip, cond: a.cond, rejected: a.rejected, preferred: a.preferred, heldNote: a.heldNote},
+		alloc:           *a,
 		placed:          pl,
 		moveReason:      p.sched.moveReason[e.Name],
 		releaseTimeout:  p.in.Config.ReleaseTimeout,
