@@ -33,6 +33,8 @@ type agentFlags struct {
 	nodeName string
 	// conflictInterval is --conflict-check-interval; 0 turns the checks off.
 	conflictInterval time.Duration
+	// takeoverGuard is --takeover-guard; 0 turns the guard off.
+	takeoverGuard time.Duration
 	// reportTLS, caNamespace and certLifetime are the agent's identity:
 	// --report-tls, --agent-ca-namespace, --certificate-lifetime.
 	reportTLS    bool
@@ -104,6 +106,10 @@ func (f *agentFlags) bindAgentFlags(fs *flag.FlagSet) {
 		"Probe every bound egress IP this often for another host answering for it on the wire (an RFC 5227 ARP "+
 			"probe, a DAD-style IPv6 Neighbor Solicitation), besides at start and after each bind; a conflict is "+
 			"reported (the Egress condition Conflict), the address is kept. 0 turns the checks off.")
+	fs.DurationVar(&f.takeoverGuard, "takeover-guard", agent.DefaultTakeoverGuard,
+		"Before binding an egress IP this Node does not hold, probe for it (ARP probe, DAD-style Neighbor "+
+			"Solicitation; 30 ms) and, while another host answers, wait for it to stop, at most this long, "+
+			"then bind anyway: a cut-off Node that fences late never answers together with this one. 0 turns it off.")
 	fs.DurationVar(&f.o.ResyncPeriod, "resync-period", agent.DefaultResyncPeriod,
 		"Re-check the bindings this often without any change (restores addresses removed by hand); "+
 			"also the longest retry backoff.")
@@ -240,6 +246,14 @@ func (f *agentFlags) options(getenv func(string) string) (agent.RunOptions, erro
 		o.ConflictInterval = -1 // off
 	default:
 		o.ConflictInterval = f.conflictInterval
+	}
+	switch {
+	case f.takeoverGuard < 0:
+		return o, fmt.Errorf("--takeover-guard %v is negative (0 turns the guard off)", f.takeoverGuard)
+	case f.takeoverGuard == 0:
+		o.TakeoverGuard = -1 // off
+	default:
+		o.TakeoverGuard = f.takeoverGuard
 	}
 	if o.Ownership, err = bind.ParseOwnership(f.ownership); err != nil {
 		return o, fmt.Errorf("--address-ownership: %w", err)

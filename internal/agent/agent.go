@@ -103,6 +103,16 @@ type Config struct {
 	// ConflictProbe shapes one probe round; the zero value takes the
 	// package's defaults.
 	ConflictProbe conflict.ProbeConfig
+	// TakeoverGuard is the longest time a reconcile holds back binding an
+	// egress IP this Node does not hold yet while another host still
+	// answers ARP / ND for it (guard.go): a Node cut off from the
+	// controller releases its IPs on its own (fencing), and the guard
+	// keeps the new Node silent until it has. 0 means
+	// DefaultTakeoverGuard; negative turns the guard off.
+	TakeoverGuard time.Duration
+	// TakeoverProbe shapes the guard's probe round; zero fields take
+	// DefaultTakeoverProbe's.
+	TakeoverProbe conflict.ProbeConfig
 }
 
 // Defaults of the address lifetime (docs/failover.md, "Agent gone").
@@ -247,6 +257,9 @@ type Agent struct {
 	// conflicts and macs are served in the report.
 	conflicts atomic.Pointer[[]report.ConflictIP]
 	macs      atomic.Pointer[[]string]
+	// guard is the takeover guard's state (guard.go); reconciles alone
+	// use it, one at a time.
+	guard takeoverGuard
 	// certs is the agent's identity for the report server; nil serves
 	// plain HTTP (SetCertificates).
 	certs *agentcert.Source
@@ -452,6 +465,10 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.RenewInterval == 0 {
 		cfg.RenewInterval = DefaultRenewInterval
 	}
+	if cfg.TakeoverGuard == 0 {
+		cfg.TakeoverGuard = DefaultTakeoverGuard
+	}
+	cfg.TakeoverProbe = cfg.TakeoverProbe.Or(DefaultTakeoverProbe)
 	ns := netns.None()
 	if cfg.NetNSPath != "" {
 		h, err := netns.GetFromPath(cfg.NetNSPath)
@@ -497,11 +514,13 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
 	}
-	if cfg.ConflictInterval >= 0 {
+	if cfg.ConflictInterval >= 0 || cfg.TakeoverGuard >= 0 {
 		if a.prober, err = conflict.NewProber(ns, cfg.ConflictProbe); err != nil {
 			_ = a.Close()
 			return nil, fmt.Errorf("agent: %w", err)
 		}
+	}
+	if cfg.ConflictInterval >= 0 {
 		a.checker = conflict.NewChecker(a.prober, a.conflictTargets, cfg.ConflictInterval, a.onConflictRound, a.log.WithName("conflict"))
 	}
 
@@ -831,6 +850,9 @@ func (a *Agent) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.R
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	if len(a.guard.since) > 0 && (next <= 0 || next > takeoverRetry) {
+		next = takeoverRetry // probe the held IPs again
+	}
 	return reconcile.Result{RequeueAfter: next}, nil
 }
 
@@ -916,6 +938,8 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 		a.vlanStatus.Store(st)
 		bindIPs = slices.DeleteFunc(slices.Clone(d.ips), func(ip netip.Addr) bool { return vlanErrs[ip] != nil })
 	}
+	held := a.guardTakeovers(ctx, bindIPs, d.hints, before, beforeErr)
+	bindIPs = without(bindIPs, held)
 	added, removed, syncErr := a.binder.Sync(bindIPs)
 	for _, ip := range d.ips {
 		if vlanErrs[ip] != nil {
@@ -943,10 +967,12 @@ func (a *Agent) apply(ctx context.Context, d desiredState) error {
 	for _, b := range after {
 		byIP[b.Addr] = append(byIP[b.Addr], b)
 	}
-	a.setRefused(d.refused, bindRefusals(d.ips, byIP, syncErr))
+	// An IP the takeover guard holds back is not refused: it waits.
+	tried := without(d.ips, held)
+	a.setRefused(d.refused, bindRefusals(tried, byIP, syncErr))
 	// Errors, counted per IP from what the kernel holds afterwards.
 	nBind, nUnbind := 0, 0
-	for _, ip := range d.ips {
+	for _, ip := range tried {
 		if len(byIP[ip]) == 0 {
 			nBind++
 		}

@@ -78,6 +78,11 @@ var (
 		Help: "Duplicate-IP probe rounds of one interface that failed (interface gone, socket error); its IPs keep their previous conflict state.",
 	})
 
+	takeoverHolds = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "egressip_agent_takeover_guard_total",
+		Help: "Egress IPs about to be bound here that the takeover guard's probe found still answered by another host, by outcome: held (binding waits, counted per probe round) or expired (bound anyway after --takeover-guard).",
+	}, []string{"outcome"})
+
 	reconcileDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "egressip_agent_reconcile_duration_seconds",
 		Help: "Duration of one agent reconcile (read the cache, sync the bindings, start announcements), in seconds.",
@@ -88,7 +93,10 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(boundIPs, announcements, announceErrors, bindErrors, unbindErrors, renewErrors, refusedIPs, kernelFeature, reconcileDuration,
-		conflictIPs, conflictsDetected, conflictProbeErrors)
+		conflictIPs, conflictsDetected, conflictProbeErrors, takeoverHolds)
+	for _, o := range []string{guardHeld, guardExpired} {
+		takeoverHolds.WithLabelValues(o)
+	}
 	for _, c := range []string{refusedStatus, refusedBind} {
 		refusedIPs.WithLabelValues(c)
 	}

@@ -43,6 +43,20 @@ type ProbeConfig struct {
 	Wait time.Duration
 }
 
+// Or returns c with each zero field taken from d.
+func (c ProbeConfig) Or(d ProbeConfig) ProbeConfig {
+	if c.Probes <= 0 {
+		c.Probes = d.Probes
+	}
+	if c.Spacing <= 0 {
+		c.Spacing = d.Spacing
+	}
+	if c.Wait <= 0 {
+		c.Wait = d.Wait
+	}
+	return c
+}
+
 func (c ProbeConfig) withDefaults() ProbeConfig {
 	if c.Probes <= 0 {
 		c.Probes = DefaultProbes
@@ -138,6 +152,13 @@ var naFilter = func() []bpf.RawInstruction {
 // Ethernet address, or a socket cannot be opened or written (CAP_NET_RAW);
 // ctx cancels the round.
 func (p *Prober) Probe(ctx context.Context, ifname string, ips []netip.Addr) ([]Answer, error) {
+	return p.ProbeWith(ctx, ifname, ips, p.cfg)
+}
+
+// ProbeWith is Probe with the round shaped by cfg (zero fields take the
+// defaults) instead of the Prober's own ProbeConfig.
+func (p *Prober) ProbeWith(ctx context.Context, ifname string, ips []netip.Addr, cfg ProbeConfig) ([]Answer, error) {
+	cfg = cfg.withDefaults()
 	var v4, v6 []netip.Addr
 	for _, ip := range ips {
 		if ip = ip.Unmap(); ip.Is4() {
@@ -197,7 +218,6 @@ func (p *Prober) Probe(ctx context.Context, ifname string, ips []netip.Addr) ([]
 		ndpFr = append(ndpFr, f)
 	}
 
-	cfg := p.cfg
 	end := time.Now().Add(time.Duration(cfg.Probes-1)*cfg.Spacing + cfg.Wait)
 	var (
 		mu      sync.Mutex
