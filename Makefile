@@ -96,7 +96,7 @@ test-e2e: ## Run only the end-to-end suite (root): real controller and agents in
 	go test -count=1 -v -timeout 20m ./test/e2e/
 
 .PHONY: verify-generated
-verify-generated: controller-gen ## Fail when `make generate manifests` would change files, or gofmt would.
+verify-generated: controller-gen kustomize ## Fail when `make generate manifests build-installer` would change files, or gofmt would.
 	hack/verify-generated.sh
 
 .PHONY: lint

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# Fails when `make generate manifests` changes any generated file, or when
-# gofmt would reformat a Go file. Generated files are regenerated in place,
+# Fails when `make generate manifests build-installer` changes any generated
+# file (dist/install.yaml included: a stale one otherwise fails only the
+# packaging tests, late in `make test`), or when gofmt would reformat a Go
+# file. Generated files are regenerated in place,
 # so after a failure the working tree holds the up-to-date versions to commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 snapshot() {
-	git ls-files --cached --others --exclude-standard -- api config charts/chart/templates/crd | sort | while read -r f; do
+	git ls-files --cached --others --exclude-standard -- api config charts/chart/templates/crd dist/install.yaml | sort | while read -r f; do
 		[ -f "$f" ] && sha256sum "$f"
 	done
 }
 
 before=$(snapshot)
-make --no-print-directory generate manifests >/dev/null
+make --no-print-directory generate manifests build-installer >/dev/null
 after=$(snapshot)
 if [ "$before" != "$after" ]; then
 	echo "Generated files were out of date (now regenerated; review and commit them):" >&2
