@@ -141,6 +141,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return err
 	}
+	if err := mgr.Add(newStandbyInformers(mgr.GetCache())); err != nil {
+		return fmt.Errorf("set up the standby informers: %w", err)
+	}
 	nd := &NodeDatapathReconciler{Client: mgr.GetClient(), Recorder: r.Recorder, Liveness: l}
 	if err := nd.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the Node datapath condition: %w", err)
