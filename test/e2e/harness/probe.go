@@ -45,8 +45,12 @@ func linkMAC(ns, ifname string) (net.HardwareAddr, error) {
 	return l.Attrs().HardwareAddr, nil
 }
 
-// Ping sends one ICMP echo from the client namespace to ip and waits up to
-// timeout for the reply.
+// Ping sends ICMP echoes from the client namespace to ip, one every
+// pingInterval as ping(8) sends them every second, and waits up to timeout
+// for a reply to any of them. One echo alone failed once in CI for an IPv6
+// Egress created right after the previous one with the same address was
+// deleted from another Node: the client's Neighbor Solicitation or the
+// echo was lost, and nothing sent it again within the timeout.
 func (c *Cluster) Ping(ip netip.Addr, timeout time.Duration) error {
 	network, proto := "ip4:icmp", 1
 	var typ icmp.Type = ipv4.ICMPTypeEcho
@@ -67,15 +71,23 @@ func (c *Cluster) Ping(ip netip.Addr, timeout time.Duration) error {
 	if err != nil {
 		return err
 	}
-	if _, err := conn.WriteTo(b, &net.IPAddr{IP: ip.AsSlice()}); err != nil {
-		return fmt.Errorf("send echo to %s: %w", ip, err)
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(timeout))
+	deadline := time.Now().Add(timeout)
 	buf := make([]byte, 1500)
+	sent := 0
 	for {
+		if now := time.Now(); now.Before(deadline) && (sent == 0 || now.Sub(deadline.Add(-timeout)) >= time.Duration(sent)*pingInterval) {
+			if _, err := conn.WriteTo(b, &net.IPAddr{IP: ip.AsSlice()}); err != nil {
+				return fmt.Errorf("send echo to %s: %w", ip, err)
+			}
+			sent++
+		}
+		_ = conn.SetReadDeadline(minTime(deadline, deadline.Add(-timeout).Add(time.Duration(sent)*pingInterval)))
 		n, from, err := conn.ReadFrom(buf)
 		if err != nil {
-			return fmt.Errorf("no echo reply from %s: %w", ip, err)
+			if time.Now().Before(deadline) {
+				continue // time for the next echo
+			}
+			return fmt.Errorf("no echo reply from %s to %d echoes in %v: %w", ip, sent, timeout, err)
 		}
 		m, err := icmp.ParseMessage(proto, buf[:n])
 		if err != nil {
@@ -249,4 +261,15 @@ func (w *ARPWatcher) Replies() []ARPReply {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]ARPReply(nil), w.replies...)
+}
+
+// pingInterval is the time between two echoes of Ping.
+const pingInterval = 250 * time.Millisecond
+
+// minTime returns the earlier of a and b.
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
