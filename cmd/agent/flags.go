@@ -239,21 +239,11 @@ func (f *agentFlags) options(getenv func(string) string) (agent.RunOptions, erro
 		return o, err
 	}
 	o.NodeName = node
-	switch {
-	case f.conflictInterval < 0:
-		return o, fmt.Errorf("--conflict-check-interval %v is negative (0 turns the checks off)", f.conflictInterval)
-	case f.conflictInterval == 0:
-		o.ConflictInterval = -1 // off
-	default:
-		o.ConflictInterval = f.conflictInterval
+	if o.ConflictInterval, err = zeroIsOff("--conflict-check-interval", f.conflictInterval); err != nil {
+		return o, err
 	}
-	switch {
-	case f.takeoverGuard < 0:
-		return o, fmt.Errorf("--takeover-guard %v is negative (0 turns the guard off)", f.takeoverGuard)
-	case f.takeoverGuard == 0:
-		o.TakeoverGuard = -1 // off
-	default:
-		o.TakeoverGuard = f.takeoverGuard
+	if o.TakeoverGuard, err = zeroIsOff("--takeover-guard", f.takeoverGuard); err != nil {
+		return o, err
 	}
 	if o.Ownership, err = bind.ParseOwnership(f.ownership); err != nil {
 		return o, fmt.Errorf("--address-ownership: %w", err)
@@ -329,4 +319,17 @@ func (c *cidrList) Set(v string) error {
 		c.list = append(c.list, p)
 	}
 	return nil
+}
+
+// zeroIsOff maps a duration flag where 0 turns a feature off to the
+// agent.Config form, where 0 means the default and a negative value off.
+// It fails for a negative value, naming the flag (name).
+func zeroIsOff(name string, v time.Duration) (time.Duration, error) {
+	switch {
+	case v < 0:
+		return 0, fmt.Errorf("%s %v is negative (0 turns it off)", name, v)
+	case v == 0:
+		return -1, nil
+	}
+	return v, nil
 }

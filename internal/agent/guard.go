@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -97,16 +98,14 @@ func (a *Agent) guardTakeovers(ctx context.Context, ips []netip.Addr, hints map[
 		return nil
 	}
 	now := time.Now()
-	held, expired := map[netip.Addr]bool{}, map[netip.Addr]bool{}
+	held, expired, probedIPs := map[netip.Addr]bool{}, map[netip.Addr]bool{}, map[netip.Addr]bool{}
 	next := map[netip.Addr]time.Time{}
-	ifaces := make([]string, 0, len(byIface))
-	for iface := range byIface {
-		ifaces = append(ifaces, iface)
-	}
-	slices.Sort(ifaces)
-	for _, iface := range ifaces {
+	for _, iface := range slices.Sorted(maps.Keys(byIface)) {
 		probed := byIface[iface]
 		answers, err := a.prober.ProbeWith(ctx, iface, probed, a.cfg.TakeoverProbe)
+		for _, ip := range probed {
+			probedIPs[ip] = err == nil
+		}
 		if err != nil {
 			conflictProbeErrors.Inc()
 			log.Error(err, "takeover guard: probe failed; binding without it", "interface", iface, "ips", probed)
@@ -134,7 +133,7 @@ func (a *Agent) guardTakeovers(ctx context.Context, ips []netip.Addr, hints map[
 		}
 	}
 	for ip, since := range a.guard.since {
-		if !held[ip] && !expired[ip] && slices.Contains(ips, ip) && !have[ip] {
+		if !held[ip] && !expired[ip] && probedIPs[ip] {
 			log.Info("takeover guard: the other host stopped answering; binding", "ip", ip, "held", now.Sub(since))
 		}
 	}

@@ -58,16 +58,7 @@ func (c ProbeConfig) Or(d ProbeConfig) ProbeConfig {
 }
 
 func (c ProbeConfig) withDefaults() ProbeConfig {
-	if c.Probes <= 0 {
-		c.Probes = DefaultProbes
-	}
-	if c.Spacing <= 0 {
-		c.Spacing = DefaultSpacing
-	}
-	if c.Wait <= 0 {
-		c.Wait = DefaultWait
-	}
-	return c
+	return c.Or(ProbeConfig{Probes: DefaultProbes, Spacing: DefaultSpacing, Wait: DefaultWait})
 }
 
 // Prober sends probe rounds in one network namespace. It is safe for

@@ -72,16 +72,18 @@ func (c *Cluster) Ping(ip netip.Addr, timeout time.Duration) error {
 		return err
 	}
 	deadline := time.Now().Add(timeout)
+	next := time.Now() // when the next echo goes out
 	buf := make([]byte, 1500)
 	sent := 0
 	for {
-		if now := time.Now(); now.Before(deadline) && (sent == 0 || now.Sub(deadline.Add(-timeout)) >= time.Duration(sent)*pingInterval) {
+		if now := time.Now(); !now.Before(next) && now.Before(deadline) {
 			if _, err := conn.WriteTo(b, &net.IPAddr{IP: ip.AsSlice()}); err != nil {
 				return fmt.Errorf("send echo to %s: %w", ip, err)
 			}
 			sent++
+			next = now.Add(pingInterval)
 		}
-		_ = conn.SetReadDeadline(minTime(deadline, deadline.Add(-timeout).Add(time.Duration(sent)*pingInterval)))
+		_ = conn.SetReadDeadline(minTime(deadline, next))
 		n, from, err := conn.ReadFrom(buf)
 		if err != nil {
 			if time.Now().Before(deadline) {
